@@ -1,0 +1,352 @@
+"""Load and save ERNIE 4.5 checkpoints in both public layouts.
+
+Paddle layout (``ernie.*``, Linear weights [in, out], fused ``qkv_proj`` / ``up_gate_proj``) is what the
+engine holds in memory and writes by default. The PyTorch / Hugging Face layout (``model.*``, [out, in],
+split projections) is converted on load and can be written for export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from engine.models.config import ErnieConfig
+from engine.models.ernie import ErnieForCausalLM
+from engine.models.safetensors_io import SafetensorsFile, save_file
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names the file and tensor."""
+
+
+# ---- finding tensors on disk ---------------------------------------------------------------------------
+
+
+class TensorStore:
+    """All tensors of a checkpoint directory, single file or sharded with an index, read lazily."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.files: dict[str, SafetensorsFile] = {}
+        self.where: dict[str, str] = {}
+        index = directory / INDEX_FILE
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+            for key, fname in weight_map.items():
+                if not (directory / fname).exists():
+                    raise CheckpointError(f"{index}: shard {fname} (holding {key}) is missing from {directory}")
+                self.where[key] = fname
+        else:
+            shards = sorted(directory.glob("*.safetensors"))
+            if not shards:
+                found = ", ".join(sorted(p.name for p in directory.iterdir())[:12]) or "nothing"
+                raise CheckpointError(
+                    f"{directory}: no model weights (expected model.safetensors or sharded "
+                    f"model-*-of-*.safetensors with {INDEX_FILE}); found {found}"
+                )
+            for shard in shards:
+                for key in self._file(shard.name).keys():
+                    self.where[key] = shard.name
+
+    def _file(self, name: str) -> SafetensorsFile:
+        if name not in self.files:
+            self.files[name] = SafetensorsFile(self.directory / name)
+        return self.files[name]
+
+    def keys(self) -> list[str]:
+        return list(self.where)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def shape(self, key: str) -> list[int]:
+        return self._file(self.where[key]).shape(key)
+
+    def dtype(self, key: str) -> str:
+        return self._file(self.where[key]).dtype(key)
+
+    def get(self, key: str) -> np.ndarray:
+        return self._file(self.where[key]).get(key)
+
+
+def detect_layout(keys: Iterable[str]) -> str:
+    keys = list(keys)
+    if any(k.startswith("ernie.") for k in keys):
+        return "paddle"
+    if any(k.startswith("model.") for k in keys):
+        return "hf"
+    sample = ", ".join(keys[:5])
+    raise CheckpointError(
+        f"unrecognised checkpoint layout: keys start neither with 'ernie.' (Paddle) nor 'model.' "
+        f"(PyTorch); first keys: {sample}"
+    )
+
+
+# ---- layout conversion ---------------------------------------------------------------------------------
+
+_LAYER = re.compile(r"^ernie\.layers\.(\d+)\.(.+)$")
+
+
+def _hf_name(name: str) -> str:
+    return "model." + name[len("ernie.") :] if name.startswith("ernie.") else name
+
+
+def hf_sources(name: str, config: ErnieConfig) -> list[tuple[str, Callable]]:
+    """For an internal (Paddle-layout) tensor name: the HF tensors it is built from and how."""
+    hd = config.head_dim
+    base = _hf_name(name)
+    if name.endswith("self_attn.qkv_proj.weight"):
+        stem = base[: -len("qkv_proj.weight")]
+        return [(stem + p + "_proj.weight", np.transpose) for p in "qkv"]
+    if name.endswith("up_gate_proj.weight"):
+        stem = base[: -len("up_gate_proj.weight")]
+        return [(stem + "gate_proj.weight", np.transpose), (stem + "up_proj.weight", np.transpose)]
+    if name.endswith("self_attn.qkv_proj.bias"):
+        stem = base[: -len("qkv_proj.bias")]
+        return [(stem + p + "_proj.bias", None) for p in "qkv"]
+    if name.endswith("up_gate_proj.bias"):
+        stem = base[: -len("up_gate_proj.bias")]
+        return [(stem + "gate_proj.bias", None), (stem + "up_proj.bias", None)]
+    if re.search(r"\.(o_proj|down_proj)\.weight$", name) or re.search(r"mlp\.gate\.weight(_\d+)?$", name):
+        return [(base, np.transpose)]
+    if name == "lm_head.weight":
+        return [("lm_head.weight", np.transpose)]
+    del hd
+    return [(base, None)]
+
+
+def to_hf_state_dict(state: dict[str, np.ndarray], config: ErnieConfig) -> dict[str, np.ndarray]:
+    """Internal (Paddle layout) numpy state -> PyTorch layout tensors."""
+    out: dict[str, np.ndarray] = {}
+    nq, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    for name, arr in state.items():
+        srcs = hf_sources(name, config)
+        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+            parts = np.split(arr, [nq * hd, (nq + nkv) * hd], axis=-1)
+        elif name.endswith("up_gate_proj.weight") or name.endswith("up_gate_proj.bias"):
+            parts = np.split(arr, 2, axis=-1)
+        else:
+            parts = [arr]
+        for (hf, fn), part in zip(srcs, parts, strict=True):
+            out[hf] = np.ascontiguousarray(fn(part) if fn is not None else part)
+    return out
+
+
+# ---- loading -------------------------------------------------------------------------------------------
+
+
+def _read_internal(store: TensorStore, layout: str, name: str, expected: list[int], config: ErnieConfig) -> np.ndarray:
+    """Fetch one internal tensor from the store, converting layout; raise naming the tensor if absent."""
+    if layout == "paddle":
+        if name not in store:
+            raise KeyError(name)
+        arr = store.get(name)
+    else:
+        parts = []
+        for hf, fn in hf_sources(name, config):
+            if hf not in store:
+                raise KeyError(hf)
+            a = store.get(hf)
+            parts.append(fn(a) if fn is not None else a)
+        arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    if name.endswith("e_score_correction_bias") and arr.ndim == 1:
+        arr = arr[None, :]
+    if list(arr.shape) != list(expected):
+        raise CheckpointError(
+            f"{store.directory}: tensor {name} has shape {list(arr.shape)} but the config "
+            f"(config.json) implies {list(expected)}"
+        )
+    return arr
+
+
+def _lm_head(store: TensorStore, layout: str, config: ErnieConfig) -> np.ndarray | None:
+    """The untied output head as [H, V], accepting either orientation on disk."""
+    if "lm_head.weight" not in store:
+        return None
+    arr = store.get("lm_head.weight")
+    h, v = config.hidden_size, config.vocab_size
+    if list(arr.shape) == [h, v] and (layout == "paddle" or h == v):
+        return arr
+    if list(arr.shape) == [v, h]:
+        return arr.T
+    raise CheckpointError(
+        f"{store.directory}: lm_head.weight has shape {list(arr.shape)}; expected [{h}, {v}] or [{v}, {h}]"
+    )
+
+
+def load_state(model: ErnieForCausalLM, directory: Path) -> dict[str, str]:
+    """Fill ``model`` from the checkpoint in ``directory``. Returns a report of what was done."""
+    config = model.config
+    store = TensorStore(directory)
+    layout = detect_layout(store.keys())
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    loaded: dict[str, np.ndarray] = {}
+    missing = []
+    for name, shape in expected.items():
+        if name == "lm_head.weight":
+            head = _lm_head(store, layout, config)
+            if head is None:
+                missing.append("lm_head.weight (config says tie_word_embeddings=false)")
+            else:
+                loaded[name] = head
+            continue
+        if name.endswith("e_score_correction_bias"):
+            try:
+                loaded[name] = _read_internal(store, layout, name, shape, config)
+            except KeyError:
+                loaded[name] = np.zeros(shape, np.float32)  # dense-trained MoE checkpoints may omit it
+            continue
+        try:
+            loaded[name] = _read_internal(store, layout, name, shape, config)
+        except KeyError as e:
+            missing.append(str(e.args[0]))
+    if missing:
+        more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
+        raise CheckpointError(
+            f"{directory}: checkpoint ({layout} layout) is missing {len(missing)} tensor(s) the config needs: "
+            + ", ".join(missing[:8])
+            + more
+        )
+    dtypes = {store.dtype(k) for k in store.keys()}
+    used = set(loaded)
+    if layout == "hf":
+        used = {src for n in loaded for src, _ in hf_sources(n, config)}
+    unused = [k for k in store.keys() if k not in used and not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if unused:
+        log.info("%s: %d tensors not used by this config (e.g. %s)", directory, len(unused), unused[0])
+    params = model.state_dict()
+    for name, arr in loaded.items():
+        p = params[name]
+        p.set_value(paddle.to_tensor(arr, dtype=p.dtype))
+    return {"layout": layout, "stored_dtypes": ",".join(sorted(dtypes)), "unused": str(len(unused))}
+
+
+def resolve_dtype(dtype: str) -> str:
+    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
+    if dtype not in {"float32", "float16", "bfloat16"}:
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
+    if dtype != "float32" and not paddle.is_compiled_with_cuda():
+        log.warning("%s matmul is not available on CPU; loading in float32", dtype)
+        return "float32"
+    return dtype
+
+
+def cast_model(model: ErnieForCausalLM, dtype: str) -> ErnieForCausalLM:
+    """Cast to ``dtype`` but keep router gates and correction biases in fp32, as the reference does."""
+    if dtype == "float32":
+        return model
+    for name, p in model.named_parameters():
+        if ".mlp.gate." in name or "moe_statics" in name:
+            continue
+        p.set_value(p.astype(dtype))
+    return model
+
+
+def load_model(path: str | Path, dtype: str = "float32") -> ErnieForCausalLM:
+    """Load a model directory (either public layout, single or sharded) in eval mode."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: model directory does not exist")
+    config = ErnieConfig.from_file(directory)
+    dtype = resolve_dtype(dtype)
+    model = ErnieForCausalLM(config)
+    report = load_state(model, directory)
+    log.info("loaded %s (%s layout, stored %s)", directory, report["layout"], report["stored_dtypes"])
+    model = cast_model(model, dtype)
+    model.eval()
+    return model
+
+
+# ---- saving --------------------------------------------------------------------------------------------
+
+
+def parse_size(size: str | int) -> int:
+    """'5GB', '500MB', '10KB' or a byte count -> bytes."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*", str(size), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"max_shard_size {size!r} is not a size like '5GB' or '500MB'")
+    unit = (m.group(2) or "B").upper().replace("I", "")
+    return int(float(m.group(1)) * {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}[unit])
+
+
+def numpy_state(model: paddle.nn.Layer) -> dict[str, np.ndarray]:
+    return {k: v.astype("float32").numpy() if v.dtype != paddle.float32 else v.numpy() for k, v in model.state_dict().items()}
+
+
+def write_tensors(
+    tensors: dict[str, np.ndarray], directory: Path, dtype: str = "float32", max_shard_size: str | int = "5GB"
+) -> list[str]:
+    """Write safetensors shards (``model.safetensors`` when one shard) and the index. Returns file names."""
+    limit = parse_size(max_shard_size)
+    itemsize = 2 if dtype in {"bfloat16", "float16"} else 4
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, arr in tensors.items():
+        nbytes = arr.size * (itemsize if arr.dtype.kind == "f" else arr.itemsize)
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = arr
+        size += nbytes
+    for old in list(directory.glob("model*.safetensors")) + [directory / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    if len(shards) == 1:
+        save_file(shards[0], directory / "model.safetensors", dtype)
+        return ["model.safetensors"]
+    names, weight_map, total = [], {}, 0
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        total += save_file(shard, directory / fname, dtype)
+        names.append(fname)
+        weight_map.update(dict.fromkeys(shard, fname))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def save_model(
+    model: ErnieForCausalLM,
+    directory: str | Path,
+    dtype: str = "float32",
+    max_shard_size: str | int = "5GB",
+    layout: str = "paddle",
+) -> Path:
+    """Write config.json and the weights (Paddle layout by default, ``layout='hf'`` for PyTorch)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.config.replace(dtype=dtype)
+    state = numpy_state(model)
+    if layout == "hf":
+        state = to_hf_state_dict(state, config)
+        write_hf_config(config, directory)
+    elif layout == "paddle":
+        config.save(directory)
+    else:
+        raise ValueError(f"layout must be 'paddle' or 'hf', not {layout!r}")
+    write_tensors(state, directory, dtype, max_shard_size)
+    return directory
+
+
+def write_hf_config(config: ErnieConfig, directory: Path) -> None:
+    """A transformers-style config.json (``model_type`` ernie4_5 / ernie4_5_moe)."""
+    d = config.to_dict()
+    d["torch_dtype"] = d.pop("dtype")
+    d["model_type"] = "ernie4_5_moe" if config.is_moe else "ernie4_5"
+    d["architectures"] = ["Ernie4_5_MoeForCausalLM" if config.is_moe else "Ernie4_5ForCausalLM"]
+    d["use_cache"] = True
+    (directory / "config.json").write_text(json.dumps(d, indent=2) + "\n")

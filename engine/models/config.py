@@ -1,0 +1,231 @@
+"""One config class for ERNIE 4.5 dense, MoE and multimodal (VL) checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Keys that only matter to ERNIEKit / PaddleFormers training or to fused GPU kernels.
+TRAINING_ONLY_KEYS = {
+    "use_flash_attention",
+    "compression_ratio",
+    "num_nextn_predict_layers",
+    "paddlenlp_version",
+    "transformers_version",
+    "torch_dtype",
+    "use_cache",
+    "use_rmsnorm",
+    "use_recompute",
+    "recompute_granularity",
+    "sequence_parallel",
+    "tensor_parallel_degree",
+    "multi_token_pred_lambda",
+    "router_aux_loss_coef",
+    "output_router_logits",
+    "initializer_range",
+    "attention_probs_dropout_prob",
+    "hidden_dropout_prob",
+    "weight_share_add_bias",
+    "moe_group",
+    "moe_multimodal_dispatch_use_allgather",
+    "moe_use_hard_gate",
+    "moe_dense_experts_token_type_id",
+    "moe_use_token_type_bias",
+    "freq_allocation",
+    "pixel_hidden_size",
+    "rope_scaling",
+    "rope_3d",
+    "auto_map",
+    "pad_vocab_size_multiple",
+}
+
+
+@dataclass
+class VisionConfig:
+    """The ViT encoder + adapter that turns image patches into decoder tokens."""
+
+    depth: int = 32
+    hidden_size: int = 1280
+    num_heads: int = 16
+    mlp_ratio: float = 4.0
+    patch_size: int = 14
+    in_channels: int = 3
+    spatial_merge_size: int = 2
+    layer_norm_eps: float = 1e-6
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VisionConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        aliases = {"embed_dim": "hidden_size", "in_chans": "in_channels"}
+        kwargs = {}
+        for k, v in d.items():
+            k = aliases.get(k, k)
+            if k in names:
+                kwargs[k] = v
+        return cls(**kwargs)
+
+
+@dataclass
+class ErnieConfig:
+    """Hyper-parameters of an ERNIE 4.5 model, readable from an official ``config.json``."""
+
+    model_type: str = "ernie4_5"
+    vocab_size: int = 103424
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 18
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 2
+    head_dim: int | None = 128
+    max_position_embeddings: int = 131072
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True
+    use_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int = 1
+    eos_token_id: int | list[int] = 2
+    pad_token_id: int = 0
+    dtype: str = "bfloat16"
+    # MoE. Lists hold one value per modality group (text, vision) in VL models.
+    moe_num_experts: int | list[int] = 0
+    moe_k: int = 0
+    moe_num_shared_experts: int = 0
+    moe_intermediate_size: int | list[int] = 0
+    moe_layer_start_index: int | list[int] = 0
+    moe_layer_end_index: int | list[int] = -1
+    moe_layer_interval: int = 1
+    moe_norm_min: float = 1e-12
+    moe_gate: str = "topk"
+    moe_capacity: list[float] = field(default_factory=list)
+    moe_use_aux_free: bool = True
+    moe_aux_loss_lambda: float = 1e-5
+    moe_z_loss_lambda: float = 0.0
+    moe_orthogonal_loss_lambda: float = 0.0
+    # VL
+    vision_config: VisionConfig | None = None
+    im_patch_id: int | None = None
+
+    # ---- derived -------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if isinstance(self.vision_config, dict):
+            self.vision_config = VisionConfig.from_dict(self.vision_config)
+        problems = []
+        if self.num_attention_heads % max(self.num_key_value_heads, 1):
+            problems.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.is_moe and self.moe_k > min(self.expert_counts):
+            problems.append(f"moe_k ({self.moe_k}) exceeds the number of experts {self.expert_counts}")
+        if problems:
+            raise ValueError("invalid ERNIE config: " + "; ".join(problems))
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.moe_k) and any(n > 0 for n in self.expert_counts)
+
+    @property
+    def is_vl(self) -> bool:
+        return self.vision_config is not None or self.model_type == "ernie4_5_moe_vl"
+
+    @property
+    def expert_counts(self) -> list[int]:
+        """Experts per modality group: [text] or [text, vision]."""
+        n = self.moe_num_experts
+        return list(n) if isinstance(n, list | tuple) else [int(n)]
+
+    @property
+    def expert_intermediate_sizes(self) -> list[int]:
+        sizes = self.moe_intermediate_size
+        sizes = list(sizes) if isinstance(sizes, list | tuple) else [int(sizes)]
+        if len(sizes) < len(self.expert_counts):
+            sizes = sizes + [sizes[-1]] * (len(self.expert_counts) - len(sizes))
+        return [s if s else self.intermediate_size for s in sizes]
+
+    def is_moe_layer(self, i: int) -> bool:
+        """ERNIE's MoE layer rule: start <= i <= end and (i + 1) % interval == 0."""
+        if not self.is_moe:
+            return False
+        start = self.moe_layer_start_index
+        end = self.moe_layer_end_index
+        start = min(start) if isinstance(start, list | tuple) else start
+        end = max(end) if isinstance(end, list | tuple) else end
+        if end is None or end < 0:
+            end = self.num_hidden_layers - 1
+        return start <= i <= end and (i + 1) % max(self.moe_layer_interval, 1) == 0
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        eos = self.eos_token_id
+        return list(eos) if isinstance(eos, list | tuple) else [eos]
+
+    # ---- io ------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ErnieConfig:
+        d = dict(raw)
+        if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
+            d["rope_theta"] = d["rope_parameters"].get("rope_theta", cls.rope_theta)
+        if "torch_dtype" in d and "dtype" not in d:
+            d["dtype"] = d["torch_dtype"]
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        ignored = []
+        for k, v in d.items():
+            if k in names:
+                kwargs[k] = v
+            elif k.startswith("fuse_") or k in TRAINING_ONLY_KEYS or k in {"architectures", "rope_parameters"}:
+                continue
+            else:
+                ignored.append(k)
+        if ignored:
+            log.info("config.json keys not used by the engine: %s", ", ".join(sorted(ignored)))
+        return cls(**kwargs)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ErnieConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no config.json; a model directory needs one")
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: config.json is not valid JSON: {e.msg}") from e
+        try:
+            return cls.from_dict(raw)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from e
+
+    @property
+    def architecture(self) -> str:
+        if self.is_vl:
+            return "Ernie4_5_VLMoeForConditionalGeneration"
+        return "Ernie4_5_MoeForCausalLM" if self.is_moe else "Ernie4_5_ForCausalLM"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if self.vision_config is None:
+            d.pop("vision_config")
+            d.pop("im_patch_id")
+        if not self.is_moe:
+            for k in list(d):
+                if k.startswith("moe_"):
+                    d.pop(k)
+        d["architectures"] = [self.architecture]
+        return d
+
+    def save(self, directory: str | Path) -> None:
+        Path(directory, "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def replace(self, **changes: Any) -> ErnieConfig:
+        return dataclasses.replace(self, **changes)

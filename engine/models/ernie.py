@@ -1,0 +1,248 @@
+"""The ERNIE 4.5 decoder (dense, MoE and multimodal MoE) in plain Paddle ops.
+
+Parameter names follow the official Paddle checkpoint layout (``ernie.layers.{i}.self_attn.qkv_proj``,
+Linear weights [in, out]) so saving is a plain state dict; ``checkpoint.py`` converts the PyTorch layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from engine.models.config import ErnieConfig
+from engine.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
+from engine.models.moe import MoELayer, RouterStats, aux_loss, orthogonal_loss, z_loss
+from engine.models.vision import VisionAdapter, VisionEncoder
+
+IGNORE_INDEX = -100
+
+
+class DynamicCache:
+    """Key/value cache that grows by concatenation: ``update`` returns all keys/values seen so far."""
+
+    def __init__(self, num_layers: int):
+        self.keys: list[paddle.Tensor | None] = [None] * num_layers
+        self.values: list[paddle.Tensor | None] = [None] * num_layers
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys[0] is None else int(self.keys[0].shape[1])
+
+    def update(self, layer: int, k: paddle.Tensor, v: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        if self.keys[layer] is not None:
+            k = paddle.concat([self.keys[layer], k], axis=1)
+            v = paddle.concat([self.values[layer], v], axis=1)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+@dataclass
+class CausalLMOutput:
+    logits: paddle.Tensor
+    loss: paddle.Tensor | None = None
+    lm_loss: paddle.Tensor | None = None
+    router_losses: dict[str, paddle.Tensor] = field(default_factory=dict)
+    router_stats: list[RouterStats] = field(default_factory=list)
+    past_key_values: DynamicCache | None = None
+    hidden_states: paddle.Tensor | None = None
+
+
+class DecoderLayer(nn.Layer):
+    def __init__(self, config: ErnieConfig, index: int):
+        super().__init__()
+        self.index = index
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.is_moe = config.is_moe_layer(index)
+        self.mlp = MoELayer(config) if self.is_moe else MLP(config.hidden_size, config.intermediate_size, config.use_bias)
+
+    def forward(self, x, cos, sin, attn_mask, cache, token_type_ids):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index)
+        h = self.post_attention_layernorm(x)
+        if self.is_moe:
+            y, stats = self.mlp(h, token_type_ids)
+            return x + y, stats
+        return x + self.mlp(h), None
+
+
+class ErnieModel(nn.Layer):
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.LayerList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.gradient_checkpointing = False
+
+    def forward(self, embeds, position_ids, attn_mask, cache, token_type_ids):
+        cos, sin = self.rotary(position_ids)
+        x = embeds
+        all_stats = []
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training:
+                from paddle.distributed.fleet.utils import recompute
+
+                x, stats = recompute(layer, x, cos, sin, attn_mask, cache, token_type_ids)
+            else:
+                x, stats = layer(x, cos, sin, attn_mask, cache, token_type_ids)
+            if stats is not None:
+                all_stats.append(stats)
+        return self.norm(x), all_stats
+
+
+def causal_mask_from_padding(padding_mask: paddle.Tensor, query_len: int) -> paddle.Tensor:
+    """[B, S] (1 keep, 0 pad) -> additive fp32 [B, 1, T, S], causal with queries aligned to the end."""
+    s = padding_mask.shape[1]
+    causal = paddle.tril(paddle.ones([query_len, s], dtype="bool"), diagonal=s - query_len)
+    keep = causal.unsqueeze(0) & padding_mask.astype("bool").unsqueeze(1)
+    return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
+
+
+def packed_causal_mask(segment_ids: paddle.Tensor) -> paddle.Tensor:
+    """[B, T] sample index per position (-1 for padding) -> additive fp32 [B, 1, T, T].
+
+    Tokens attend causally only inside their own packed sample; padding rows attend to themselves so the
+    softmax never sees an all -inf row.
+    """
+    t = segment_ids.shape[1]
+    same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
+    causal = paddle.tril(paddle.ones([t, t], dtype="bool")).unsqueeze(0)
+    keep = (same & causal) | paddle.eye(t, dtype="bool").unsqueeze(0)
+    return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
+
+
+class ErnieForCausalLM(nn.Layer):
+    """ERNIE 4.5 language model; with ``config.vision_config`` also the multimodal (VL) model."""
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.config = config
+        self.ernie = ErnieModel(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Layer()
+            self.lm_head.weight = self.lm_head.create_parameter([config.hidden_size, config.vocab_size])
+        if config.vision_config is not None:
+            self.vision_model = VisionEncoder(config.vision_config)
+            self.resampler_model = VisionAdapter(config.vision_config, config.hidden_size)
+
+    # ---- embeddings --------------------------------------------------------------------------------
+    def embed(self, input_ids: paddle.Tensor, images: list[paddle.Tensor] | None = None) -> paddle.Tensor:
+        """Token embeddings with image features written over ``im_patch_id`` placeholders, in order."""
+        x = self.ernie.embed_tokens(input_ids)
+        if not images:
+            return x
+        if self.config.vision_config is None or self.config.im_patch_id is None:
+            raise ValueError("images were given but this model has no vision encoder")
+        feats = []
+        for img in images:
+            enc, gh, gw = self.vision_model(img.unsqueeze(0) if img.ndim == 3 else img)
+            feats.append(self.resampler_model(enc, gh, gw).reshape([-1, self.config.hidden_size]))
+        feats = paddle.concat(feats, axis=0).astype(x.dtype)
+        flat = x.reshape([-1, x.shape[-1]])
+        slots = paddle.nonzero(input_ids.reshape([-1]) == self.config.im_patch_id).reshape([-1])
+        if slots.shape[0] != feats.shape[0]:
+            raise ValueError(
+                f"the prompt has {slots.shape[0]} image placeholder tokens but the images give "
+                f"{feats.shape[0]} image tokens"
+            )
+        flat = paddle.scatter(flat, slots, feats, overwrite=True)
+        return flat.reshape(x.shape)
+
+    def output_weight(self) -> paddle.Tensor:
+        return self.ernie.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    def logits_from_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
+        w = self.output_weight()
+        return paddle.matmul(h, w, transpose_y=self.config.tie_word_embeddings)
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: paddle.Tensor,
+        *,
+        position_ids: paddle.Tensor | None = None,
+        attention_mask: paddle.Tensor | None = None,
+        segment_ids: paddle.Tensor | None = None,
+        token_type_ids: paddle.Tensor | None = None,
+        images: list[paddle.Tensor] | None = None,
+        past_key_values: DynamicCache | None = None,
+        use_cache: bool = False,
+        labels: paddle.Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> CausalLMOutput:
+        """Run the model.
+
+        - ``attention_mask``: [B, S] padding mask (1 keep) or an additive [B, 1, T, S] mask; None = causal.
+        - ``segment_ids``: [B, T] packed-sample index per position; builds the block-diagonal causal mask.
+        - ``labels``: already aligned with the positions (label[t] is the token predicted at t), -100 = no loss.
+        - ``logits_to_keep``: compute logits only for the last N positions (decoding); 0 = all.
+        """
+        b, t = input_ids.shape
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(self.config.num_hidden_layers)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = paddle.arange(past, past + t, dtype="int64").unsqueeze(0).expand([b, t])
+        if segment_ids is not None:
+            mask = packed_causal_mask(segment_ids)
+        elif attention_mask is not None and attention_mask.ndim == 2:
+            mask = causal_mask_from_padding(attention_mask, t)
+        else:
+            mask = attention_mask
+        if token_type_ids is None and self.config.im_patch_id is not None and len(self.config.expert_counts) > 1:
+            token_type_ids = (input_ids == self.config.im_patch_id).astype("int64")
+        x = self.embed(input_ids, images)
+        h, stats = self.ernie(x, position_ids, mask, past_key_values, token_type_ids)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        logits = self.logits_from_hidden(h)
+        out = CausalLMOutput(logits=logits, router_stats=stats, past_key_values=past_key_values, hidden_states=h)
+        if stats:
+            out.router_losses = self.router_losses(stats)
+        if labels is not None:
+            out.lm_loss = token_loss(logits, labels)
+            out.loss = out.lm_loss + self.weighted_router_loss(out.router_losses)
+        return out
+
+    def router_losses(self, stats: list[RouterStats]) -> dict[str, paddle.Tensor]:
+        """Mean over MoE layers of the aux, z and orthogonal losses (summed over modality groups)."""
+        aux = zl = orth = paddle.zeros([], dtype="float32")
+        for s in stats:
+            for logits, probs, sel, w in zip(s.logits, s.probs, s.selected, s.gate_weights, strict=True):
+                aux = aux + aux_loss(probs, sel)
+                zl = zl + z_loss(logits)
+                orth = orth + orthogonal_loss(w)
+        n = max(len(stats), 1)
+        return {"aux_loss": aux / n, "z_loss": zl / n, "orthogonal_loss": orth / n}
+
+    def weighted_router_loss(self, losses: dict[str, paddle.Tensor]) -> paddle.Tensor | float:
+        if not losses:
+            return 0.0
+        c = self.config
+        total = 0.0
+        for name, lam in (
+            ("aux_loss", c.moe_aux_loss_lambda),
+            ("z_loss", c.moe_z_loss_lambda),
+            ("orthogonal_loss", c.moe_orthogonal_loss_lambda),
+        ):
+            if lam:
+                total = total + lam * losses[name]
+        return total
+
+
+def per_token_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """Cross entropy per position (0 where label is -100) and the fp32 mask of positions with a label."""
+    mask = (labels != IGNORE_INDEX).astype("float32")
+    safe = paddle.where(labels == IGNORE_INDEX, paddle.zeros_like(labels), labels)
+    ce = F.cross_entropy(logits.astype("float32"), safe.unsqueeze(-1), reduction="none").squeeze(-1)
+    return ce * mask, mask
+
+
+def token_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+    """Token-balanced loss: every labelled token counts once, whichever sample or modality it is in."""
+    ce, mask = per_token_loss(logits, labels)
+    return ce.sum() / paddle.clip(mask.sum(), min=1.0)

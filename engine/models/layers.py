@@ -1,0 +1,120 @@
+"""The decoder's building blocks: RMSNorm, rotary embeddings, GQA attention and the SwiGLU MLP."""
+
+from __future__ import annotations
+
+import math
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from engine.models.config import ErnieConfig
+
+
+class RMSNorm(nn.Layer):
+    def __init__(self, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        # Normalise in fp32 as the reference implementations do, whatever the activation dtype.
+        h = x.astype("float32")
+        h = h * paddle.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.astype(x.dtype)
+
+
+class RotaryEmbedding(nn.Layer):
+    """Interleaved (even/odd pair) rotary position embedding, as in ERNIE 4.5."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (paddle.arange(0, head_dim, 2, dtype="float32") / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistable=False)
+
+    def forward(self, position_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """position_ids [B, T] -> cos, sin [B, T, 1, head_dim // 2] in fp32."""
+        freqs = position_ids.astype("float32").unsqueeze(-1) * self.inv_freq
+        return freqs.cos().unsqueeze(2), freqs.sin().unsqueeze(2)
+
+
+def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+    """Rotate each (even, odd) pair of the last axis of x [B, T, H, D] by the position angle."""
+    b, t, h, d = x.shape
+    pairs = x.astype("float32").reshape([b, t, h, d // 2, 2])
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = paddle.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1)
+    return out.reshape([b, t, h, d]).astype(x.dtype)
+
+
+class Attention(nn.Layer):
+    """Grouped-query attention with a fused Q/K/V projection (Paddle checkpoint layout)."""
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias_attr=config.use_bias or False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias_attr=config.use_bias or False)
+
+    def forward(
+        self,
+        x: paddle.Tensor,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        attn_mask: paddle.Tensor | None,
+        cache=None,
+        layer_idx: int = 0,
+    ) -> paddle.Tensor:
+        b, t, _ = x.shape
+        qkv = self.qkv_proj(x)
+        nq, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = paddle.split(qkv, [nq * hd, nkv * hd, nkv * hd], axis=-1)
+        q = apply_rotary(q.reshape([b, t, nq, hd]), cos, sin)
+        k = apply_rotary(k.reshape([b, t, nkv, hd]), cos, sin)
+        v = v.reshape([b, t, nkv, hd])
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+        out = attention(q, k, v, attn_mask)
+        return self.o_proj(out.reshape([b, t, nq * hd]))
+
+
+def attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None) -> paddle.Tensor:
+    """Softmax attention. q [B, T, H, D], k/v [B, S, Hkv, D]; mask additive fp32 [B|1, 1, T, S] or None.
+
+    With mask None the attention is causal with the query block aligned to the end of the keys.
+    """
+    b, t, nq, hd = q.shape
+    s, nkv = k.shape[1], k.shape[2]
+    group = nq // nkv
+    # [B, Hkv, group, T, D] so that each KV head serves its group of query heads without copying K/V.
+    qh = q.transpose([0, 2, 1, 3]).reshape([b, nkv, group * t, hd])
+    kh = k.transpose([0, 2, 3, 1])  # [B, Hkv, D, S]
+    vh = v.transpose([0, 2, 1, 3])  # [B, Hkv, S, D]
+    scores = paddle.matmul(qh, kh) * (1.0 / math.sqrt(hd))  # [B, Hkv, group*T, S]
+    scores = scores.reshape([b, nkv, group, t, s]).astype("float32")
+    if mask is None:
+        if t > 1:
+            causal = paddle.triu(paddle.full([t, s], float("-inf"), dtype="float32"), diagonal=s - t + 1)
+            scores = scores + causal
+    else:
+        scores = scores + mask.astype("float32").unsqueeze(2)  # [B, 1, 1, T, S]
+    probs = F.softmax(scores, axis=-1).astype(q.dtype).reshape([b, nkv, group * t, s])
+    out = paddle.matmul(probs, vh).reshape([b, nkv, group, t, hd])  # [B, Hkv, g, T, D]
+    return out.transpose([0, 3, 1, 2, 4]).reshape([b, t, nq, hd])
+
+
+class MLP(nn.Layer):
+    """SwiGLU feed-forward with the fused gate/up projection of the Paddle layout (gate half first)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, use_bias: bool = False):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.up_gate_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias_attr=use_bias or False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias_attr=use_bias or False)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        gate, up = paddle.chunk(self.up_gate_proj(x), 2, axis=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,202 @@
+"""ERNIE 4.5 mixture of experts: fp32 top-k router with correction bias, shared experts, router losses.
+
+The multimodal (heterogeneous) variant keeps one expert group and one gate per modality; tokens route
+only inside the group of their ``token_type_ids`` (0 text, 1 image) while shared experts see every token.
+Everything here is plain Paddle ops so it trains on CPU and GPU alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from engine.models.config import ErnieConfig
+from engine.models.layers import MLP
+
+
+@dataclass
+class RouterStats:
+    """What one MoE layer did with one batch: per-group logits, probabilities and expert choices."""
+
+    logits: list[paddle.Tensor]  # per group [N_g, E_g] fp32
+    probs: list[paddle.Tensor]  # per group [N_g, E_g] fp32
+    selected: list[paddle.Tensor]  # per group [N_g, k] int64, index inside the group
+    token_index: list[paddle.Tensor | None]  # per group: which flat tokens were routed there (None: all)
+    gate_weights: list[paddle.Tensor]  # per group [H, E_g]
+
+    def expert_counts(self) -> list[np.ndarray]:
+        """Number of token assignments each expert of each group received."""
+        out = []
+        for sel, probs in zip(self.selected, self.probs, strict=True):
+            counts = np.bincount(sel.numpy().reshape(-1), minlength=probs.shape[-1])
+            out.append(counts)
+        return out
+
+
+# ---- router losses (each a hand-checkable formula, see tests/engine/test_moe.py) ----------------------
+
+
+def aux_loss(probs: paddle.Tensor, selected: paddle.Tensor) -> paddle.Tensor:
+    """Load-balancing loss ``E * sum_e me_e * ce_e`` (1.0 when perfectly balanced).
+
+    me_e is the mean routing probability of expert e, ce_e the (detached) share of assignments it got.
+    """
+    n, e = probs.shape
+    if n == 0:
+        return paddle.zeros([], dtype="float32")
+    me = probs.mean(axis=0)
+    onehot = F.one_hot(selected.reshape([-1]), e).astype("float32")
+    ce = (onehot.sum(axis=0) / onehot.shape[0]).detach()
+    return e * (me * ce).sum()
+
+
+def z_loss(logits: paddle.Tensor) -> paddle.Tensor:
+    """``mean_t (logsumexp_e logits_te)^2``: keeps router logits small."""
+    if logits.shape[0] == 0:
+        return paddle.zeros([], dtype="float32")
+    return paddle.logsumexp(logits, axis=-1).pow(2).mean()
+
+
+def orthogonal_loss(gate_weight: paddle.Tensor) -> paddle.Tensor:
+    """``||W_hat W_hat^T - I||_F^2 / numel`` over the unit-normalised expert rows of the gate."""
+    w = gate_weight.astype("float32").T  # [E, H], one row per expert
+    w = w / paddle.clip(w.norm(axis=-1, keepdim=True), min=1e-12)
+    gram = paddle.matmul(w, w, transpose_y=True)
+    eye = paddle.eye(gram.shape[0], dtype="float32")
+    return (gram - eye).pow(2).sum() / gram.numel().astype("float32")
+
+
+def update_correction_bias(bias: np.ndarray, counts: np.ndarray, rate: float = 1e-3) -> np.ndarray:
+    """Aux-free balancing: nudge the bias up for under-loaded experts and down for over-loaded ones."""
+    counts = np.asarray(counts, dtype=np.float32)
+    return (bias + rate * np.sign(counts.mean() - counts)).astype(np.float32)
+
+
+def route(
+    logits: paddle.Tensor, bias: paddle.Tensor, k: int, norm_min: float
+) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    """Top-k by probability + correction bias; combine weights are the unbiased probabilities, renormalised.
+
+    Returns (probs [N, E], selected [N, k], weights [N, k]).
+    """
+    probs = F.softmax(logits, axis=-1)
+    _, selected = paddle.topk(probs + bias.detach(), k, axis=-1)
+    weights = paddle.take_along_axis(probs, selected, axis=-1)
+    weights = weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=norm_min)
+    return probs, selected, weights
+
+
+def run_experts(
+    x: paddle.Tensor, experts: nn.LayerList, selected: paddle.Tensor, weights: paddle.Tensor
+) -> paddle.Tensor:
+    """Dispatch each token to its k experts, weight and combine. x [N, H] -> [N, H].
+
+    Assignments are sorted by expert so every expert runs once on a contiguous slice; the host sync for
+    the counts is what lets the same code run on CPU without capacity padding.
+    """
+    n, h = x.shape
+    k = selected.shape[-1]
+    flat = selected.reshape([-1])
+    order = paddle.argsort(flat, stable=True)
+    token_of = order // k  # which token each sorted assignment belongs to
+    counts = np.bincount(flat.numpy(), minlength=len(experts))
+    xs = paddle.gather(x, token_of)
+    outs = []
+    start = 0
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            outs.append(experts[e](xs[start : start + c]))
+        start += c
+    ys = paddle.concat(outs, axis=0)
+    # Undo the sort, weight each assignment and sum the k contributions of every token.
+    inverse = paddle.argsort(order)
+    ys = paddle.gather(ys, inverse).reshape([n, k, h])
+    return (ys * weights.astype(ys.dtype).unsqueeze(-1)).sum(axis=1)
+
+
+class MoEStatics(nn.Layer):
+    """Holds ``e_score_correction_bias`` [groups, E]; updated by aux-free balancing, never by gradients."""
+
+    def __init__(self, groups: int, num_experts: int):
+        super().__init__()
+        self.e_score_correction_bias = self.create_parameter(
+            [groups, num_experts], dtype="float32", default_initializer=nn.initializer.Constant(0.0)
+        )
+        self.e_score_correction_bias.stop_gradient = True
+
+
+class MoELayer(nn.Layer):
+    """Routed experts (one or two modality groups) plus shared experts.
+
+    Parameter names follow the Paddle checkpoint layout: ``gate.weight`` [H, E] (``gate.weight_1`` for the
+    vision group), ``experts.{e}`` (text experts first, then vision), ``shared_experts``, ``moe_statics``.
+    """
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.k = config.moe_k
+        self.norm_min = config.moe_norm_min
+        self.group_sizes = config.expert_counts
+        inter = config.expert_intermediate_sizes
+        h = config.hidden_size
+        self.gate = nn.Layer()
+        for g, e in enumerate(self.group_sizes):
+            name = "weight" if g == 0 else f"weight_{g}"
+            param = self.gate.create_parameter([h, e], dtype="float32")
+            self.gate.add_parameter(name, param)
+        self.experts = nn.LayerList(
+            [MLP(h, inter[g], config.use_bias) for g, e in enumerate(self.group_sizes) for _ in range(e)]
+        )
+        self.shared_experts = (
+            MLP(h, inter[0] * config.moe_num_shared_experts, config.use_bias)
+            if config.moe_num_shared_experts
+            else None
+        )
+        self.moe_statics = MoEStatics(len(self.group_sizes), max(self.group_sizes))
+
+    def gate_weight(self, group: int) -> paddle.Tensor:
+        return getattr(self.gate, "weight" if group == 0 else f"weight_{group}")
+
+    def forward(
+        self, x: paddle.Tensor, token_type_ids: paddle.Tensor | None = None
+    ) -> tuple[paddle.Tensor, RouterStats]:
+        b, t, h = x.shape
+        flat = x.reshape([-1, h])
+        stats = RouterStats([], [], [], [], [])
+        if len(self.group_sizes) == 1 or token_type_ids is None:
+            routed_groups = [(0, None)]
+        else:
+            types = token_type_ids.reshape([-1])
+            routed_groups = [
+                (g, paddle.nonzero(types == g).reshape([-1])) for g in range(len(self.group_sizes))
+            ]
+        out = paddle.zeros_like(flat)
+        offset = 0
+        for g, idx in routed_groups:
+            n_experts = self.group_sizes[g]
+            experts = self.experts[offset : offset + n_experts]
+            offset += n_experts
+            tokens = flat if idx is None else paddle.gather(flat, idx)
+            if tokens.shape[0] == 0:
+                continue
+            w = self.gate_weight(g)
+            logits = paddle.matmul(tokens.astype("float32"), w)
+            bias = self.moe_statics.e_score_correction_bias[g, :n_experts]
+            probs, selected, weights = route(logits, bias, self.k, self.norm_min)
+            y = run_experts(tokens, experts, selected, weights)
+            if idx is None:
+                out = out + y
+            else:
+                out = paddle.scatter(out, idx, y, overwrite=True)
+            stats.logits.append(logits)
+            stats.probs.append(probs)
+            stats.selected.append(selected)
+            stats.token_index.append(idx)
+            stats.gate_weights.append(w)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.reshape([b, t, h]), stats

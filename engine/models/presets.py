@@ -1,0 +1,146 @@
+"""Named model configs: tiny random models for trying things, and the official ERNIE 4.5 sizes."""
+
+from __future__ import annotations
+
+from engine.models.config import ErnieConfig, VisionConfig
+
+_TINY = dict(
+    model_type="ernie4_5",
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    dtype="float32",
+)
+
+_TINY_MOE = dict(
+    _TINY,
+    model_type="ernie4_5_moe",
+    num_hidden_layers=3,
+    moe_num_experts=8,
+    moe_k=2,
+    moe_num_shared_experts=1,
+    moe_intermediate_size=96,
+    moe_layer_start_index=1,
+    moe_layer_end_index=2,
+    moe_layer_interval=1,
+    moe_use_aux_free=True,
+)
+
+_TINY_VL = dict(
+    _TINY_MOE,
+    model_type="ernie4_5_moe_vl",
+    moe_num_experts=[8, 8],
+    moe_intermediate_size=[96, 48],
+    moe_layer_start_index=[1, 1],
+    moe_layer_end_index=[2, 2],
+    vision_config=VisionConfig(depth=2, hidden_size=64, num_heads=4, patch_size=14, spatial_merge_size=2),
+)
+
+OFFICIAL = {
+    "ernie-4.5-0.3b": dict(
+        model_type="ernie4_5",
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=18,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        vocab_size=103424,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
+    "ernie-4.5-21b-a3b": dict(
+        model_type="ernie4_5_moe",
+        hidden_size=2560,
+        intermediate_size=12288,
+        num_hidden_layers=28,
+        num_attention_heads=20,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=103424,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        moe_num_experts=64,
+        moe_k=6,
+        moe_num_shared_experts=2,
+        moe_intermediate_size=1536,
+        moe_layer_start_index=1,
+        moe_layer_end_index=27,
+        moe_layer_interval=1,
+    ),
+    "ernie-4.5-300b-a47b": dict(
+        model_type="ernie4_5_moe",
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=54,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=103424,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        moe_num_experts=64,
+        moe_k=8,
+        moe_num_shared_experts=0,
+        moe_intermediate_size=3584,
+        moe_layer_start_index=3,
+        moe_layer_end_index=53,
+        moe_layer_interval=1,
+    ),
+    "ernie-4.5-vl-28b-a3b": dict(
+        model_type="ernie4_5_moe_vl",
+        hidden_size=2560,
+        intermediate_size=12288,
+        num_hidden_layers=28,
+        num_attention_heads=20,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=103424,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        moe_num_experts=[64, 64],
+        moe_k=6,
+        moe_num_shared_experts=2,
+        moe_intermediate_size=[1536, 512],
+        moe_layer_start_index=[1, 1],
+        moe_layer_end_index=[27, 27],
+        moe_layer_interval=1,
+        vision_config=VisionConfig(depth=32, hidden_size=1280, num_heads=16, patch_size=14, spatial_merge_size=2),
+    ),
+}
+
+TINY_PRESETS = {"tiny": _TINY, "tiny-moe": _TINY_MOE, "tiny-vl": _TINY_VL}
+
+# Hub ids of the official checkpoints, for users with network access.
+HUB_IDS = {
+    "ernie-4.5-0.3b": "baidu/ERNIE-4.5-0.3B-Paddle",
+    "ernie-4.5-21b-a3b": "baidu/ERNIE-4.5-21B-A3B-Paddle",
+    "ernie-4.5-300b-a47b": "baidu/ERNIE-4.5-300B-A47B-Paddle",
+    "ernie-4.5-vl-28b-a3b": "baidu/ERNIE-4.5-VL-28B-A3B-Paddle",
+}
+
+
+def preset_names() -> list[str]:
+    return [*TINY_PRESETS, *OFFICIAL]
+
+
+def preset_config(name: str, vocab_size: int | None = None) -> ErnieConfig:
+    """The config of a named preset; tiny presets take their vocab size from their tokenizer."""
+    table = {**TINY_PRESETS, **OFFICIAL}
+    if name not in table:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(table)}")
+    kwargs = dict(table[name])
+    if vocab_size is not None:
+        kwargs["vocab_size"] = vocab_size
+    return ErnieConfig(**kwargs)

@@ -1,0 +1,274 @@
+"""ERNIE 4.5 tokenizer: SentencePiece plus ERNIE's special tokens and chat template."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import sentencepiece as spm
+
+log = logging.getLogger(__name__)
+
+CLS_TOKEN = "<|begin_of_sentence|>"
+SEP_TOKEN = "<|end_of_sentence|>"
+IMAGE_PLACEHOLDER = "<|IMAGE_PLACEHOLDER|>"
+IMAGE_START = "<|IMAGE_START|>"
+IMAGE_END = "<|IMAGE_END|>"
+SPECIAL_TOKENS = [CLS_TOKEN, SEP_TOKEN, *[f"<mask:{i}>" for i in range(8)], IMAGE_PLACEHOLDER, IMAGE_START, IMAGE_END]
+
+# The ERNIE 4.5 instruct template: system line, "User: ...\n", "Assistant: ...<|end_of_sentence|>".
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- if not add_generation_prompt is defined -%}{%- set add_generation_prompt = true -%}{%- endif -%}"
+    "{{- cls_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{- message['content'] + '\\n' -}}"
+    "{%- elif message['role'] == 'user' -%}{{- 'User: ' + message['content'] + '\\n' -}}"
+    "{%- elif message['role'] == 'assistant' -%}{{- 'Assistant: ' + message['content'] + sep_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'Assistant: ' -}}{%- endif -%}"
+)
+
+TOKENIZER_FILES = [
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+]
+
+
+class ErnieTokenizer:
+    """SentencePiece tokenizer that recognises ERNIE's special tokens anywhere in the text."""
+
+    def __init__(self, model_file: str | Path, config: dict[str, Any] | None = None, added: dict[str, int] | None = None):
+        self.model_file = Path(model_file)
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
+        self.config = dict(config or {})
+        self.added_tokens: dict[str, int] = dict(added or {})
+        for tok in SPECIAL_TOKENS:
+            pid = self.sp.piece_to_id(tok)
+            if tok not in self.added_tokens and pid != self.sp.unk_id():
+                self.added_tokens[tok] = pid
+        self.id_to_added = {v: k for k, v in self.added_tokens.items()}
+        toks = sorted(self.added_tokens, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in toks) + ")") if toks else None
+        self.chat_template = self.config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(self.chat_template)
+
+    # ---- ids ---------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return max(self.sp.get_piece_size(), max(self.added_tokens.values(), default=0) + 1)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def bos_token_id(self) -> int:
+        return self.sp.bos_id()
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.sp.eos_id()
+
+    @property
+    def unk_token_id(self) -> int:
+        return self.sp.unk_id()
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.sp.pad_id()
+        return pad if pad >= 0 else self.unk_token_id
+
+    @property
+    def cls_token(self) -> str:
+        return self.config.get("cls_token", CLS_TOKEN) if isinstance(self.config.get("cls_token", CLS_TOKEN), str) else CLS_TOKEN
+
+    @property
+    def sep_token(self) -> str:
+        return self.config.get("sep_token", SEP_TOKEN) if isinstance(self.config.get("sep_token", SEP_TOKEN), str) else SEP_TOKEN
+
+    @property
+    def sep_token_id(self) -> int:
+        return self.convert_tokens_to_ids(self.sep_token)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Tokens that end a generated turn: ``</s>`` and ``<|end_of_sentence|>``."""
+        ids = [self.eos_token_id]
+        if self.sep_token in self.added_tokens:
+            ids.append(self.added_tokens[self.sep_token])
+        return ids
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        if token in self.added_tokens:
+            return self.added_tokens[token]
+        return self.sp.piece_to_id(token)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.id_to_added.get(i) or self.sp.id_to_piece(i) for i in ids]
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.id_to_added or self.sp.is_control(token_id) or token_id == self.unk_token_id
+
+    # ---- text --------------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids for ``text``; special tokens written in the text become their own ids."""
+        ids: list[int] = [self.bos_token_id] if add_special_tokens else []
+        pieces = self._split.split(text) if self._split else [text]
+        for piece in pieces:
+            if not piece:
+                continue
+            if piece in self.added_tokens:
+                ids.append(self.added_tokens[piece])
+            else:
+                ids.extend(self.sp.encode(piece))
+        return ids
+
+    __call__ = encode
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        out: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            i = int(i)
+            if i in self.id_to_added or self.sp.is_control(i):
+                if run:
+                    out.append(self.sp.decode(run))
+                    run = []
+                if not skip_special_tokens:
+                    out.append(self.id_to_added.get(i) or self.sp.id_to_piece(i))
+            elif 0 <= i < self.sp.get_piece_size():
+                run.append(i)
+        if run:
+            out.append(self.sp.decode(run))
+        return "".join(out)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ) -> str | list[int]:
+        """Render a conversation with the model's chat template (``chat_template.jinja`` or the ERNIE default)."""
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        text = self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            cls_token=self.cls_token,
+            sep_token=self.sep_token,
+            bos_token=self.sp.id_to_piece(self.bos_token_id),
+            eos_token=self.sp.id_to_piece(self.eos_token_id),
+            **kwargs,
+        )
+        return self.encode(text) if tokenize else text
+
+    # ---- files -------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ErnieTokenizer:
+        d = Path(path).expanduser()
+        model_file = d / "tokenizer.model"
+        if not model_file.exists():
+            raise FileNotFoundError(f"{d}: no tokenizer.model (ERNIE 4.5 uses a SentencePiece tokenizer)")
+        config = _read_json(d / "tokenizer_config.json")
+        added = {k: int(v) for k, v in _read_json(d / "added_tokens.json").items()}
+        for tid, info in (config.get("added_tokens_decoder") or {}).items():
+            if isinstance(info, dict) and "content" in info:
+                added.setdefault(info["content"], int(tid))
+        template_file = d / "chat_template.jinja"
+        if template_file.exists():
+            config["chat_template"] = template_file.read_text(encoding="utf-8")
+        return cls(model_file, config, added)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        d = Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.model_file.resolve() != (d / "tokenizer.model").resolve():
+            shutil.copyfile(self.model_file, d / "tokenizer.model")
+        config = {
+            "tokenizer_class": "Ernie4_5_Tokenizer",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "pad_token": "<unk>",
+            "cls_token": CLS_TOKEN,
+            "sep_token": SEP_TOKEN,
+            "model_max_length": self.config.get("model_max_length", 131072),
+            "chat_template": self.chat_template,
+        }
+        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token", "cls_token", "sep_token")}
+        (d / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+        (d / "added_tokens.json").write_text(json.dumps(self.added_tokens, indent=2, ensure_ascii=False) + "\n")
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy whichever tokenizer / generation files exist in ``src`` to ``dst``."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        f = Path(src) / name
+        if f.exists():
+            Path(dst).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, Path(dst) / name)
+            copied.append(name)
+    return copied
+
+
+def train_tokenizer(corpus: str | Path, out_dir: str | Path, vocab_size: int = 1024) -> ErnieTokenizer:
+    """Train a small SentencePiece tokenizer with ERNIE's special tokens (for presets and tests)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = out / "tokenizer"
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        byte_fallback=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        user_defined_symbols=SPECIAL_TOKENS,
+        hard_vocab_limit=False,
+        num_threads=1,
+        split_digits=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        minloglevel=2,
+    )
+    (out / "tokenizer.vocab").unlink(missing_ok=True)
+    tok = ErnieTokenizer(out / "tokenizer.model")
+    tok.save_pretrained(out)
+    return tok
+
+
+def load_tokenizer(path: str | Path) -> ErnieTokenizer:
+    """The tokenizer of a model directory, with ``apply_chat_template``."""
+    return ErnieTokenizer.from_pretrained(path)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
