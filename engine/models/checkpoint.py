@@ -47,7 +47,9 @@ class TensorStore:
                 raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
             for key, fname in weight_map.items():
                 if not (directory / fname).exists():
-                    raise CheckpointError(f"{index}: shard {fname} (holding {key}) is missing from {directory}")
+                    raise CheckpointError(
+                        f"{index}: shard {fname} (holding {key}) is missing from {directory}"
+                    )
                 self.where[key] = fname
         else:
             shards = sorted(directory.glob("*.safetensors"))
@@ -58,7 +60,7 @@ class TensorStore:
                     f"model-*-of-*.safetensors with {INDEX_FILE}); found {found}"
                 )
             for shard in shards:
-                for key in self._file(shard.name).keys():
+                for key in self._file(shard.name).header:
                     self.where[key] = shard.name
 
     def _file(self, name: str) -> SafetensorsFile:
@@ -68,6 +70,9 @@ class TensorStore:
 
     def keys(self) -> list[str]:
         return list(self.where)
+
+    def __iter__(self):
+        return iter(self.where)
 
     def __contains__(self, key: str) -> bool:
         return key in self.where
@@ -104,9 +109,12 @@ def _hf_name(name: str) -> str:
     return "model." + name[len("ernie.") :] if name.startswith("ernie.") else name
 
 
-def hf_sources(name: str, config: ErnieConfig) -> list[tuple[str, Callable]]:
-    """For an internal (Paddle-layout) tensor name: the HF tensors it is built from and how."""
-    hd = config.head_dim
+def hf_sources(name: str, config: ErnieConfig | None = None) -> list[tuple[str, Callable | None]]:
+    """For an internal (Paddle-layout) tensor name: the hub-format PyTorch tensors it is built from and how.
+
+    Linear weights are transposed ([out, in] -> [in, out]); fused projections are concatenated on the last
+    axis in the order returned (q, k, v; gate, up).
+    """
     base = _hf_name(name)
     if name.endswith("self_attn.qkv_proj.weight"):
         stem = base[: -len("qkv_proj.weight")]
@@ -124,12 +132,11 @@ def hf_sources(name: str, config: ErnieConfig) -> list[tuple[str, Callable]]:
         return [(base, np.transpose)]
     if name == "lm_head.weight":
         return [("lm_head.weight", np.transpose)]
-    del hd
     return [(base, None)]
 
 
 def to_hf_state_dict(state: dict[str, np.ndarray], config: ErnieConfig) -> dict[str, np.ndarray]:
-    """Internal (Paddle layout) numpy state -> PyTorch layout tensors."""
+    """Internal (Paddle layout) numpy state -> PyTorch layout tensors (hub key format, per-expert keys)."""
     out: dict[str, np.ndarray] = {}
     nq, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     for name, arr in state.items():
@@ -147,28 +154,104 @@ def to_hf_state_dict(state: dict[str, np.ndarray], config: ErnieConfig) -> dict[
 
 # ---- loading -------------------------------------------------------------------------------------------
 
+# Hub keys of one expert's projection: model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
+_HUB_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
-def _read_internal(store: TensorStore, layout: str, name: str, expected: list[int], config: ErnieConfig) -> np.ndarray:
-    """Fetch one internal tensor from the store, converting layout; raise naming the tensor if absent."""
+
+class HFReader:
+    """Reads hub-format PyTorch tensors, also from transformers' fused-expert and renamed-bias variants.
+
+    transformers 5 holds MoE experts as 3-D ``experts.gate_up_proj`` [E, 2I, H] (gate rows first) and
+    ``experts.down_proj`` [E, H, I] and keeps the correction bias under ``mlp.gate.moe_statics``; it
+    writes that form with ``save_pretrained(save_original_format=False)``.
+    """
+
+    def __init__(self, store: TensorStore):
+        self.store = store
+        self.used: set[str] = set()
+        self._fused: dict[str, np.ndarray] = {}  # one layer's fused experts, read once for all experts
+
+    def where(self, key: str) -> str:
+        """The stored key that provides hub key ``key`` (itself, a fused tensor, or a renamed bias)."""
+        if key in self.store:
+            return key
+        m = _HUB_EXPERT.match(key)
+        if m:
+            fused = m.group(1) + (".down_proj" if m.group(3) == "down" else ".gate_up_proj")
+            if fused in self.store:
+                return fused
+        if key.endswith("mlp.moe_statics.e_score_correction_bias"):
+            alt = key.replace("mlp.moe_statics.", "mlp.gate.moe_statics.")
+            if alt in self.store:
+                return alt
+        raise KeyError(key)
+
+    def get(self, key: str) -> np.ndarray:
+        src = self.where(key)
+        self.used.add(src)
+        if src == key or not _HUB_EXPERT.match(key):
+            return self.store.get(src)
+        m = _HUB_EXPERT.match(key)
+        if src not in self._fused:
+            self._fused = {src: self.store.get(src)}
+        fused, e = self._fused[src], int(m.group(2))
+        if e >= fused.shape[0]:
+            raise CheckpointError(
+                f"{self.store.directory / self.store.where[src]}: {src} holds {fused.shape[0]} experts; "
+                f"the config needs expert {e}"
+            )
+        if m.group(3) == "down":
+            return fused[e]
+        half = fused.shape[1] // 2
+        return fused[e, :half] if m.group(3) == "gate" else fused[e, half:]
+
+
+def _shape_error(
+    store: TensorStore, name: str, sources: list[str], got: list[int], expected: list[int]
+) -> str:
+    files = ", ".join(f"{s} in {store.where[s]}" for s in dict.fromkeys(sources) if s in store.where)
+    return (
+        f"{store.directory}: tensor {name} ({files}) has shape {got} but config.json "
+        f"(hidden_size, heads, head_dim, experts, vocab_size) implies {expected}"
+    )
+
+
+def _read_internal(
+    store: TensorStore,
+    layout: str,
+    name: str,
+    expected: list[int],
+    config: ErnieConfig,
+    hf: HFReader | None = None,
+) -> np.ndarray:
+    """Fetch one internal tensor from the store, converting layout; KeyError names the absent tensor."""
     if layout == "paddle":
         if name not in store:
             raise KeyError(name)
-        arr = store.get(name)
+        arr, sources = store.get(name), [name]
     else:
-        parts = []
-        for hf, fn in hf_sources(name, config):
-            if hf not in store:
-                raise KeyError(hf)
-            a = store.get(hf)
+        hf = hf or HFReader(store)
+        parts, sources = [], []
+        for key, fn in hf_sources(name, config):
+            a = hf.get(key)
+            sources.append(hf.where(key))
             parts.append(fn(a) if fn is not None else a)
+        if len(parts) > 1 and len({p.shape[:-1] for p in parts}) > 1:
+            raise CheckpointError(
+                _shape_error(store, name, sources, [list(p.shape) for p in parts], expected)  # type: ignore[arg-type]
+            )
         arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     if name.endswith("e_score_correction_bias") and arr.ndim == 1:
         arr = arr[None, :]
+    if (
+        name.endswith("e_score_correction_bias")
+        and arr.shape[-1] < expected[-1]
+        and arr.shape[0] == expected[0]
+    ):
+        # VL checkpoints keep one bias row per modality group, each as long as that group.
+        arr = np.pad(arr, [(0, 0), (0, expected[-1] - arr.shape[-1])])
     if list(arr.shape) != list(expected):
-        raise CheckpointError(
-            f"{store.directory}: tensor {name} has shape {list(arr.shape)} but the config "
-            f"(config.json) implies {list(expected)}"
-        )
+        raise CheckpointError(_shape_error(store, name, sources, list(arr.shape), expected))
     return arr
 
 
@@ -178,12 +261,15 @@ def _lm_head(store: TensorStore, layout: str, config: ErnieConfig) -> np.ndarray
         return None
     arr = store.get("lm_head.weight")
     h, v = config.hidden_size, config.vocab_size
-    if list(arr.shape) == [h, v] and (layout == "paddle" or h == v):
+    if h == v:  # square: only the layout can tell the orientation
+        return arr if layout == "paddle" else arr.T
+    if list(arr.shape) == [h, v]:
         return arr
     if list(arr.shape) == [v, h]:
         return arr.T
     raise CheckpointError(
-        f"{store.directory}: lm_head.weight has shape {list(arr.shape)}; expected [{h}, {v}] or [{v}, {h}]"
+        f"{store.directory / store.where['lm_head.weight']}: lm_head.weight has shape {list(arr.shape)}; "
+        f"expected [{h}, {v}] or [{v}, {h}] (hidden_size, vocab_size from config.json)"
     )
 
 
@@ -192,27 +278,32 @@ def load_state(model: ErnieForCausalLM, directory: Path) -> dict[str, str]:
     config = model.config
     store = TensorStore(directory)
     layout = detect_layout(store.keys())
-    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
-    loaded: dict[str, np.ndarray] = {}
+    hf = HFReader(store) if layout == "hf" else None
+    params = model.state_dict()
     missing = []
-    for name, shape in expected.items():
+    used: set[str] = set()
+    for name, p in params.items():
+        shape = list(p.shape)
         if name == "lm_head.weight":
-            head = _lm_head(store, layout, config)
-            if head is None:
-                missing.append("lm_head.weight (config says tie_word_embeddings=false)")
-            else:
-                loaded[name] = head
-            continue
-        if name.endswith("e_score_correction_bias"):
+            arr = _lm_head(store, layout, config)
+            if arr is None:
+                missing.append("lm_head.weight (config.json says tie_word_embeddings=false)")
+                continue
+            used.add(name)
+        else:
             try:
-                loaded[name] = _read_internal(store, layout, name, shape, config)
-            except KeyError:
-                loaded[name] = np.zeros(shape, np.float32)  # dense-trained MoE checkpoints may omit it
-            continue
-        try:
-            loaded[name] = _read_internal(store, layout, name, shape, config)
-        except KeyError as e:
-            missing.append(str(e.args[0]))
+                arr = _read_internal(store, layout, name, shape, config, hf)
+            except KeyError as e:
+                if name.endswith("e_score_correction_bias"):
+                    arr = np.zeros(
+                        shape, np.float32
+                    )  # checkpoints trained without aux-free balancing omit it
+                else:
+                    missing.append(str(e.args[0]))
+                    continue
+            used.add(name)
+        # Copy tensor by tensor so peak memory stays one tensor above the model itself.
+        p.set_value(paddle.to_tensor(arr, dtype=p.dtype))
     if missing:
         more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
         raise CheckpointError(
@@ -220,17 +311,14 @@ def load_state(model: ErnieForCausalLM, directory: Path) -> dict[str, str]:
             + ", ".join(missing[:8])
             + more
         )
-    dtypes = {store.dtype(k) for k in store.keys()}
-    used = set(loaded)
-    if layout == "hf":
-        used = {src for n in loaded for src, _ in hf_sources(n, config)}
-    unused = [k for k in store.keys() if k not in used and not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if hf is not None:
+        used = hf.used | ({"lm_head.weight"} & used)
+    unused = [
+        k for k in store if k not in used and not (k == "lm_head.weight" and config.tie_word_embeddings)
+    ]
     if unused:
         log.info("%s: %d tensors not used by this config (e.g. %s)", directory, len(unused), unused[0])
-    params = model.state_dict()
-    for name, arr in loaded.items():
-        p = params[name]
-        p.set_value(paddle.to_tensor(arr, dtype=p.dtype))
+    dtypes = {store.dtype(k) for k in store}
     return {"layout": layout, "stored_dtypes": ",".join(sorted(dtypes)), "unused": str(len(unused))}
 
 
@@ -285,7 +373,10 @@ def parse_size(size: str | int) -> int:
 
 
 def numpy_state(model: paddle.nn.Layer) -> dict[str, np.ndarray]:
-    return {k: v.astype("float32").numpy() if v.dtype != paddle.float32 else v.numpy() for k, v in model.state_dict().items()}
+    return {
+        k: v.astype("float32").numpy() if v.dtype != paddle.float32 else v.numpy()
+        for k, v in model.state_dict().items()
+    }
 
 
 def write_tensors(
@@ -303,7 +394,7 @@ def write_tensors(
             size = 0
         shards[-1][name] = arr
         size += nbytes
-    for old in list(directory.glob("model*.safetensors")) + [directory / INDEX_FILE]:
+    for old in [*directory.glob("model*.safetensors"), directory / INDEX_FILE]:
         old.unlink(missing_ok=True)
     if len(shards) == 1:
         save_file(shards[0], directory / "model.safetensors", dtype)

@@ -57,15 +57,33 @@ class DecoderLayer(nn.Layer):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.is_moe = config.is_moe_layer(index)
-        self.mlp = MoELayer(config) if self.is_moe else MLP(config.hidden_size, config.intermediate_size, config.use_bias)
+        self.mlp = (
+            MoELayer(config)
+            if self.is_moe
+            else MLP(config.hidden_size, config.intermediate_size, config.use_bias)
+        )
 
-    def forward(self, x, cos, sin, attn_mask, cache, token_type_ids):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index)
-        h = self.post_attention_layernorm(x)
-        if self.is_moe:
-            y, stats = self.mlp(h, token_type_ids)
-            return x + y, stats
-        return x + self.mlp(h), None
+    def forward(self, x, cos, sin, attn_mask, cache, token_type_ids, recompute: bool = False):
+        if recompute:
+            # Recompute needs tensor-only outputs, and router statistics must keep their gradient (the aux
+            # loss trains the gate), so the attention and dense FFN are recomputed and the MoE is not.
+            from paddle.distributed.fleet.utils import recompute as checkpoint
+
+            x = checkpoint(self.attention_block, x, cos, sin, attn_mask, use_reentrant=False)
+            if not self.is_moe:
+                return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
+        else:
+            x = self.attention_block(x, cos, sin, attn_mask, cache)
+            if not self.is_moe:
+                return self.dense_ffn_block(x), None
+        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
+        return x + y, stats
+
+    def attention_block(self, x, cos, sin, attn_mask, cache=None):
+        return x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index)
+
+    def dense_ffn_block(self, x):
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class ErnieModel(nn.Layer):
@@ -82,23 +100,24 @@ class ErnieModel(nn.Layer):
         cos, sin = self.rotary(position_ids)
         x = embeds
         all_stats = []
+        recompute = self.gradient_checkpointing and self.training
         for layer in self.layers:
-            if self.gradient_checkpointing and self.training:
-                from paddle.distributed.fleet.utils import recompute
-
-                x, stats = recompute(layer, x, cos, sin, attn_mask, cache, token_type_ids)
-            else:
-                x, stats = layer(x, cos, sin, attn_mask, cache, token_type_ids)
+            x, stats = layer(x, cos, sin, attn_mask, cache, token_type_ids, recompute=recompute)
             if stats is not None:
                 all_stats.append(stats)
         return self.norm(x), all_stats
 
 
 def causal_mask_from_padding(padding_mask: paddle.Tensor, query_len: int) -> paddle.Tensor:
-    """[B, S] (1 keep, 0 pad) -> additive fp32 [B, 1, T, S], causal with queries aligned to the end."""
+    """[B, S] (1 keep, 0 pad) -> additive fp32 [B, 1, T, S], causal with queries aligned to the end.
+
+    Every query also sees its own key, so a padded query row (left padding) is never all -inf: such a row
+    would turn into NaN and, through the next layer's values, spread to the real tokens.
+    """
     s = padding_mask.shape[1]
     causal = paddle.tril(paddle.ones([query_len, s], dtype="bool"), diagonal=s - query_len)
-    keep = causal.unsqueeze(0) & padding_mask.astype("bool").unsqueeze(1)
+    own = paddle.triu(causal, diagonal=s - query_len)  # the diagonal aligned to the end of the keys
+    keep = (causal.unsqueeze(0) & padding_mask.astype("bool").unsqueeze(1)) | own.unsqueeze(0)
     return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
 
 
@@ -111,7 +130,7 @@ def packed_causal_mask(segment_ids: paddle.Tensor) -> paddle.Tensor:
     t = segment_ids.shape[1]
     same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
     causal = paddle.tril(paddle.ones([t, t], dtype="bool")).unsqueeze(0)
-    keep = (same & causal) | paddle.eye(t, dtype="bool").unsqueeze(0)
+    keep = (same & causal) | paddle.eye(t).astype("bool").unsqueeze(0)
     return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
 
 
@@ -193,14 +212,20 @@ class ErnieForCausalLM(nn.Layer):
             mask = causal_mask_from_padding(attention_mask, t)
         else:
             mask = attention_mask
-        if token_type_ids is None and self.config.im_patch_id is not None and len(self.config.expert_counts) > 1:
+        if (
+            token_type_ids is None
+            and self.config.im_patch_id is not None
+            and len(self.config.expert_counts) > 1
+        ):
             token_type_ids = (input_ids == self.config.im_patch_id).astype("int64")
         x = self.embed(input_ids, images)
         h, stats = self.ernie(x, position_ids, mask, past_key_values, token_type_ids)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         logits = self.logits_from_hidden(h)
-        out = CausalLMOutput(logits=logits, router_stats=stats, past_key_values=past_key_values, hidden_states=h)
+        out = CausalLMOutput(
+            logits=logits, router_stats=stats, past_key_values=past_key_values, hidden_states=h
+        )
         if stats:
             out.router_losses = self.router_losses(stats)
         if labels is not None:
