@@ -1,0 +1,113 @@
+"""Studio settings, read from ``ERNIE_STUDIO_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class Settings(BaseSettings):
+    """Everything the API, the UI and the workers need to find the store, the queue and the artifacts."""
+
+    model_config = SettingsConfigDict(env_prefix="ERNIE_STUDIO_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path("~/.ernie-studio"))
+    # Defaults are filled in from `home` below so one variable moves everything.
+    database_url: str = ""
+    broker_url: str = ""
+    result_backend: str = ""
+    token: str | None = None
+    max_upload_mb: int = 1024
+    node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0] or "local")
+    # GPU indices on this node ("0,1"); empty means a CPU-only node.
+    gpus: str = ""
+    # Runs not heartbeating for this long are considered orphaned by the reconciler.
+    stale_after_s: float = 30.0
+    # Grace between SIGTERM and SIGKILL when cancelling a child process.
+    kill_grace_s: float = 3.0
+    # Extra directories (besides home) from which model dirs may be deployed or trained on.
+    model_roots: str = ""
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _expand_home(cls, v: object) -> Path:
+        return Path(os.path.expanduser(str(v))).resolve()
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.home / 'studio.db'}"
+        if not self.broker_url:
+            self.broker_url = "filesystem://"
+        if not self.result_backend:
+            self.result_backend = f"db+sqlite:///{self.home / 'celery-results.db'}"
+        if self.max_upload_mb <= 0:
+            raise ValueError(f"ERNIE_STUDIO_MAX_UPLOAD_MB must be positive, got {self.max_upload_mb}")
+        return self
+
+    # ---- derived paths -------------------------------------------------------------------------
+    @property
+    def datasets_dir(self) -> Path:
+        return self.home / "datasets"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def deployments_dir(self) -> Path:
+        return self.home / "deployments"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.home / "broker"
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.max_upload_mb * 1024 * 1024
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        return [int(x) for x in self.gpus.replace(" ", "").split(",") if x != ""]
+
+    @property
+    def extra_model_roots(self) -> list[Path]:
+        return [Path(os.path.expanduser(p)).resolve() for p in self.model_roots.split(os.pathsep) if p]
+
+    @property
+    def uses_embedded_broker(self) -> bool:
+        return self.broker_url.startswith("filesystem://")
+
+    def ensure_dirs(self) -> None:
+        for d in (self.home, self.datasets_dir, self.runs_dir, self.models_dir, self.deployments_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        if self.uses_embedded_broker:
+            (self.broker_dir / "processed").mkdir(parents=True, exist_ok=True)
+
+
+# Queue names. Training goes to the shared `train` queue (any GPU worker) or to one GPU's own queue;
+# light work (exports, deployments) goes to `cpu`.
+TRAIN_QUEUE = "train"
+CPU_QUEUE = "cpu"
+SERVE_QUEUE = "serve"
+
+
+def gpu_queue(node: str, index: int) -> str:
+    return f"gpu.{node}.{index}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings; tests build their own `Settings(...)` instead of using this."""
+    return Settings()

@@ -1,0 +1,207 @@
+"""Deployments: a model server started by a worker from a run's model or a model dir, and a chat proxy."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from studio.config import SERVE_QUEUE, Settings
+from studio.models import Deployment, DeploymentStatus, RunStatus, utcnow
+from studio.services import dispatch
+from studio.services.errors import Conflict, InvalidInput, NotFound, ServiceError, Unavailable
+from studio.services.events import add_event
+from studio.services.models import model_dir_for
+from studio.services.runs import get_run
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "paddle", "fastdeploy")
+ACTIVE = (DeploymentStatus.STARTING, DeploymentStatus.RUNNING, DeploymentStatus.STOPPING)
+
+
+class DeploymentSpec(BaseModel):
+    name: str | None = Field(default=None, max_length=200)
+    run_id: int | None = None
+    model: str | None = Field(default=None, max_length=1024, description="preset, model dir or run:<id>")
+    backend: str = "auto"
+
+
+def create_deployment(session: Session, settings: Settings, spec: DeploymentSpec) -> Deployment:
+    """Record a deployment and ask a serving worker to start it (LoRA runs are merged by the worker)."""
+    if (spec.run_id is None) == (spec.model is None):
+        raise InvalidInput(
+            "give exactly one of run_id (a finished run) or model (preset, model dir or run:<id>)"
+        )
+    if spec.backend not in BACKENDS:
+        raise InvalidInput(f"backend: {spec.backend!r} is not one of {', '.join(BACKENDS)}")
+    if spec.run_id is not None:
+        run = get_run(session, spec.run_id)
+        if run.status != RunStatus.SUCCEEDED:
+            raise Conflict(f"run {run.id} is {run.status}; deploy it once it has succeeded")
+        model_dir = run.model_dir or run.output_dir
+        default_name = run.name
+    else:
+        model_dir = str(model_dir_for(session, settings, spec.model or ""))
+        default_name = Path(model_dir).name
+    dep = Deployment(
+        name=spec.name or default_name,
+        run_id=spec.run_id,
+        model_dir=model_dir,
+        backend=spec.backend,
+        status=DeploymentStatus.STARTING,
+    )
+    session.add(dep)
+    session.flush()
+    add_event(session, "deployment.starting", f"deploying {model_dir}", deployment_id=dep.id)
+    session.commit()
+    dispatch.send(settings, dispatch.START_DEPLOYMENT_TASK, [dep.id], SERVE_QUEUE)
+    return dep
+
+
+def list_deployments(session: Session, *, active_only: bool = False) -> list[Deployment]:
+    q = select(Deployment).order_by(Deployment.id.desc())
+    if active_only:
+        q = q.where(Deployment.status.in_([s.value for s in ACTIVE]))
+    return list(session.scalars(q).all())
+
+
+def get_deployment(session: Session, deployment_id: int) -> Deployment:
+    dep = session.get(Deployment, deployment_id)
+    if dep is None:
+        raise NotFound(f"deployment {deployment_id} does not exist")
+    return dep
+
+
+def stop_deployment(session: Session, deployment_id: int) -> Deployment:
+    """Ask the worker holding the server to stop it; a deployment that never started is stopped at once."""
+    dep = get_deployment(session, deployment_id)
+    if dep.status in (DeploymentStatus.STOPPED, DeploymentStatus.FAILED):
+        return dep
+    now = utcnow()
+    if dep.pid is None and dep.status == DeploymentStatus.STARTING and dep.worker is None:
+        n = session.execute(
+            update(Deployment)
+            .where(Deployment.id == dep.id, Deployment.worker.is_(None))
+            .values(status=DeploymentStatus.STOPPED, stop_requested=True, stopped_at=now)
+        ).rowcount
+        if n:
+            add_event(session, "deployment.stopped", "stopped before it started", deployment_id=dep.id)
+            session.commit()
+            session.refresh(dep)
+            return dep
+    session.execute(
+        update(Deployment)
+        .where(Deployment.id == dep.id)
+        .values(stop_requested=True, status=DeploymentStatus.STOPPING)
+    )
+    add_event(session, "deployment.stopping", "stop requested", deployment_id=dep.id)
+    session.commit()
+    session.refresh(dep)
+    return dep
+
+
+def delete_deployment(session: Session, deployment_id: int) -> None:
+    """Remove a stopped or failed deployment from the list."""
+    dep = get_deployment(session, deployment_id)
+    if dep.status in ACTIVE:
+        raise Conflict(f"deployment {deployment_id} is {dep.status}; stop it first")
+    session.delete(dep)
+    session.commit()
+
+
+def chat_url(session: Session, deployment_id: int) -> str:
+    dep = get_deployment(session, deployment_id)
+    if dep.status != DeploymentStatus.RUNNING or not dep.url:
+        raise Conflict(f"deployment {deployment_id} is {dep.status}; chat once it is running")
+    return dep.url.rstrip("/") + "/chat/completions"
+
+
+def prepare_chat_body(body: dict[str, Any]) -> dict[str, Any]:
+    """Check an OpenAI chat request enough to give a clear error before proxying it."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput("messages: give a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise InvalidInput(f"messages[{i}].role: must be one of system, user, assistant, tool")
+    return {"model": "default", **body}
+
+
+def chat(
+    session: Session, deployment_id: int, body: dict[str, Any], timeout: float = 300.0
+) -> dict[str, Any]:
+    """One non-streaming chat completion through the deployment (for the UI and scripts)."""
+    url = chat_url(session, deployment_id)
+    payload = prepare_chat_body({**body, "stream": False})
+    try:
+        r = httpx.post(url, json=payload, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise Unavailable(f"deployment {deployment_id} did not answer at {url}: {e}") from None
+    if r.status_code >= 400:
+        raise ServiceError(f"deployment {deployment_id} answered {r.status_code}: {r.text[:500]}")
+    return r.json()
+
+
+def chat_stream(
+    session: Session, deployment_id: int, body: dict[str, Any], timeout: float = 300.0
+) -> Iterator[str]:
+    """Yield the text deltas of a streamed chat completion (for the UI)."""
+    url = chat_url(session, deployment_id)
+    payload = prepare_chat_body({**body, "stream": True})
+    with httpx.stream("POST", url, json=payload, timeout=timeout) as r:
+        if r.status_code >= 400:
+            raise ServiceError(f"deployment {deployment_id} answered {r.status_code}: {r.read()[:500]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            chunk = json.loads(data)
+            for choice in chunk.get("choices", []):
+                delta = (choice.get("delta") or {}).get("content")
+                if delta:
+                    yield delta
+
+
+# ---- state transitions made by the serving worker ------------------------------------------------------
+
+
+def claim_deployment(session: Session, deployment_id: int, worker: str, node: str) -> Deployment | None:
+    n = session.execute(
+        update(Deployment)
+        .where(
+            Deployment.id == deployment_id,
+            Deployment.status == DeploymentStatus.STARTING,
+            Deployment.worker.is_(None),
+            Deployment.stop_requested.is_(False),
+        )
+        .values(worker=worker, node=node, heartbeat_at=utcnow())
+    ).rowcount
+    session.commit()
+    return session.get(Deployment, deployment_id) if n else None
+
+
+def mark_deployment(session: Session, deployment_id: int, **values: Any) -> None:
+    session.execute(update(Deployment).where(Deployment.id == deployment_id).values(**values))
+    status = values.get("status")
+    if status:
+        add_event(
+            session, f"deployment.{status}", values.get("error") or str(status), deployment_id=deployment_id
+        )
+    session.commit()
+
+
+def deployment_heartbeat(session: Session, deployment_id: int) -> bool:
+    """Record liveness; True when a stop was requested."""
+    session.execute(update(Deployment).where(Deployment.id == deployment_id).values(heartbeat_at=utcnow()))
+    session.commit()
+    return bool(session.scalar(select(Deployment.stop_requested).where(Deployment.id == deployment_id)))

@@ -1,0 +1,198 @@
+"""Base models the studio knows: tiny presets (built on demand), local model dirs, finished runs' outputs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from studio.config import Settings
+from studio.models import Run, RunStatus
+from studio.services.errors import InvalidInput, NotFound
+from studio.services.paths import confine
+
+log = logging.getLogger(__name__)
+
+# Presets `ernie-studio init-model` can build locally without downloads.
+BUILDABLE_PRESETS = ("tiny", "tiny-moe", "tiny-vl")
+_build_lock = threading.Lock()
+
+
+def _read_config(model_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _describe(name: str, kind: str, path: Path | None, config: dict[str, Any] | None, **extra: Any) -> dict:
+    return {
+        "name": name,
+        "kind": kind,
+        "path": str(path) if path else None,
+        "available": bool(path and (path / "config.json").exists()),
+        "model_type": (config or {}).get("model_type"),
+        "num_parameters": estimate_parameters(config) if config else None,
+        **extra,
+    }
+
+
+def list_models(session: Session, settings: Settings) -> list[dict]:
+    """Presets, model dirs under home/models (and ERNIE_STUDIO_MODEL_ROOTS), and succeeded runs' models."""
+    from engine.models.presets import OFFICIAL
+    from engine.models.presets import preset_config as engine_preset_config
+
+    out: list[dict] = []
+    for preset in BUILDABLE_PRESETS:
+        d = settings.models_dir / preset
+        out.append(_describe(preset, "preset", d, _read_config(d) or preset_config(preset)))
+    for name in OFFICIAL:
+        d = settings.models_dir / name
+        out.append(_describe(name, "official", d, _read_config(d) or engine_preset_config(name).to_dict()))
+    seen = {settings.models_dir / p for p in (*BUILDABLE_PRESETS, *OFFICIAL)}
+    for root in [settings.models_dir, *settings.extra_model_roots]:
+        if not root.is_dir():
+            continue
+        for d in sorted(root.iterdir()):
+            if d in seen or not (d / "config.json").is_file():
+                continue
+            out.append(_describe(d.name, "local", d, _read_config(d)))
+    runs = session.scalars(
+        select(Run).where(Run.status == RunStatus.SUCCEEDED, Run.model_dir.is_not(None)).order_by(Run.id)
+    ).all()
+    for run in runs:
+        d = Path(run.model_dir)
+        out.append(_describe(f"run:{run.id}", "run", d, _read_config(d), run_id=run.id, run_name=run.name))
+    return out
+
+
+def preset_config(preset: str) -> dict[str, Any]:
+    from engine.models.presets import preset_config as engine_preset_config
+
+    # Tiny presets get their vocab from the tokenizer init-model trains; 1024 is what it builds.
+    return engine_preset_config(preset, vocab_size=1024).to_dict()
+
+
+def estimate_parameters(cfg: dict[str, Any]) -> int | None:
+    """Parameter count of a decoder config (dense or MoE), counted from the config alone."""
+    try:
+        h = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or h // heads)
+        ffn = int(cfg["intermediate_size"])
+        vocab = int(cfg.get("vocab_size") or 103424)
+    except (KeyError, TypeError, ValueError):
+        return None
+    attn = h * (heads + 2 * kv) * hd + heads * hd * h
+    dense_mlp = 3 * h * ffn
+    experts = cfg.get("moe_num_experts")
+    total = 0
+    for i in range(layers):
+        total += attn + 2 * h
+        if experts and _is_moe_layer(cfg, i):
+            n_exp = sum(experts) if isinstance(experts, list) else int(experts)
+            inter = cfg.get("moe_intermediate_size")
+            inters = (
+                inter
+                if isinstance(inter, list)
+                else [inter] * (len(experts) if isinstance(experts, list) else 1)
+            )
+            counts = experts if isinstance(experts, list) else [experts]
+            total += sum(3 * h * int(m) * int(c) for m, c in zip(inters, counts, strict=False))
+            total += h * n_exp
+            shared = int(cfg.get("moe_num_shared_experts") or 0)
+            total += shared * 3 * h * int(inters[0])
+        else:
+            total += dense_mlp
+    total += vocab * h + h
+    if not cfg.get("tie_word_embeddings", True):
+        total += vocab * h
+    return total
+
+
+def _is_moe_layer(cfg: dict[str, Any], i: int) -> bool:
+    start = cfg.get("moe_layer_start_index", 0)
+    end = cfg.get("moe_layer_end_index", cfg["num_hidden_layers"] - 1)
+    start = start[0] if isinstance(start, list) else start
+    end = end[0] if isinstance(end, list) else end
+    interval = int(cfg.get("moe_layer_interval") or 1)
+    return start <= i <= end and (i + 1) % interval == 0
+
+
+def model_dir_for(session: Session, settings: Settings, ref: str) -> Path:
+    """Where the base model `ref` lives (a preset name, `run:<id>`, or a directory); may not exist yet."""
+    ref = (ref or "").strip()
+    if not ref:
+        raise InvalidInput(
+            "base_model: empty; pick a preset such as 'tiny', a model directory, or 'run:<id>'"
+        )
+    if ref in BUILDABLE_PRESETS:
+        return settings.models_dir / ref
+    if ref.startswith("run:"):
+        try:
+            run_id = int(ref[4:])
+        except ValueError:
+            raise InvalidInput(f"base_model: {ref!r} is not 'run:<number>'") from None
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFound(f"base_model: run {run_id} does not exist")
+        if run.status != RunStatus.SUCCEEDED or not run.model_dir:
+            raise InvalidInput(f"base_model: run {run_id} has not produced a model (status {run.status})")
+        return Path(run.model_dir)
+    from engine.models.presets import OFFICIAL
+
+    if ref in OFFICIAL:
+        d = settings.models_dir / ref
+        if not (d / "config.json").exists():
+            raise InvalidInput(
+                f"base_model: {ref} is not on this machine; download it to {d} (the studio never downloads "
+                "at run time) or pick the 'tiny' preset"
+            )
+        return d
+    d = confine(settings, ref, field="base_model", roots=settings.extra_model_roots)
+    if not (d / "config.json").is_file():
+        raise InvalidInput(f"base_model: {d} has no config.json; point at a model directory")
+    return d
+
+
+def ensure_model_dir(session: Session, settings: Settings, ref: str) -> Path:
+    """`model_dir_for`, building a tiny preset with init-model the first time it is used."""
+    d = model_dir_for(session, settings, ref)
+    if ref in BUILDABLE_PRESETS:
+        build_preset(settings, ref)
+    return d
+
+
+def build_preset(settings: Settings, preset: str) -> Path:
+    """Build `preset` under home/models once; concurrent callers (API and workers) see a complete dir."""
+    from engine.models.initialize import init_model
+
+    target = settings.models_dir / preset
+    if (target / "config.json").exists():
+        return target
+    with _build_lock:
+        if (target / "config.json").exists():
+            return target
+        settings.models_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{preset}-", dir=settings.models_dir))
+        try:
+            init_model(preset, tmp / "model", seed=0)
+            try:
+                os.rename(tmp / "model", target)  # atomic: another process may have won the race
+            except OSError:
+                if not (target / "config.json").exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built preset %s at %s", preset, target)
+    return target

@@ -1,0 +1,548 @@
+"""Training runs: create / list / cancel / resume / clone / delete, the ERNIEKit config, queue position,
+estimates, and the state transitions the workers make (claim, heartbeat, metrics, finish, requeue)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from studio.config import TRAIN_QUEUE, Settings, gpu_queue
+from studio.models import TERMINAL_RUN_STATUSES, Checkpoint, Run, RunMetric, RunStatus, utcnow
+from studio.services import dispatch
+from studio.services.datasets import dataset_path, get_dataset
+from studio.services.errors import Conflict, InvalidInput, NotFound
+from studio.services.events import add_event
+from studio.services.models import model_dir_for
+
+log = logging.getLogger(__name__)
+
+STAGES = ("SFT", "DPO", "PT", "VL-SFT")
+FINE_TUNING = ("LoRA", "Full")
+# Keys the studio fills in itself; users set everything else through `hyperparameters`.
+MANAGED_KEYS = (
+    "model_name_or_path",
+    "stage",
+    "fine_tuning",
+    "train_dataset_type",
+    "train_dataset_path",
+    "train_dataset_prob",
+    "output_dir",
+    "logging_dir",
+)
+DEFAULT_HYPERPARAMETERS: dict[str, Any] = {
+    "max_steps": 100,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 1,
+    "learning_rate": 1e-4,
+    "max_seq_len": 512,
+    "logging_steps": 1,
+    "save_steps": 10,
+    "seed": 42,
+}
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+class RunSpec(BaseModel):
+    """What a person chooses for a run; the studio turns it into an ERNIEKit config."""
+
+    name: str | None = Field(default=None, max_length=200)
+    base_model: str = Field(default="tiny", max_length=1024, description="preset, model dir or run:<id>")
+    dataset_ids: list[int] = Field(min_length=1, max_length=16)
+    dataset_probs: list[float] | None = None
+    stage: str = "SFT"
+    fine_tuning: str = "LoRA"
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    gpu: int | None = Field(default=None, ge=0, le=1023, description="pin to one GPU of node_name")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir: Path) -> dict[str, Any]:
+    """The ERNIEKit config for `spec`: studio-managed keys plus the user's hyperparameters."""
+    if spec.stage not in STAGES:
+        raise InvalidInput(f"stage: {spec.stage!r} is not one of {', '.join(STAGES)}")
+    if spec.fine_tuning not in FINE_TUNING:
+        raise InvalidInput(f"fine_tuning: {spec.fine_tuning!r} is not one of {', '.join(FINE_TUNING)}")
+    bad = sorted(set(spec.hyperparameters) & set(MANAGED_KEYS))
+    if bad:
+        raise InvalidInput(f"hyperparameters: {', '.join(bad)} are set by the studio; leave them out")
+    for key, value in spec.hyperparameters.items():
+        if not isinstance(value, str | int | float | bool) or value is None:
+            raise InvalidInput(f"hyperparameters.{key}: must be a string, number or boolean, got {value!r}")
+    datasets = [get_dataset(session, i) for i in spec.dataset_ids]
+    want_kind = "dpo" if spec.stage == "DPO" else "sft"
+    for ds in datasets:
+        if spec.stage in ("SFT", "DPO", "VL-SFT") and ds.kind != want_kind:
+            raise InvalidInput(
+                f"dataset_ids: dataset {ds.id} ({ds.name}) holds {ds.kind} records; stage {spec.stage} needs "
+                f"{want_kind} data"
+            )
+    probs = spec.dataset_probs or [round(1.0 / len(datasets), 6)] * len(datasets)
+    if len(probs) != len(datasets) or any(p <= 0 for p in probs):
+        raise InvalidInput("dataset_probs: give one positive probability per dataset")
+    model_dir = model_dir_for(session, settings, spec.base_model)
+    cfg: dict[str, Any] = {
+        "model_name_or_path": str(model_dir),
+        "stage": spec.stage,
+        "fine_tuning": spec.fine_tuning,
+        "train_dataset_type": ",".join(ds.format for ds in datasets),
+        "train_dataset_path": ",".join(str(dataset_path(settings, ds)) for ds in datasets),
+        "train_dataset_prob": ",".join(str(p) for p in probs),
+        **DEFAULT_HYPERPARAMETERS,
+        **spec.hyperparameters,
+        "output_dir": str(output_dir),
+        "logging_dir": str(output_dir / "logs"),
+    }
+    if spec.fine_tuning == "LoRA":
+        cfg.setdefault("lora_rank", 8)
+    validate_config(cfg)
+    return cfg
+
+
+def validate_config(cfg: dict[str, Any]) -> None:
+    """Let the engine check the keys and values (unknown keys come back with the closest valid key)."""
+    import tempfile
+
+    from engine.train.config import load_config
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(cfg, f)
+        f.flush()
+        try:
+            load_config(f.name, [])
+        except (ValueError, TypeError, KeyError) as e:
+            raise InvalidInput(f"hyperparameters: {str(e).replace(f.name, 'config')}") from None
+
+
+def run_dir(settings: Settings, run_id: int) -> Path:
+    return settings.runs_dir / str(run_id)
+
+
+def log_path(settings: Settings, run: Run) -> Path:
+    return run_dir(settings, run.id) / "train.log"
+
+
+def create_run(
+    session: Session, settings: Settings, spec: RunSpec, *, parent_run_id: int | None = None
+) -> Run:
+    """Record a queued run and put it on its queue."""
+    queue = gpu_queue(settings.node_name, spec.gpu) if spec.gpu is not None else TRAIN_QUEUE
+    run = Run(
+        name=spec.name or "",
+        stage=spec.stage,
+        fine_tuning=spec.fine_tuning,
+        base_model=spec.base_model,
+        dataset_ids=list(spec.dataset_ids),
+        config={},
+        status=RunStatus.QUEUED,
+        queue=queue,
+        output_dir="",
+        parent_run_id=parent_run_id,
+    )
+    session.add(run)
+    session.flush()
+    out = run_dir(settings, run.id) / "output"
+    run.config = build_config(session, settings, spec, out)
+    run.output_dir = str(out)
+    run.name = spec.name or f"{spec.stage.lower()}-{spec.fine_tuning.lower()}-{run.id}"
+    add_event(session, "run.queued", f"run {run.name} queued on {queue}", run_id=run.id)
+    session.commit()
+    run_dir(settings, run.id).mkdir(parents=True, exist_ok=True)
+    dispatch_run(session, settings, run)
+    return run
+
+
+def dispatch_run(session: Session, settings: Settings, run: Run) -> None:
+    task_id = dispatch.send(settings, dispatch.RUN_TASK, [run.id], run.queue)
+    if task_id is not None:
+        run.task_id = task_id
+        run.dispatched_at = utcnow()
+        session.commit()
+
+
+def spec_of(run: Run) -> RunSpec:
+    hyper = {k: v for k, v in run.config.items() if k not in MANAGED_KEYS}
+    return RunSpec(
+        name=run.name,
+        base_model=run.base_model,
+        dataset_ids=list(run.dataset_ids),
+        stage=run.stage,
+        fine_tuning=run.fine_tuning,
+        hyperparameters=hyper,
+    )
+
+
+def list_runs(session: Session, *, status: str | None = None, limit: int = 200, offset: int = 0) -> list[Run]:
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise InvalidInput(f"status: {status!r} is not one of {', '.join(s.value for s in RunStatus)}")
+    q = select(Run).order_by(Run.id.desc()).limit(limit).offset(offset)
+    if status:
+        q = q.where(Run.status == status)
+    return list(session.scalars(q).all())
+
+
+def get_run(session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return run
+
+
+def queue_position(session: Session, run: Run) -> int | None:
+    """1 means next on its queue; None when the run is not queued."""
+    if run.status != RunStatus.QUEUED:
+        return None
+    ahead = session.scalar(
+        select(func.count())
+        .select_from(Run)
+        .where(Run.status == RunStatus.QUEUED, Run.queue == run.queue, Run.id < run.id)
+    )
+    return int(ahead or 0) + 1
+
+
+def get_metrics(
+    session: Session, run_id: int, *, after_step: int | None = None, limit: int = 10000
+) -> list[RunMetric]:
+    get_run(session, run_id)
+    q = select(RunMetric).where(RunMetric.run_id == run_id).order_by(RunMetric.step).limit(limit)
+    if after_step is not None:
+        q = q.where(RunMetric.step > after_step)
+    return list(session.scalars(q).all())
+
+
+def list_checkpoints(session: Session, run_id: int) -> list[Checkpoint]:
+    get_run(session, run_id)
+    return list(
+        session.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step)).all()
+    )
+
+
+def read_logs(
+    session: Session, settings: Settings, run_id: int, *, offset: int = 0, limit: int = 65536
+) -> dict[str, Any]:
+    """A slice of the run's log file by byte offset, so a UI can follow it by passing `next_offset` back."""
+    if offset < 0 or not 1 <= limit <= 1_048_576:
+        raise InvalidInput("offset must be >= 0 and limit between 1 and 1048576 bytes")
+    run = get_run(session, run_id)
+    path = log_path(settings, run)
+    if not path.exists():
+        return {"run_id": run_id, "text": "", "offset": offset, "next_offset": offset, "size": 0}
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(min(offset, size))
+        data = f.read(limit)
+    return {
+        "run_id": run_id,
+        "text": data.decode("utf-8", errors="replace"),
+        "offset": offset,
+        "next_offset": min(offset, size) + len(data),
+        "size": size,
+    }
+
+
+def cancel_run(session: Session, settings: Settings, run_id: int) -> Run:
+    """A queued run is cancelled at once; a running one is flagged and its worker stops the process group."""
+    run = get_run(session, run_id)
+    if run.status in TERMINAL_RUN_STATUSES:
+        raise Conflict(f"run {run_id} already ended ({run.status}); nothing to cancel")
+    now = utcnow()
+    run.cancel_requested = True
+    run.cancel_requested_at = now
+    if run.status == RunStatus.QUEUED:
+        # Conditional so a worker claiming it at the same instant wins or loses cleanly.
+        n = session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status == RunStatus.QUEUED)
+            .values(status=RunStatus.CANCELLED, ended_at=now, cancel_requested=True, cancel_requested_at=now)
+        ).rowcount
+        if n:
+            add_event(session, "run.cancelled", "cancelled while queued", run_id=run_id)
+            session.commit()
+            if run.task_id:
+                dispatch.revoke(settings, run.task_id)
+            session.refresh(run)
+            return run
+    add_event(session, "run.cancel_requested", "cancel requested", run_id=run_id)
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def latest_checkpoint(settings: Settings, run: Run) -> Path | None:
+    """The newest complete checkpoint-N directory in the run's output dir."""
+    out = Path(run.output_dir)
+    if not out.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for d in out.iterdir():
+        m = CHECKPOINT_RE.match(d.name)
+        if m and d.is_dir() and checkpoint_complete(d) and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), d)
+    return best[1] if best else None
+
+
+def checkpoint_complete(d: Path) -> bool:
+    return any(d.iterdir())
+
+
+def resume_run(session: Session, settings: Settings, run_id: int) -> Run:
+    """Queue a failed or cancelled run again; it continues from its newest checkpoint."""
+    run = get_run(session, run_id)
+    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        raise Conflict(f"run {run_id} is {run.status}; only failed or cancelled runs can be resumed")
+    ckpt = latest_checkpoint(settings, run)
+    run.status = RunStatus.QUEUED
+    run.cancel_requested = False
+    run.cancel_requested_at = None
+    run.error = None
+    run.ended_at = None
+    run.queued_at = utcnow()
+    run.dispatched_at = None
+    run.resume_from = str(ckpt) if ckpt else None
+    add_event(
+        session,
+        "run.resumed",
+        f"resumed from {ckpt.name}" if ckpt else "restarted from the beginning (no checkpoint yet)",
+        run_id=run.id,
+    )
+    session.commit()
+    dispatch_run(session, settings, run)
+    return run
+
+
+def clone_run(
+    session: Session, settings: Settings, run_id: int, overrides: dict[str, Any] | None = None
+) -> Run:
+    """A new queued run with the same choices; `overrides` replace hyperparameters (or spec fields)."""
+    src = get_run(session, run_id)
+    spec = spec_of(src)
+    data = spec.model_dump()
+    data["name"] = f"{src.name}-clone"
+    for key, value in (overrides or {}).items():
+        if key in RunSpec.model_fields:
+            data[key] = value
+        else:
+            data["hyperparameters"][key] = value
+    return create_run(session, settings, RunSpec(**data), parent_run_id=src.id)
+
+
+def delete_run(session: Session, settings: Settings, run_id: int) -> None:
+    run = get_run(session, run_id)
+    if run.status == RunStatus.RUNNING:
+        raise Conflict(f"run {run_id} is running; cancel it first")
+    if run.status == RunStatus.QUEUED and run.task_id:
+        dispatch.revoke(settings, run.task_id)
+    session.delete(run)
+    session.commit()
+    shutil.rmtree(run_dir(settings, run_id), ignore_errors=True)
+
+
+def erniekit_yaml(session: Session, run_id: int) -> str:
+    """The run's config as the YAML a person would pass to `ernie-studio train` (or ERNIEKit)."""
+    run = get_run(session, run_id)
+    return yaml.safe_dump(run.config, sort_keys=False)
+
+
+def estimate_resources(session: Session, settings: Settings, spec: RunSpec) -> dict[str, Any]:
+    """Rough memory and time needs of `spec` from the model config: for choosing hardware, not a promise."""
+    from studio.services.models import _read_config, estimate_parameters, preset_config
+
+    model_dir = model_dir_for(session, settings, spec.base_model)
+    cfg = _read_config(model_dir) or (preset_config(spec.base_model) if "/" not in spec.base_model else None)
+    if cfg is None:
+        raise InvalidInput(f"base_model: cannot read {model_dir}/config.json")
+    hp = {**DEFAULT_HYPERPARAMETERS, **spec.hyperparameters}
+    n = estimate_parameters(cfg) or 0
+    h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or h // heads)
+    if spec.fine_tuning == "LoRA":
+        r = int(hp.get("lora_rank", 8))
+        ffn = int(cfg["intermediate_size"])
+        # LoRA on qkv_proj, o_proj, up_gate_proj, down_proj of every layer (ERNIEKit's targets).
+        per_layer = r * ((h + (heads + 2 * kv) * hd) + (heads * hd + h) + (h + 2 * ffn) + (ffn + h))
+        trainable = per_layer * layers
+    else:
+        trainable = n
+    batch = int(hp["per_device_train_batch_size"]) * int(hp.get("gradient_accumulation_steps", 1))
+    seq = int(hp["max_seq_len"])
+    steps = int(hp["max_steps"])
+    bytes_w = 2 if str(hp.get("compute_type", "bf16")) in ("bf16", "fp16") else 4
+    weights = n * bytes_w
+    grads = trainable * 4
+    optimizer = trainable * 8 + (trainable * 4 if bytes_w == 2 else 0)  # Adam moments + fp32 master weights
+    # ~34·s·b·h bytes of activations per layer with recompute off (Korthikanti et al. 2022), bf16.
+    activations = 34 * seq * int(hp["per_device_train_batch_size"]) * h * layers
+    total = weights + grads + optimizer + activations
+    tokens = steps * batch * seq
+    flops = 6 * n * tokens if spec.fine_tuning == "Full" else 4 * n * tokens
+    gib = 1024**3
+    return {
+        "num_parameters": n,
+        "trainable_parameters": trainable,
+        "memory_gib": {
+            "weights": weights / gib,
+            "gradients": grads / gib,
+            "optimizer": optimizer / gib,
+            "activations": activations / gib,
+            "total": total / gib,
+        },
+        "tokens": tokens,
+        "flops": flops,
+        # Sustained throughput assumptions: 40% of an A100's 312 TFLOP/s; ~60 GFLOP/s on a laptop CPU.
+        "seconds": {"gpu_a100": flops / (0.4 * 312e12), "cpu": flops / 60e9},
+    }
+
+
+# ---- state transitions made by the workers ------------------------------------------------------------
+
+
+def claim_run(session: Session, run_id: int, worker: str, node: str) -> Run | None:
+    """Atomically move a queued run to running for `worker`; None if it is not queued (duplicate message)."""
+    now = utcnow()
+    n = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == RunStatus.QUEUED, Run.cancel_requested.is_(False))
+        .values(
+            status=RunStatus.RUNNING,
+            worker=worker,
+            node=node,
+            attempt=Run.attempt + 1,
+            started_at=func.coalesce(Run.started_at, now),
+            heartbeat_at=now,
+            pid=None,
+        )
+    ).rowcount
+    session.commit()
+    if not n:
+        return None
+    run = session.get(Run, run_id)
+    session.refresh(run)
+    add_event(session, "run.running", f"attempt {run.attempt} on {worker}", run_id=run_id)
+    session.commit()
+    return run
+
+
+def heartbeat(session: Session, run_id: int, *, pid: int | None = None) -> bool:
+    """Record liveness; returns True when a cancel was requested."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow()}
+    if pid is not None:
+        values["pid"] = pid
+    session.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING).values(**values))
+    session.commit()
+    return bool(session.scalar(select(Run.cancel_requested).where(Run.id == run_id)))
+
+
+def _insert_ignore(session: Session, table, rows: list[dict[str, Any]], keys: list[str]) -> int:
+    if not rows:
+        return 0
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = insert(table).values(rows).on_conflict_do_nothing(index_elements=keys)
+    return session.execute(stmt).rowcount or 0
+
+
+def record_metrics(session: Session, run_id: int, points: list[dict[str, Any]]) -> int:
+    """Append metrics.jsonl points; a step already stored is skipped, so replays never duplicate."""
+    rows = []
+    for p in points:
+        if not isinstance(p.get("step"), int):
+            continue
+        rows.append(
+            {
+                "run_id": run_id,
+                "step": p["step"],
+                "loss": _float(p.get("loss")),
+                "learning_rate": _float(p.get("learning_rate")),
+                "values": p,
+                "recorded_at": utcnow(),
+            }
+        )
+    n = _insert_ignore(session, RunMetric.__table__, rows, ["run_id", "step"])
+    session.commit()
+    return n
+
+
+def record_checkpoints(session: Session, run_id: int, checkpoints: list[tuple[int, str]]) -> int:
+    rows = [{"run_id": run_id, "step": s, "path": p, "created_at": utcnow()} for s, p in checkpoints]
+    n = _insert_ignore(session, Checkpoint.__table__, rows, ["run_id", "step"])
+    session.commit()
+    return n
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def finish_run(
+    session: Session,
+    run_id: int,
+    status: RunStatus,
+    *,
+    error: str | None = None,
+    final_metrics: dict[str, Any] | None = None,
+    model_dir: str | None = None,
+) -> None:
+    """Move a running run to a terminal status (only from running: a requeued run is left alone)."""
+    now = utcnow()
+    values: dict[str, Any] = {
+        "status": status,
+        "ended_at": now,
+        "heartbeat_at": now,
+        "pid": None,
+        "error": error,
+    }
+    if final_metrics is not None:
+        values["final_metrics"] = final_metrics
+    if model_dir is not None:
+        values["model_dir"] = model_dir
+    n = session.execute(
+        update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING).values(**values)
+    ).rowcount
+    if n:
+        add_event(session, f"run.{status.value}", error or status.value, run_id=run_id)
+    session.commit()
+
+
+def requeue_run(session: Session, run_id: int, reason: str) -> bool:
+    """Put a running run back to queued (its worker died or is shutting down); it resumes from a checkpoint."""
+    n = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == RunStatus.RUNNING)
+        .values(status=RunStatus.QUEUED, pid=None, worker=None, queued_at=utcnow(), dispatched_at=None)
+    ).rowcount
+    if n:
+        add_event(session, "run.requeued", reason, run_id=run_id)
+    session.commit()
+    return bool(n)
+
+
+def orphaned_runs(session: Session, worker: str, stale_after_s: float) -> list[Run]:
+    """Runs marked running whose worker is this (restarted) one or has not heartbeated for a while."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    q = select(Run).where(
+        Run.status == RunStatus.RUNNING, (Run.worker == worker) | (Run.heartbeat_at < cutoff)
+    )
+    return list(session.scalars(q).all())
+
+
+def undispatched_runs(session: Session, older_than: datetime | None = None) -> list[Run]:
+    """Queued runs whose message never reached the broker (or was lost with it)."""
+    q = select(Run).where(Run.status == RunStatus.QUEUED, Run.dispatched_at.is_(None)).order_by(Run.id)
+    if older_than is not None:
+        q = q.where(Run.queued_at < older_than)
+    return list(session.scalars(q).all())
