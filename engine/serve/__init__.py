@@ -1,0 +1,1 @@
+"""Generation and OpenAI-compatible serving (Paddle engine, or FastDeploy on GPUs)."""

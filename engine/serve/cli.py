@@ -1,0 +1,206 @@
+"""``ernie-studio serve`` (OpenAI-compatible server) and ``ernie-studio chat`` (terminal chat client)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("--model", required=True, help="model directory (config.json, weights, tokenizer)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8188)
+    p.add_argument("--backend", default="auto", choices=["auto", "paddle", "fastdeploy"])
+    p.add_argument("--served-model-name", default="default", help="the name clients pass as `model`")
+    p.add_argument("--max-num-seqs", type=int, default=8, help="sequences decoded together in one batch")
+    p.add_argument("--max-model-len", type=int, default=None, help="prompt + completion token limit")
+    p.add_argument("--max-concurrent-requests", type=int, default=64, help="more in flight answer 429")
+    p.add_argument(
+        "--quantization", default=None, choices=["wint4", "wint8", "block_wise_fp8"], help="FastDeploy only"
+    )
+    p.add_argument("--dtype", default="float32", help="weights dtype for the Paddle backend")
+    p.add_argument("--log-dir", default=None, help="FastDeploy logs (default: <model>/fastdeploy-logs)")
+    p.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser("chat", help="chat with a served model in the terminal")
+    c.add_argument("--url", default="http://127.0.0.1:8188/v1", help="the server's /v1 base URL")
+    c.add_argument("--model", default="default", help="served model name")
+    c.add_argument("--system", default=None, help="system prompt")
+    c.add_argument("--temperature", type=float, default=None)
+    c.add_argument("--top-p", type=float, default=None)
+    c.add_argument("--max-tokens", type=int, default=None)
+    c.set_defaults(func=cmd_chat)
+
+
+# ---- serve ------------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.serve.fastdeploy import choose_backend
+
+    model_dir = Path(args.model).expanduser()
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"{model_dir}: no config.json; --model must be a model directory")
+    backend, reason = choose_backend(args.backend, model_dir)
+    log.info("backend %s (%s)", backend, reason)
+    if backend == "fastdeploy":
+        return _serve_fastdeploy(args, model_dir)
+    return _serve_paddle(args, model_dir)
+
+
+def _ready(name: str, host: str, port: int) -> None:
+    print(f"serving {name} on http://{host}:{port}/v1", flush=True)
+
+
+def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
+    import uvicorn
+
+    import engine
+    from engine.serve.generate import GenerationEngine
+    from engine.serve.server import create_app
+
+    model = engine.load_model(str(model_dir), dtype=args.dtype)
+    tokenizer = engine.load_tokenizer(str(model_dir))
+    gen = GenerationEngine(model, tokenizer, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    app = create_app(gen, args.served_model_name, args.max_concurrent_requests, model_dir)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            _ready(args.served_model_name, args.host, args.port)
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.run()  # uvicorn turns SIGTERM / SIGINT into a graceful shutdown (lifespan stops the engine)
+    if not server.started:
+        print(f"error: could not serve on {args.host}:{args.port} (is the port in use?)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
+    from engine.serve.fastdeploy import FastDeployServer, plan_launch
+
+    plan = plan_launch(
+        model_dir,
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len or 32768,
+        max_num_seqs=args.max_num_seqs,
+        quantization=args.quantization,
+        log_dir=args.log_dir,
+    )
+    server = FastDeployServer(plan)
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        stopping.set()
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server.start()
+        _ready(args.served_model_name, args.host, args.port)
+        code = server.wait()
+    finally:
+        server.stop()
+    return 0 if stopping.is_set() else code
+
+
+# ---- chat -------------------------------------------------------------------------------------------
+HELP = "commands: /clear forgets the conversation, /exit (or Ctrl-D) quits"
+
+
+def stream_reply(client, url: str, body: dict, out=sys.stdout) -> str:
+    """POST a streaming chat completion and print the deltas as they arrive; return the whole reply."""
+    parts: list[str] = []
+    with client.stream("POST", f"{url}/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text
+            raise RuntimeError(f"server answered {r.status_code}: {message}")
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(event["error"].get("message", "generation failed"))
+            for choice in event.get("choices", []):
+                text = choice.get("delta", {}).get("content")
+                if text:
+                    parts.append(text)
+                    out.write(text)
+                    out.flush()
+    out.write("\n")
+    out.flush()
+    return "".join(parts)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import httpx
+
+    url = args.url.rstrip("/")
+    history: list[dict] = []
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+        try:
+            client.get(f"{url}/models").raise_for_status()
+        except httpx.HTTPError as e:
+            print(
+                f"error: cannot reach {url} ({e}); start a server with `ernie-studio serve --model DIR`",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"chatting with {args.model} at {url}; {HELP}", flush=True)
+        while True:
+            if interactive:
+                print("> ", end="", flush=True)
+            line = sys.stdin.readline()
+            if not line:
+                break
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            if text.strip() == "/exit":
+                break
+            if text.strip() == "/clear":
+                history.clear()
+                print("(conversation cleared)", flush=True)
+                continue
+            if text.startswith("/"):
+                print(f"unknown command {text.split()[0]}; {HELP}", flush=True)
+                continue
+            history.append({"role": "user", "content": text})
+            body = {"model": args.model, "messages": system + history, "stream": True}
+            for key in ("temperature", "top_p", "max_tokens"):
+                if getattr(args, key) is not None:
+                    body[key] = getattr(args, key)
+            print("assistant: ", end="", flush=True)
+            try:
+                reply = stream_reply(client, url, body)
+            except (RuntimeError, httpx.HTTPError) as e:
+                history.pop()
+                print(f"\nerror: {e}", file=sys.stderr, flush=True)
+                continue
+            history.append({"role": "assistant", "content": reply})
+    return 0

@@ -1,0 +1,604 @@
+"""Text generation: a slot KV cache, sampling, stop handling, streaming detokenisation and a
+continuous-batching engine that lets concurrent requests share every decode step.
+
+The engine thread owns the model and the cache. A request is prefilled on its own (one forward over its
+prompt into a free cache row), then joins the running batch; each decode step feeds one token per running
+sequence with its own position and an additive mask that hides the unused tail of shorter rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import paddle
+
+log = logging.getLogger(__name__)
+
+NEG_INF = float("-inf")
+
+
+# ---- sampling parameters ---------------------------------------------------------------------------
+@dataclass
+class SamplingParams:
+    """What and how much to generate; the defaults are greedy decoding of up to 256 tokens."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k filter
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k >= -1, "top_k must be -1, 0 (disabled) or a positive number"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def apply_penalties(
+    logits: np.ndarray, params: SamplingParams, prompt_ids: np.ndarray, output_counts: dict[int, int]
+) -> np.ndarray:
+    """Repetition penalty (prompt + output, HF rule) then OpenAI presence / frequency penalties (output)."""
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.concatenate([prompt_ids, np.fromiter(output_counts, dtype=np.int64)]))
+        seen = seen[(seen >= 0) & (seen < logits.shape[0])]
+        vals = logits[seen]
+        logits[seen] = np.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and output_counts:
+        ids = np.fromiter(output_counts, dtype=np.int64)
+        counts = np.fromiter(output_counts.values(), dtype=np.float32)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
+    return logits
+
+
+def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Pick the next token from fp32 logits [V] after penalties: argmax, or temperature/top-k/top-p/min-p."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / params.temperature
+    if params.top_k > 0 and params.top_k < scaled.shape[0]:
+        kth = np.partition(scaled, -params.top_k)[-params.top_k]
+        scaled[scaled < kth] = NEG_INF
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if params.min_p > 0:
+        probs[probs < params.min_p * probs.max()] = 0.0
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        # Keep the smallest prefix whose mass reaches top_p (always at least the most likely token).
+        cutoff = int(np.searchsorted(cum, params.top_p * cum[-1])) + 1
+        keep = np.zeros_like(probs, dtype=bool)
+        keep[order[:cutoff]] = True
+        probs[~keep] = 0.0
+    probs /= probs.sum()
+    return int(rng.choice(probs.shape[0], p=probs))
+
+
+# ---- streaming detokenisation and stop strings ------------------------------------------------------
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without ever emitting half a UTF-8 character.
+
+    Decodes a short window of recent tokens twice (with and without the newest ones) and emits the
+    difference, as vLLM does, so each step costs O(window) rather than O(all tokens).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        # U+FFFD at the end means the byte-fallback pieces of a character have not all arrived yet.
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end becomes U+FFFD)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :]
+
+
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR = "stop", "length", "abort", "error"
+
+
+class SequenceState:
+    """One sequence's sampling state: output tokens, penalties, RNG, detokeniser and stop handling."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, tokenizer, stop_token_ids: list[int]):
+        self.prompt_ids = list(prompt_ids)
+        self.prompt_array = np.asarray(prompt_ids, dtype=np.int64)
+        self.params = params
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(stop_token_ids))
+        self.rng = np.random.default_rng(params.seed)
+        self.output_ids: list[int] = []
+        self.counts: dict[int, int] = {}
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.text = ""  # everything decoded so far (stop string cut off once found)
+        self.emitted = 0  # characters of self.text already handed out
+        self.hold = max((len(s) for s in params.stop), default=1) - 1
+        self.finish_reason: str | None = None
+
+    def next_token(self, logits: np.ndarray) -> int:
+        logits = apply_penalties(logits, self.params, self.prompt_array, self.counts)
+        return sample_token(logits, self.params, self.rng)
+
+    def append(self, token_id: int, max_total_len: int) -> str:
+        """Record a sampled token; return the text that may be shown now (held back near stop strings)."""
+        self.output_ids.append(token_id)
+        self.counts[token_id] = self.counts.get(token_id, 0) + 1
+        if token_id in self.stop_ids:
+            self.finish_reason = FINISH_STOP
+        else:
+            before = len(self.text)
+            self.text += self.detok.add(token_id)
+            if self.params.stop and len(self.text) > before:
+                start = max(0, before - self.hold)
+                hits = [i for i in (self.text.find(s, start) for s in self.params.stop) if i >= 0]
+                if hits:
+                    self.text = self.text[: min(hits)]
+                    self.finish_reason = FINISH_STOP
+        if self.finish_reason is None and (
+            len(self.output_ids) >= self.params.max_tokens
+            or len(self.prompt_ids) + len(self.output_ids) >= max_total_len
+        ):
+            self.finish_reason = FINISH_LENGTH
+            self.text += self.detok.flush()
+        end = len(self.text) if self.finish_reason else max(self.emitted, len(self.text) - self.hold)
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta
+
+
+# ---- KV cache -------------------------------------------------------------------------------------
+class SlotKVCache:
+    """Preallocated per-layer K/V buffers [slots, capacity, kv_heads, head_dim]; one row per sequence.
+
+    ``update`` writes the new keys in place (a slice or an in-place scatter) instead of concatenating, and
+    returns a view of the active rows up to the longest sequence. Running rows are kept compact at the
+    front (0..B-1) so that view is a plain slice. Capacity grows by doubling up to ``max_len``.
+    """
+
+    def __init__(
+        self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, max_len: int, dtype="float32"
+    ):
+        self.num_layers, self.num_slots, self.kv_heads, self.head_dim = (
+            num_layers,
+            num_slots,
+            kv_heads,
+            head_dim,
+        )
+        self.max_len, self.dtype = max_len, dtype
+        self.capacity = 0
+        self.keys: list[paddle.Tensor] = []
+        self.values: list[paddle.Tensor] = []
+        self.lengths = np.zeros(num_slots, dtype=np.int64)
+        self._rows: tuple[int, int] = (0, 0)
+        self._new = 0
+        self._write_index: paddle.Tensor | None = None
+        self._read_len = 0
+        self.reserve(min(256, max_len))
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` tokens per row (grows geometrically; copies what is there)."""
+        if length <= self.capacity:
+            return
+        if length > self.max_len:
+            raise ValueError(f"sequence of {length} tokens exceeds the cache limit of {self.max_len}")
+        cap = min(self.max_len, max(length, 2 * self.capacity))
+        shape = [self.num_slots, cap, self.kv_heads, self.head_dim]
+        keys = [paddle.zeros(shape, dtype=self.dtype) for _ in range(self.num_layers)]
+        values = [paddle.zeros(shape, dtype=self.dtype) for _ in range(self.num_layers)]
+        if self.capacity:
+            for new, old in zip(keys + values, self.keys + self.values, strict=True):
+                new[:, : self.capacity] = old
+        self.keys, self.values, self.capacity = keys, values, cap
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy a sequence's cache row (used to keep the running rows compact)."""
+        n = int(self.lengths[src])
+        for buf in self.keys + self.values:
+            buf[dst, :n] = buf[src, :n]
+        self.lengths[dst] = n
+        self.lengths[src] = 0
+
+    def prepare(self, first_row: int, num_rows: int, new_tokens: int) -> None:
+        """Say which rows the next forward covers and how many tokens each adds (1 when decoding)."""
+        self.reserve(int(self.lengths[first_row : first_row + num_rows].max()) + new_tokens)
+        self._rows, self._new = (first_row, num_rows), new_tokens
+        self._read_len = int(self.lengths[first_row : first_row + num_rows].max()) + new_tokens
+        if new_tokens == 1:
+            rows = np.arange(first_row, first_row + num_rows, dtype=np.int64)
+            self._write_index = paddle.to_tensor(rows * self.capacity + self.lengths[rows])
+        else:
+            self._write_index = None
+
+    def commit(self) -> None:
+        first, n = self._rows
+        self.lengths[first : first + n] += self._new
+
+    def get_seq_length(self) -> int:
+        first, n = self._rows
+        return int(self.lengths[first : first + n].max()) if n else 0
+
+    def update(self, layer: int, k: paddle.Tensor, v: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        first, n = self._rows
+        kbuf, vbuf = self.keys[layer], self.values[layer]
+        if self._write_index is not None:
+            flat = [self.num_slots * self.capacity, self.kv_heads, self.head_dim]
+            kbuf.reshape(flat).scatter_(self._write_index, k.reshape([n, self.kv_heads, self.head_dim]))
+            vbuf.reshape(flat).scatter_(self._write_index, v.reshape([n, self.kv_heads, self.head_dim]))
+        else:
+            # Prefill writes one row (n == 1) starting at its current length.
+            start = int(self.lengths[first])
+            kbuf[first, start : start + self._new] = k[0]
+            vbuf[first, start : start + self._new] = v[0]
+        s = self._read_len
+        return kbuf[first : first + n, :s], vbuf[first : first + n, :s]
+
+
+# ---- requests and outputs -------------------------------------------------------------------------
+@dataclass
+class GenerationOutput:
+    """One event of a request: new text (may be empty), new token ids, and the finish reason at the end."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+_request_ids = itertools.count()
+
+
+class Request:
+    """A submitted generation; outputs go to ``sink`` from the engine thread."""
+
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[GenerationOutput], None]
+    ):
+        self.id = next(_request_ids)
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.sink = sink
+        self.cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.state: SequenceState | None = None
+
+    def cancel(self) -> None:
+        """Stop generating (e.g. the client went away); the engine drops it before the next step."""
+        self.cancelled.set()
+
+
+@dataclass
+class EngineStats:
+    """Counters for /metrics; written by the engine thread, read by the server."""
+
+    running: int = 0
+    waiting: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    requests_finished: dict[str, int] = field(default_factory=dict)
+    ttft: list[float] = field(default_factory=list)  # drained by the metrics exporter
+    recent_tokens: deque = field(default_factory=lambda: deque(maxlen=4096))  # (time, n_tokens)
+
+    def tokens_per_second(self, window: float = 10.0) -> float:
+        now = time.perf_counter()
+        items = [(t, n) for t, n in list(self.recent_tokens) if now - t <= window]
+        if not items:
+            return 0.0
+        span = max(now - items[0][0], 1e-3)
+        return sum(n for _, n in items) / span
+
+
+# ---- the engine -----------------------------------------------------------------------------------
+class GenerationEngine:
+    """Continuous batching over one model: up to ``max_num_seqs`` sequences share each decode step."""
+
+    def __init__(self, model, tokenizer, max_num_seqs: int = 8, max_model_len: int | None = None):
+        cfg = model.config
+        self.model, self.tokenizer = model, tokenizer
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = int(max_model_len or min(cfg.max_position_embeddings, 8192))
+        self.stop_token_ids = list(tokenizer.stop_token_ids)
+        dtype = str(model.ernie.embed_tokens.weight.dtype).replace("paddle.", "")
+        self.cache = SlotKVCache(
+            cfg.num_hidden_layers,
+            max_num_seqs,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            self.max_model_len,
+            dtype,
+        )
+        self.stats = EngineStats()
+        self._incoming: queue.Queue[Request | None] = queue.Queue()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # row i of the cache belongs to _running[i]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --
+    def start(self) -> GenerationEngine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="generation-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._incoming.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # -- submitting --
+    def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError when the prompt cannot be served (empty or longer than the context)."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{len(prompt_ids)} tokens; shorten it or raise --max-model-len"
+            )
+        params.validate()
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[GenerationOutput], None]
+    ) -> Request:
+        self.check_prompt(prompt_ids, params)
+        req = Request(prompt_ids, params, sink)
+        self.start()
+        self._incoming.put(req)
+        return req
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[GenerationOutput]:
+        """Blocking iterator over a request's outputs (for scripts, tests and benchmarks)."""
+        q: queue.Queue[GenerationOutput] = queue.Queue()
+        req = self.submit(prompt_ids, params, q.put)
+        try:
+            while True:
+                out = q.get()
+                yield out
+                if out.finish_reason is not None:
+                    return
+        finally:
+            req.cancel()
+
+    async def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenerationOutput]:
+        """Async iterator over a request's outputs; leaving early (client gone) cancels the request."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        req = self.submit(prompt_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out))
+        try:
+            while True:
+                out = await q.get()
+                yield out
+                if out.finish_reason is not None:
+                    return
+        finally:
+            req.cancel()
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        text, ids, last = [], [], None
+        for out in self.stream(prompt_ids, params):
+            text.append(out.text)
+            ids.extend(out.token_ids)
+            last = out
+        if last.error:
+            raise RuntimeError(last.error)
+        return GenerationResult(
+            "".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens
+        )
+
+    # -- the loop (engine thread) --
+    def _loop(self) -> None:
+        with paddle.no_grad():
+            while not self._stop.is_set():
+                self._drain_incoming(block=not self._running and not self._waiting)
+                self._drop_cancelled()
+                try:
+                    while self._waiting and len(self._running) < self.max_num_seqs:
+                        self._prefill(self._waiting.popleft())
+                    if self._running:
+                        self._decode_step()
+                except Exception as e:  # a failed step fails its requests, never the server
+                    log.exception("generation step failed")
+                    for req in list(self._running):
+                        self._finish(req, FINISH_ERROR, f"generation failed: {e}")
+                self.stats.running, self.stats.waiting = len(self._running), len(self._waiting)
+            for req in [*self._running, *self._waiting]:
+                self._finish(req, FINISH_ABORT)
+
+    def _drain_incoming(self, block: bool) -> None:
+        try:
+            item = self._incoming.get(timeout=0.5) if block else self._incoming.get_nowait()
+            while True:
+                if item is not None:
+                    self._waiting.append(item)
+                item = self._incoming.get_nowait()
+        except queue.Empty:
+            pass
+        self.stats.waiting = len(self._waiting)
+
+    def _drop_cancelled(self) -> None:
+        for req in [r for r in self._waiting if r.cancelled.is_set()]:
+            self._waiting.remove(req)
+            self._emit_finish(req, FINISH_ABORT)
+        for req in [r for r in self._running if r.cancelled.is_set()]:
+            self._finish(req, FINISH_ABORT)
+
+    def _prefill(self, req: Request) -> None:
+        row = len(self._running)
+        self.cache.lengths[row] = 0
+        req.state = SequenceState(req.prompt_ids, req.params, self.tokenizer, self.stop_token_ids)
+        self._running.append(req)
+        n = len(req.prompt_ids)
+        self.cache.prepare(row, 1, n)
+        ids = paddle.to_tensor([req.prompt_ids], dtype="int64")
+        pos = paddle.arange(n, dtype="int64").unsqueeze(0)
+        out = self.model(ids, position_ids=pos, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.cache.commit()
+        self.stats.prompt_tokens_total += n
+        self._accept(req, out.logits[0, -1].astype("float32").numpy())
+
+    def _decode_step(self) -> None:
+        b = len(self._running)
+        lengths = self.cache.lengths[:b].copy()
+        last = [r.state.output_ids[-1] for r in self._running]
+        self.cache.prepare(0, b, 1)
+        s = int(lengths.max()) + 1
+        mask = None
+        if b > 1 and (lengths != lengths[0]).any():
+            keep = np.arange(s)[None, :] <= lengths[:, None]
+            mask = paddle.to_tensor(np.where(keep, 0.0, NEG_INF).astype(np.float32)[:, None, None, :])
+        ids = paddle.to_tensor(np.asarray(last, dtype=np.int64)[:, None])
+        pos = paddle.to_tensor(lengths[:, None])
+        out = self.model(
+            ids,
+            position_ids=pos,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.cache.commit()
+        logits = out.logits[:, -1].astype("float32").numpy()
+        for req, row_logits in zip(list(self._running), logits, strict=True):
+            self._accept(req, row_logits)
+
+    def _accept(self, req: Request, logits: np.ndarray) -> None:
+        st = req.state
+        token = st.next_token(logits)
+        delta = st.append(token, self.max_model_len)
+        now = time.perf_counter()
+        if req.first_token_at is None:
+            req.first_token_at = now
+            self.stats.ttft.append(now - req.submitted)
+        self.stats.generation_tokens_total += 1
+        self.stats.recent_tokens.append((now, 1))
+        if st.finish_reason is not None:
+            self._finish(req, st.finish_reason, last_text=delta, last_ids=[token])
+        else:
+            req.sink(GenerationOutput(delta, [token], None, len(st.prompt_ids), len(st.output_ids)))
+
+    def _finish(
+        self,
+        req: Request,
+        reason: str,
+        error: str | None = None,
+        last_text: str = "",
+        last_ids: list[int] | None = None,
+    ) -> None:
+        """Release the request's cache row (moving the last running row into it) and send its final event."""
+        if req in self._running:
+            row = self._running.index(req)
+            last_row = len(self._running) - 1
+            if row != last_row:
+                self.cache.move_row(last_row, row)
+                self._running[row] = self._running[last_row]
+            self._running.pop()
+            self.cache.lengths[last_row] = 0
+        self._emit_finish(req, reason, error, last_text, last_ids or [])
+
+    def _emit_finish(
+        self,
+        req: Request,
+        reason: str,
+        error: str | None = None,
+        text: str = "",
+        ids: list[int] | None = None,
+    ) -> None:
+        st = req.state
+        self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
+        req.sink(
+            GenerationOutput(
+                text,
+                ids or [],
+                reason,
+                len(req.prompt_ids),
+                len(st.output_ids) if st else 0,
+                error,
+            )
+        )
+
+
+# ---- single-sequence reference loops (benchmarks, tests, scripts) -----------------------------------
+def generate_without_cache(
+    model, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None
+) -> list[int]:
+    """Greedy decoding that re-runs the whole sequence every step (the no-KV-cache baseline)."""
+    ids = list(prompt_ids)
+    out: list[int] = []
+    with paddle.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(paddle.to_tensor([ids], dtype="int64"), logits_to_keep=1).logits
+            token = int(paddle.argmax(logits[0, -1]).item())
+            out.append(token)
+            if stop_ids and token in stop_ids:
+                break
+            ids.append(token)
+    return out
+
+
+__all__ = [
+    "GenerationEngine",
+    "GenerationOutput",
+    "GenerationResult",
+    "IncrementalDetokenizer",
+    "SamplingParams",
+    "SequenceState",
+    "SlotKVCache",
+    "apply_penalties",
+    "generate_without_cache",
+    "sample_token",
+]

@@ -1,0 +1,474 @@
+"""OpenAI-compatible HTTP server over the Paddle generation engine.
+
+Same routes, request fields and response shapes as FastDeploy's api_server (and OpenAI's), so clients
+cannot tell which backend answers: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.serve.generate import FINISH_ERROR, GenerationEngine, GenerationOutput, SamplingParams
+from engine.serve.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    problems, param = [], None
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        where = ".".join(loc) or "body"
+        param = param or where
+        problems.append(f"{where}: {err.get('msg', 'invalid value')}")
+    return APIError(400, "invalid request: " + "; ".join(problems), param=param, code="invalid_value")
+
+
+# ---- request bodies ---------------------------------------------------------------------------------
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and text completions, including FastDeploy's extras (top_k, min_p, ...)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    n: int = Field(1, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+
+
+# ---- the app ----------------------------------------------------------------------------------------
+def read_generation_defaults(model_dir: str | Path | None) -> dict[str, float]:
+    """Sampling defaults from the model's generation_config.json (what FastDeploy applies too)."""
+    if model_dir is None:
+        return {}
+    path = Path(model_dir) / "generation_config.json"
+    if not path.exists():
+        return {}
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        log.warning("%s:%d: ignoring invalid generation_config.json: %s", path, e.lineno, e.msg)
+        return {}
+    keys = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    return {k: cfg[k] for k in keys if isinstance(cfg.get(k), int | float)}
+
+
+class ServingState:
+    """What the routes need: the engine, tokenizer, served name, limits and metrics."""
+
+    def __init__(
+        self, engine: GenerationEngine, served_model_name: str, max_concurrent_requests: int, model_dir=None
+    ):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.name = served_model_name
+        self.model_dir = str(model_dir) if model_dir else None
+        self.max_concurrent = max_concurrent_requests
+        self.in_flight = 0
+        self.defaults = read_generation_defaults(model_dir)
+        self.metrics = ServerMetrics(engine.stats, served_model_name)
+        self.created = int(time.time())
+
+    def check_model(self, name: str) -> None:
+        if name != self.name:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves {self.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def sampling_params(self, req: SamplingFields, prompt_len: int) -> SamplingParams:
+        if req.n != 1:
+            raise APIError(
+                400, f"n={req.n} is not supported; ask for one choice per request (n=1)", param="n"
+            )
+        if req.logprobs:
+            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+        d = self.defaults
+        limit = self.engine.max_model_len
+        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+        if prompt_len >= limit:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens",
+                param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        if max_tokens is None:
+            max_tokens = limit - prompt_len
+        elif prompt_len + max_tokens > limit:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {limit} tokens, but you asked for {prompt_len + max_tokens} "
+                f"({prompt_len} in the prompt, {max_tokens} in the completion); lower max_tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if any(not s for s in stop):
+            raise APIError(400, "stop strings must not be empty", param="stop")
+        vocab = self.engine.model.config.vocab_size
+        for t in req.stop_token_ids or []:
+            if not 0 <= t < vocab:
+                raise APIError(
+                    400, f"stop_token_ids: {t} is outside the vocabulary [0, {vocab})", param="stop_token_ids"
+                )
+
+        def pick(name: str, default: float) -> float:
+            value = getattr(req, name)
+            return value if value is not None else d.get(name, default)
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=int(pick("top_k", 0)),
+            min_p=pick("min_p", 0.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=req.seed,
+            stop=stop,
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+        )
+        try:
+            params.validate()
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+        return params
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        messages = []
+        for i, m in enumerate(req.messages):
+            if isinstance(m.content, list):
+                texts = []
+                for j, part in enumerate(m.content):
+                    if part.type != "text" or part.text is None:
+                        raise APIError(
+                            400,
+                            f"messages[{i}].content[{j}]: only text parts are supported, got type {part.type!r}",
+                            param=f"messages.{i}.content.{j}",
+                        )
+                    texts.append(part.text)
+                content = "".join(texts)
+            else:
+                content = m.content or ""
+            role = "system" if m.role == "developer" else m.role
+            messages.append({"role": role, "content": content})
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, **(req.chat_template_kwargs or {})
+            )
+        except Exception as e:  # a template error is the request's fault (bad kwargs, unsupported roles)
+            raise APIError(
+                400, f"the chat template could not render these messages: {e}", param="messages"
+            ) from e
+        return self.tokenizer.encode(text)
+
+    def completion_prompt(self, req: CompletionRequest) -> list[int]:
+        p = req.prompt
+        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            if len(p) != 1:
+                raise APIError(400, f"prompt: send one prompt per request (got {len(p)})", param="prompt")
+            p = p[0]
+        if isinstance(p, str):
+            if not p:
+                raise APIError(400, "prompt: must not be empty", param="prompt")
+            return self.tokenizer.encode(p)
+        vocab = self.engine.model.config.vocab_size
+        if not p:
+            raise APIError(400, "prompt: must not be empty", param="prompt")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise APIError(
+                400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
+            )
+        return list(p)
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _collect(stream: AsyncIterator[GenerationOutput], request: Request) -> GenerationOutput | None:
+    """Gather a whole generation; return None (and cancel it) when the client disconnects first."""
+    parts: list[str] = []
+
+    async def run() -> GenerationOutput:
+        last = None
+        async for out in stream:
+            parts.append(out.text)
+            last = out
+        return last
+
+    task = asyncio.ensure_future(run())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            last = task.result()
+            last.text = "".join(parts)
+            return last
+        if await request.is_disconnected():
+            task.cancel()
+            await stream.aclose()
+            return None
+
+
+def create_app(
+    engine: GenerationEngine,
+    served_model_name: str = "default",
+    max_concurrent_requests: int = 64,
+    model_dir: str | Path | None = None,
+) -> FastAPI:
+    """The OpenAI-compatible app; the engine thread starts with the app and stops when it shuts down."""
+    state = ServingState(engine, served_model_name, max_concurrent_requests, model_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="ERNIE Studio OpenAI-compatible server", lifespan=lifespan)
+    app.state.serving = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        state.metrics.count_request(request.url.path, exc.status)
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        state.metrics.count_request(request.url.path, 400)
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(
+            exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind
+        ).response()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        card = {
+            "id": state.name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "ernie-studio",
+            "root": state.model_dir,
+            "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        state.check_model(body.model)
+        prompt = state.chat_prompt(body)
+        return await _serve(body, request, prompt, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        state.check_model(body.model)
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        prompt = state.completion_prompt(body)
+        return await _serve(body, request, prompt, chat=False)
+
+    async def _serve(body: SamplingFields, request: Request, prompt: list[int], chat: bool):
+        params = state.sampling_params(body, len(prompt))
+        if state.in_flight >= state.max_concurrent:
+            raise APIError(
+                429,
+                f"the server is at its limit of {state.max_concurrent} concurrent requests; retry shortly",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+            )
+        route = request.url.path
+        state.in_flight += 1
+        try:
+            stream = engine.astream(prompt, params)
+        except ValueError as e:
+            state.in_flight -= 1
+            raise APIError(400, str(e)) from e
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            state.metrics.count_request(route, 200)
+            return StreamingResponse(
+                _stream_events(stream, rid, created, chat, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            out = await _collect(stream, request)
+        finally:
+            state.in_flight -= 1
+        if out is None:  # the client is gone; nobody reads this
+            return JSONResponse({}, status_code=499)
+        if out.finish_reason == FINISH_ERROR:
+            raise APIError(500, out.error or "generation failed", type="server_error")
+        state.metrics.count_request(route, 200)
+        usage = _usage(out.prompt_tokens, out.completion_tokens)
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": out.text},
+                "logprobs": None,
+                "finish_reason": out.finish_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+            obj = "text_completion"
+        return {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": state.name,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    async def _stream_events(
+        stream, rid: str, created: int, chat: bool, include_usage: bool
+    ) -> AsyncIterator[str]:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> dict:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+                if delta_text:
+                    delta["content"] = delta_text
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
+            c = {"id": rid, "object": obj, "created": created, "model": state.name, "choices": [choice]}
+            if include_usage:
+                c["usage"] = None
+            return c
+
+        try:
+            if chat:
+                yield _sse(chunk(None, None, role=True))
+            async for out in stream:
+                if out.finish_reason == FINISH_ERROR:
+                    err = {
+                        "message": out.error or "generation failed",
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
+                    yield _sse({"error": err})
+                    break
+                if out.text:
+                    yield _sse(chunk(out.text, None))
+                if out.finish_reason is not None:
+                    yield _sse(chunk(None, out.finish_reason))
+                    if include_usage:
+                        yield _sse(
+                            {
+                                "id": rid,
+                                "object": obj,
+                                "created": created,
+                                "model": state.name,
+                                "choices": [],
+                                "usage": _usage(out.prompt_tokens, out.completion_tokens),
+                            }
+                        )
+            yield "data: [DONE]\n\n"
+        finally:
+            # Runs on normal end and when the client disconnects (Starlette cancels this generator).
+            state.in_flight -= 1
+            await stream.aclose()
+
+    return app
