@@ -1,0 +1,133 @@
+"""``ernie-studio export``: merge a LoRA run into its base, write Paddle or HF layout, shard, copy the
+tokenizer, and optionally apply post-training quantization with a perplexity report before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+
+from engine.train import quant
+from engine.train.config import ExportConfig
+from engine.train.lora import ADAPTER_CONFIG, load_lora_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExportSummary:
+    export_dir: str
+    layout: str
+    files: list[str]
+    merged_lora: bool
+    quantization: str = ""
+    perplexity: dict[str, float] = field(default_factory=dict)
+
+
+def source_model(cfg: ExportConfig):
+    """The model to export: a LoRA run (adapter merged into its base) or a plain model directory."""
+    from engine.models.checkpoint import load_model
+
+    run_dir = Path(cfg.output_dir)
+    if cfg.lora or (not cfg.model_name_or_path and (run_dir / ADAPTER_CONFIG).exists()):
+        if not (run_dir / ADAPTER_CONFIG).exists():
+            raise FileNotFoundError(
+                f"{run_dir}: no {ADAPTER_CONFIG}; lora=True exports the LoRA run in output_dir "
+                "(train with fine_tuning: LoRA first)"
+            )
+        base = json.loads((run_dir / ADAPTER_CONFIG).read_text())["base_model"]
+        return load_lora_model(run_dir), base, True
+    src = cfg.model_name_or_path
+    if (Path(src) / ADAPTER_CONFIG).exists() and not (Path(src) / "config.json").exists():
+        base = json.loads((Path(src) / ADAPTER_CONFIG).read_text())["base_model"]
+        return load_lora_model(src), base, True
+    return load_model(src, "float32"), src, False
+
+
+def perplexity(model, batches: list[dict]) -> float:
+    from engine.train.sft import evaluate_lm
+
+    return float(evaluate_lm(model, batches)["eval_ppl"])
+
+
+def eval_batches(cfg: ExportConfig, tokenizer) -> list[dict]:
+    from engine.data import build_train_data
+
+    spec = {
+        "train_dataset_type": cfg.eval_dataset_type,
+        "train_dataset_path": cfg.eval_dataset_path,
+        "train_dataset_prob": cfg.eval_dataset_prob,
+    }
+    data = build_train_data(
+        spec,
+        tokenizer,
+        stage=cfg.stage,
+        max_seq_len=cfg.max_seq_len,
+        packing=False,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        shuffle=False,
+        repeat=False,
+    )
+    return list(data)
+
+
+def run_export(cfg: ExportConfig) -> ExportSummary:
+    """Write the exported model to ``cfg.export_dir`` and return what was written."""
+    from engine.models.checkpoint import save_model
+    from engine.tokenizer import copy_tokenizer_files, load_tokenizer
+
+    model, tokenizer_src, merged = source_model(cfg)
+    model.eval()
+    out = Path(cfg.export_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ppl: dict[str, float] = {}
+    if cfg.quantization:
+        batches = eval_batches(cfg, load_tokenizer(tokenizer_src)) if cfg.eval_dataset_path else []
+        if batches:
+            ppl["fp32"] = perplexity(model, batches)
+        n = quant.quantize_for_export(model, cfg.quantization, cfg.weight_quant_group_size)
+        if batches:
+            ppl[cfg.quantization] = perplexity(model, batches)
+            ppl["relative_change"] = ppl[cfg.quantization] / ppl["fp32"] - 1
+            log.info(
+                "PTQ %s on %d linears: perplexity %.4f -> %.4f (%+.2f%%)",
+                cfg.quantization,
+                n,
+                ppl["fp32"],
+                ppl[cfg.quantization],
+                100 * ppl["relative_change"],
+            )
+        if cfg.layout != "paddle":
+            raise ValueError("quantized exports are written in the Paddle layout; set layout: paddle")
+        quant.save_quantized(model, out, cfg.quantization, cfg.weight_quant_group_size, cfg.max_shard_size)
+    else:
+        save_model(model, out, dtype=cfg.dtype, max_shard_size=cfg.max_shard_size, layout=cfg.layout)
+    if cfg.copy_tokenizer:
+        copy_tokenizer_files(tokenizer_src, out)
+    summary = ExportSummary(
+        export_dir=str(out),
+        layout=cfg.layout,
+        files=sorted(p.name for p in out.iterdir()),
+        merged_lora=merged,
+        quantization=cfg.quantization,
+        perplexity={k: float(v) for k, v in ppl.items() if not math.isnan(v)},
+    )
+    (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    return summary
+
+
+def logits_of(model, input_ids: np.ndarray) -> np.ndarray:
+    with paddle.no_grad():
+        return model(paddle.to_tensor(input_ids, dtype="int64")).logits.numpy()
+
+
+def describe(summary: ExportSummary) -> dict[str, Any]:
+    return asdict(summary)

@@ -1,0 +1,81 @@
+"""MoE bookkeeping for pretraining (and any stage on an MoE model): expert loads and aux-free balancing.
+
+After every optimiser step the correction bias of each MoE layer is nudged towards balance from the
+expert counts of that step (summed over micro-batches and data-parallel ranks), as in ERNIE 4.5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from engine.models.moe import MoELayer, RouterStats, update_correction_bias
+
+
+def moe_layers(model) -> list[MoELayer]:
+    return [m for m in model.sublayers() if isinstance(m, MoELayer)]
+
+
+def expert_counts(stats: list[RouterStats], groups: list[int], present: list[int]) -> list[list[np.ndarray]]:
+    """Per MoE layer, per modality group: assignments each expert received in this micro-batch.
+
+    ``present`` lists the modality groups that had tokens (the layer skips empty groups in its stats).
+    """
+    out = []
+    for s in stats:
+        counts = [np.zeros(n, np.int64) for n in groups]
+        for group, sel in zip(present, s.selected, strict=True):
+            counts[group] += np.bincount(sel.numpy().reshape(-1), minlength=groups[group])[: groups[group]]
+        out.append(counts)
+    return out
+
+
+def present_groups(batch: dict, config, prefix: str = "") -> list[int]:
+    """Modality groups with tokens in this batch, mirroring how the model routes (0 text, 1 image)."""
+    if len(config.expert_counts) == 1:
+        return [0]
+    types = batch.get(prefix + "token_type_ids")
+    if types is None:
+        if config.im_patch_id is None:
+            return [0]
+        types = (np.asarray(batch[prefix + "input_ids"]) == config.im_patch_id).astype(np.int64)
+    return sorted({int(t) for t in np.unique(np.asarray(types))} & set(range(len(config.expert_counts))))
+
+
+def add_counts(total: list | None, new: list) -> list:
+    if total is None:
+        return [[c.copy() for c in layer] for layer in new]
+    for t_layer, n_layer in zip(total, new, strict=True):
+        for t, n in zip(t_layer, n_layer, strict=True):
+            t += n
+    return total
+
+
+def update_correction_biases(model, counts: list[list[np.ndarray]], rate: float) -> None:
+    """Aux-free balancing step for every MoE layer (bias is not trained by gradients)."""
+    for layer, layer_counts in zip(moe_layers(model), counts, strict=True):
+        bias = layer.moe_statics.e_score_correction_bias
+        value = bias.numpy().copy()
+        for g, c in enumerate(layer_counts):
+            if c.sum() == 0:
+                continue
+            value[g, : len(c)] = update_correction_bias(value[g, : len(c)], c, rate)
+        bias.set_value(paddle.to_tensor(value))
+
+
+def load_metrics(counts: list[list[np.ndarray]]) -> dict[str, float]:
+    """How balanced the step was: experts without tokens, and the max/min load relative to the mean."""
+    dead, worst_max, worst_min = 0, 0.0, float("inf")
+    for layer in counts:
+        for c in layer:
+            if c.sum() == 0:
+                continue
+            dead += int((c == 0).sum())
+            rel = c / c.mean()
+            worst_max = max(worst_max, float(rel.max()))
+            worst_min = min(worst_min, float(rel.min()))
+    return {
+        "experts_without_tokens": dead,
+        "expert_load_max": worst_max,
+        "expert_load_min": 0.0 if worst_min == float("inf") else worst_min,
+    }

@@ -1,0 +1,603 @@
+"""The training loop shared by every stage: one readable function, stages plug in their loss.
+
+``run_training(config)`` loads the model, applies quantization and LoRA, builds the data, then repeats:
+gather the micro-batches of one step, add their losses (normalised over the whole step), backward,
+all-reduce gradients across data-parallel ranks, clip, step AdamW, update the MoE correction biases and
+the weight EMA, log, evaluate, checkpoint. A run directory with checkpoints is resumed exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+
+from engine.train import lora as lora_mod
+from engine.train import pretrain, quant
+from engine.train.config import TrainConfig
+from engine.train.dpo import DPOLoss, evaluate_dpo
+from engine.train.run_dir import (
+    MetricsLog,
+    begin_checkpoint,
+    commit_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    write_json,
+)
+from engine.train.sft import evaluate_lm, labelled_tokens, language_model_loss
+
+log = logging.getLogger(__name__)
+
+EXIT_CANCELLED = 130
+
+
+@dataclass
+class RunSummary:
+    status: str
+    stage: str
+    output_dir: str
+    model_dir: str | None = None
+    final_metrics: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[str] = field(default_factory=list)
+    error: str | None = None
+    started_at: str = ""
+    ended_at: str = ""
+    steps: int = 0
+
+    @property
+    def exit_code(self) -> int:
+        return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(self.status, 1)
+
+
+# ---- pieces of the loop --------------------------------------------------------------------------------
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Linear warmup, then cosine / linear decay to ``min_lr``, or constant."""
+    warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
+    if warmup and step < warmup:
+        return cfg.learning_rate * (step + 1) / warmup
+    if cfg.lr_scheduler_type == "constant":
+        return cfg.learning_rate
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    if cfg.lr_scheduler_type == "cosine":
+        factor = 0.5 * (1 + math.cos(math.pi * progress))
+    else:
+        factor = 1 - progress
+    return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * factor
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    paddle.seed(seed)
+
+
+class WeightEMA:
+    """Exponential moving average of the trainable weights (ERNIE 4.5 uses it in place of LR decay)."""
+
+    def __init__(self, params: dict[str, paddle.Tensor], decay: float):
+        self.decay = decay
+        self.shadow = {k: p.numpy().copy() for k, p in params.items()}
+
+    def update(self, params: dict[str, paddle.Tensor]) -> None:
+        for k, p in params.items():
+            self.shadow[k] = self.decay * self.shadow[k] + (1 - self.decay) * p.numpy()
+
+    def copy_to(self, params: dict[str, paddle.Tensor]) -> None:
+        for k, p in params.items():
+            p.set_value(paddle.to_tensor(self.shadow[k], dtype=p.dtype))
+
+
+class DataParallel:
+    """Rank and world size under ``paddle.distributed.launch``; one process means no communication."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+        self.rank = 0
+        if self.world > 1:
+            import paddle.distributed as dist
+
+            dist.init_parallel_env()
+            self.rank = dist.get_rank()
+            self.world = dist.get_world_size()
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        if self.world == 1:
+            return values
+        import paddle.distributed as dist
+
+        t = paddle.to_tensor(np.asarray(values, dtype=np.float64))
+        dist.all_reduce(t)
+        return t.numpy()
+
+    def sum_grads(self, params: list[paddle.Tensor]) -> None:
+        if self.world == 1:
+            return
+        import paddle.distributed as dist
+
+        grads = [p.grad for p in params]
+        flat = paddle.concat([g.reshape([-1]) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            n = int(np.prod(g.shape))
+            g.set_value(flat[offset : offset + n].reshape(g.shape))
+            offset += n
+
+    def slice(self, batch: dict) -> dict:
+        """This rank's rows of a global batch (the data is built for batch_size x world rows)."""
+        if self.world == 1:
+            return batch
+        out = {}
+        for k, v in batch.items():
+            if isinstance(v, np.ndarray) and v.ndim >= 1:
+                rows = v.shape[0] // self.world
+                out[k] = v[self.rank * rows : (self.rank + 1) * rows]
+            else:
+                out[k] = v
+        return out
+
+
+class Progress:
+    """tqdm bar with loss and ETA on a terminal; plain progress lines otherwise (logs, workers)."""
+
+    def __init__(self, total: int, start: int, enabled: bool, use_tqdm: bool):
+        self.total, self.enabled = total, enabled
+        self.bar = None
+        if enabled and use_tqdm and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+        self.t0, self.s0 = time.time(), start
+
+    def update(self, step: int, metrics: dict, log_line: bool) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['learning_rate']:.2e}")
+            return
+        if log_line:
+            done = step - self.s0
+            eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
+            print(
+                f"step {step}/{self.total} loss {metrics['loss']:.4f} lr {metrics['learning_rate']:.3e} "
+                f"tok/s {metrics['tokens_per_second']:.0f} eta {int(eta) // 60}:{int(eta) % 60:02d}",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---- building the run ----------------------------------------------------------------------------------
+
+
+def build_model(cfg: TrainConfig):
+    """Load the base model, apply the run's MoE settings, quantization and LoRA; return (model, trainable)."""
+    from engine.models.checkpoint import load_model
+
+    model = load_model(cfg.model_name_or_path, "float32")
+    if cfg.compute_type in ("bf16", "fp16") and not paddle.is_compiled_with_cuda():
+        log.warning("compute_type %s needs a GPU for matmuls; training in fp32 on CPU", cfg.compute_type)
+    mc = model.config
+    for key in ("moe_aux_loss_lambda", "moe_z_loss_lambda", "moe_orthogonal_loss_lambda", "moe_use_aux_free"):
+        if getattr(cfg, key) is not None:
+            setattr(mc, key, getattr(cfg, key))
+    if cfg.compute_type == "fp8":
+        n = quant.apply_fp8_qat(
+            model, cfg.fp8_hadamard_block_size if cfg.fp8_hadamard else 0, cfg.fp8_scale_ema_rate
+        )
+        log.info("fp8 QAT on %d linears (hadamard=%s)", n, cfg.fp8_hadamard)
+    elif cfg.compute_type in ("wint8", "wint4/8"):
+        counts = quant.apply_weight_only(model, cfg.compute_type, cfg.weight_quant_group_size)
+        log.info("weight-only base: %d int8 and %d int4 linears", counts[8], counts[4])
+    if cfg.lora:
+        wrapped = lora_mod.apply_lora(
+            model, cfg.lora_rank, cfg.effective_lora_alpha, cfg.rslora, cfg.lora_target_modules, seed=cfg.seed
+        )
+        log.info("LoRA rank %d on %d linears", cfg.lora_rank, len(wrapped))
+    else:
+        for name, p in model.named_parameters():
+            p.stop_gradient = "moe_statics" in name
+    if cfg.recompute:
+        model.ernie.gradient_checkpointing = True
+    model.train()
+    trainable = {n: p for n, p in model.named_parameters() if not p.stop_gradient}
+    return model, trainable
+
+
+def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]):
+    clip = paddle.nn.ClipGradByGlobalNorm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
+    if cfg.lora:
+        params = lora_mod.lora_parameter_groups(model, cfg.learning_rate, cfg.lora_plus_scale)
+    else:
+        params = list(trainable.values())
+    no_decay = {p.name for n, p in trainable.items() if p.ndim < 2 or "norm" in n}
+    return paddle.optimizer.AdamW(
+        learning_rate=cfg.learning_rate,
+        parameters=params,
+        beta1=cfg.adam_beta1,
+        beta2=cfg.adam_beta2,
+        epsilon=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+        apply_decay_param_fun=lambda name: name not in no_decay,
+        grad_clip=clip,
+    )
+
+
+def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, image_size: int | None = None):
+    """``engine.data.build_train_data`` for the train or eval split, ``rows`` samples per batch."""
+    from engine.data import build_train_data
+
+    spec = cfg.dataset_spec(split)
+    spec = {k.replace(f"{split}_", "train_", 1): v for k, v in spec.items()}
+    return build_train_data(
+        spec,
+        tokenizer,
+        stage=cfg.stage,
+        max_seq_len=cfg.max_seq_len,
+        packing=cfg.packing,
+        seed=cfg.seed,
+        batch_size=rows,
+        max_prompt_len=cfg.max_prompt_len,
+        mix_strategy=cfg.mix_strategy,
+        shuffle=split == "train",
+        repeat=split == "train",
+    )
+
+
+def _state_by_name(optimizer, params: dict[str, paddle.Tensor]) -> dict:
+    """Optimizer state keyed by parameter *path* (auto-generated tensor names differ between processes)."""
+    state = optimizer.state_dict()
+    by_internal = sorted(((p.name, n) for n, p in params.items()), key=lambda x: -len(x[0]))
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if key == "master_weights":
+            continue
+        if key == "LR_Scheduler":
+            out[key] = value
+            continue
+        for internal, path in by_internal:
+            if key.startswith(internal + "_"):
+                out[f"{path}::{key[len(internal) :]}"] = value
+                break
+        else:
+            out[key] = value
+    return out
+
+
+def _state_from_names(state: dict, params: dict[str, paddle.Tensor]) -> dict:
+    out = {}
+    for key, value in state.items():
+        if "::" in key:
+            path, suffix = key.split("::", 1)
+            if path not in params:
+                raise ValueError(f"checkpoint optimizer state names parameter {path}, which this model lacks")
+            out[params[path].name + suffix] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _persistent_state(model) -> dict[str, paddle.Tensor]:
+    """What a checkpoint must hold besides the optimizer: trainable weights, biases and QAT scales."""
+    keep = {}
+    for name, t in model.state_dict().items():
+        p = t
+        if (not getattr(p, "stop_gradient", True)) or "moe_statics" in name or name.endswith("act_scale"):
+            keep[name] = t
+    return keep
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+
+
+def run_training(cfg: TrainConfig, on_event: Callable[[dict], None] | None = None) -> RunSummary:
+    """Train one stage as configured; writes the run directory and returns its summary."""
+    started = datetime.now(UTC).isoformat()
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dp = DataParallel()
+    emit = on_event or (lambda event: None)
+    summary = RunSummary(status="running", stage=cfg.stage, output_dir=str(out_dir), started_at=started)
+    stop = {"signal": None}
+
+    def on_term(signum, frame):
+        stop["signal"] = signum
+
+    previous = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    try:
+        _train(cfg, dp, out_dir, summary, emit, stop)
+    except Exception as e:  # the summary records the failure for the studio; the caller still sees it
+        summary.status = "failed"
+        summary.error = f"{type(e).__name__}: {e}"
+        _finish(summary, out_dir, dp)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    _finish(summary, out_dir, dp)
+    emit({"type": "status", "status": summary.status})
+    return summary
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _finish(summary: RunSummary, out_dir: Path, dp: DataParallel) -> None:
+    summary.ended_at = datetime.now(UTC).isoformat()
+    summary.checkpoints = [str(p) for p in list_checkpoints(out_dir)]
+    if dp.main:
+        write_json(out_dir / "run_summary.json", asdict(summary))
+
+
+def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummary, emit, stop) -> None:
+    from engine.tokenizer import copy_tokenizer_files, load_tokenizer
+
+    set_seed(cfg.seed)
+    tokenizer = load_tokenizer(cfg.model_name_or_path)
+    model, trainable = build_model(cfg)
+    mc = model.config
+    if cfg.stage == "VL-SFT" and not mc.is_vl:
+        raise ValueError(
+            f"stage VL-SFT needs a multimodal model; {cfg.model_name_or_path} has no vision encoder"
+        )
+    if dp.main:
+        write_json(out_dir / "train_config.json", asdict(cfg))
+
+    stage = None
+    if cfg.stage == "DPO":
+        reference = None
+        if not cfg.lora and not cfg.reference_free:
+            reference, _ = build_model(
+                dataclasses.replace(cfg, compute_type="fp32", fine_tuning="Full", recompute=False)
+            )
+            for p in reference.parameters():
+                p.stop_gradient = True
+            reference.eval()
+        stage = DPOLoss(cfg, reference, lora=cfg.lora)
+
+    optimizer = build_optimizer(cfg, model, trainable)
+    ordered = list(trainable.values())
+    ema = WeightEMA(trainable, cfg.ema_decay) if cfg.ema_decay else None
+    data = build_data(cfg, tokenizer, "train", cfg.batch_size * dp.world)
+    total = cfg.max_steps if cfg.max_steps > 0 else _epoch_steps(cfg, data)
+
+    # ---- resume --------------------------------------------------------------------------------
+    step, elapsed_before = 0, 0.0
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is not None:
+        step, elapsed_before = _load_checkpoint(ckpt, model, optimizer, trainable, data, ema)
+        log.info("resuming from %s (step %d)", ckpt, step)
+        emit({"type": "resume", "step": step, "checkpoint": str(ckpt)})
+    metrics_log = MetricsLog(out_dir / "metrics.jsonl") if dp.main else None
+
+    moe_groups = mc.expert_counts if mc.is_moe else []
+    aux_free = mc.is_moe and mc.moe_use_aux_free
+    progress = Progress(total, step, dp.main, not cfg.disable_tqdm)
+    t_start = time.time() - elapsed_before
+    it = iter(data)
+    last_metrics: dict[str, Any] = {}
+    while step < total:
+        t0 = time.time()
+        micro = [dp.slice(next(it)) for _ in range(cfg.gradient_accumulation_steps)]
+        share = 1.0 / (len(micro) * dp.world)
+        if stage is None:
+            token_norm = float(dp.sum(np.array([sum(labelled_tokens(b) for b in micro)]))[0])
+        else:
+            token_norm = float(dp.sum(np.array([sum(labelled_tokens(b, "chosen_") for b in micro)]))[0])
+            pair_norm = float(dp.sum(np.array([sum(len(b["chosen_input_ids"]) for b in micro)]))[0])
+        token_norm = max(token_norm, 1.0)
+        lr = lr_at(step, cfg, total)
+        optimizer.set_lr(lr)
+        sums: dict[str, float] = {}
+        counts = None
+        tokens = 0
+        for i, batch in enumerate(micro):
+            if stage is None:
+                loss, m, stats = language_model_loss(model, batch, token_norm, share)
+                tokens += int(np.asarray(batch["input_ids"]).size)
+                if moe_groups:
+                    present = pretrain.present_groups(batch, mc)
+                    counts = pretrain.add_counts(counts, pretrain.expert_counts(stats, moe_groups, present))
+            else:
+                loss, m, stats = stage(model, batch, pair_norm, token_norm, share)
+                tokens += int(
+                    np.asarray(batch["chosen_input_ids"]).size + np.asarray(batch["rejected_input_ids"]).size
+                )
+            if i == 0:
+                # Every trainable weight gets a gradient (zero when unused, e.g. an idle expert) so that
+                # ranks all-reduce the same tensors and AdamW treats them the same with 1 or N ranks.
+                loss = loss + paddle.add_n([p.sum() * 0.0 for p in ordered])
+            loss.backward()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+        dp.sum_grads(ordered)
+        grad_norm = float(paddle.sqrt(paddle.add_n([(p.grad.astype("float32") ** 2).sum() for p in ordered])))
+        optimizer.step()
+        optimizer.clear_grad(set_to_zero=False)
+        step += 1
+
+        names = sorted(sums)
+        totals = dp.sum(np.array([sums[k] for k in names] + [tokens], dtype=np.float64))
+        metrics: dict[str, Any] = {k: float(v) for k, v in zip(names, totals[:-1], strict=True)}
+        if counts is not None:
+            flat = dp.sum(np.concatenate([c for layer in counts for c in layer]).astype(np.float64))
+            counts = _unflatten(counts, flat)
+            if aux_free:
+                pretrain.update_correction_biases(model, counts, cfg.moe_correction_bias_rate)
+            metrics.update(pretrain.load_metrics(counts))
+        if ema is not None:
+            ema.update(trainable)
+        now = time.time()
+        metrics.update(
+            step=step,
+            learning_rate=lr,
+            grad_norm=grad_norm,
+            tokens_per_second=float(totals[-1]) / max(now - t0, 1e-9),
+            elapsed_s=now - t_start,
+            epoch=step / _epoch_steps_or_none(cfg, data) if _epoch_steps_or_none(cfg, data) else None,
+        )
+        metrics = {k: v for k, v in metrics.items() if v is not None}
+        last_metrics = metrics
+        logged = step % cfg.logging_steps == 0 or step == total
+        if cfg.eval_dataset_path and cfg.eval_steps and (step % cfg.eval_steps == 0 or step == total):
+            metrics.update(_evaluate(cfg, model, tokenizer, stage))
+            logged = True
+        if logged and metrics_log is not None:
+            metrics_log.write({k: metrics[k] for k in _metric_order(metrics)})
+            emit({"type": "metrics", **metrics})
+        progress.update(step, metrics, logged)
+
+        cancelled = stop["signal"] is not None
+        if step % cfg.save_steps == 0 or cancelled:
+            path = _save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, now - t_start, dp)
+            emit({"type": "checkpoint", "step": step, "path": str(path)})
+        if cancelled:
+            progress.close()
+            log.warning("received signal %s: saved checkpoint-%d, stopping", stop["signal"], step)
+            summary.status, summary.steps, summary.final_metrics = "cancelled", step, last_metrics
+            return
+    progress.close()
+
+    if cfg.eval_dataset_path and not cfg.eval_steps:
+        last_metrics.update(_evaluate(cfg, model, tokenizer, stage))
+    if ema is not None:
+        ema.copy_to(trainable)
+    if dp.main:
+        summary.model_dir = str(_save_final(cfg, model, out_dir))
+        copy_tokenizer_files(cfg.model_name_or_path, out_dir)
+    summary.status, summary.steps, summary.final_metrics = "succeeded", step, last_metrics
+
+
+def _metric_order(metrics: dict) -> list[str]:
+    head = ["step", "loss", "learning_rate", "tokens_per_second", "elapsed_s"]
+    return [k for k in head if k in metrics] + sorted(k for k in metrics if k not in head)
+
+
+def _unflatten(counts: list[list[np.ndarray]], flat: np.ndarray) -> list[list[np.ndarray]]:
+    out, i = [], 0
+    for layer in counts:
+        row = []
+        for c in layer:
+            row.append(flat[i : i + len(c)].astype(np.int64))
+            i += len(c)
+        out.append(row)
+    return out
+
+
+def _epoch_steps_or_none(cfg: TrainConfig, data) -> int | None:
+    n = getattr(data, "num_batches", None)
+    if n is None:
+        return None
+    return max(1, int(n) // cfg.gradient_accumulation_steps)
+
+
+def _epoch_steps(cfg: TrainConfig, data) -> int:
+    per_epoch = _epoch_steps_or_none(cfg, data)
+    if per_epoch is None:
+        raise ValueError("the dataset size is unknown (streamed); set max_steps instead of num_train_epochs")
+    return max(1, int(per_epoch * cfg.num_train_epochs))
+
+
+def _evaluate(cfg: TrainConfig, model, tokenizer, stage) -> dict:
+    data = build_data(cfg, tokenizer, "eval", cfg.per_device_eval_batch_size or cfg.batch_size)
+    model.eval()
+    try:
+        batches = list(data)
+        return evaluate_lm(model, batches) if stage is None else evaluate_dpo(model, batches, stage)
+    finally:
+        model.train()
+
+
+def _save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, elapsed, dp) -> Path:
+    if not dp.main:
+        return out_dir / f"checkpoint-{step}"
+    tmp = begin_checkpoint(out_dir, step)
+    paddle.save(_persistent_state(model), str(tmp / "model.pdparams"))
+    paddle.save(_state_by_name(optimizer, trainable), str(tmp / "optimizer.pdopt"))
+    rng = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "paddle": [s for s in paddle.get_rng_state()],
+        "data": data.state_dict(),
+        "ema": ema.shadow if ema is not None else None,
+    }
+    with open(tmp / "rng_state.pkl", "wb") as f:
+        pickle.dump(rng, f)
+    write_json(tmp / "trainer_state.json", {"global_step": step, "elapsed_s": elapsed})
+    final = commit_checkpoint(tmp)
+    log.info("saved %s", final)
+    return final
+
+
+def _load_checkpoint(ckpt: Path, model, optimizer, trainable, data, ema) -> tuple[int, float]:
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    weights = paddle.load(str(ckpt / "model.pdparams"))
+    current = model.state_dict()
+    for name, value in weights.items():
+        if name not in current:
+            raise ValueError(f"{ckpt}/model.pdparams: tensor {name} does not fit this run's model")
+        current[name].set_value(value)
+    optimizer.set_state_dict(_state_from_names(paddle.load(str(ckpt / "optimizer.pdopt")), trainable))
+    with open(ckpt / "rng_state.pkl", "rb") as f:
+        rng = pickle.load(f)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    paddle.set_rng_state(rng["paddle"])
+    data.load_state_dict(rng["data"])
+    if ema is not None and rng.get("ema") is not None:
+        ema.shadow = rng["ema"]
+    return int(state["global_step"]), float(state.get("elapsed_s", 0.0))
+
+
+def _save_final(cfg: TrainConfig, model, out_dir: Path) -> Path:
+    """Full runs: the model in Paddle layout at the root. LoRA runs: the adapter + a base reference."""
+    from engine.models.checkpoint import save_model
+
+    model.eval()
+    if cfg.lora:
+        base = Path(cfg.model_name_or_path).resolve()
+        lora_mod.save_adapter(
+            model,
+            out_dir,
+            {
+                "base_model": str(base),
+                "r": cfg.lora_rank,
+                "lora_alpha": cfg.effective_lora_alpha,
+                "rslora": cfg.rslora,
+                "target_modules": cfg.lora_target_modules,
+                "compute_type": cfg.compute_type,
+                "weight_quant_group_size": cfg.weight_quant_group_size,
+                "stage": cfg.stage,
+            },
+        )
+        return out_dir
+    quant.unwrap_fp8(model)
+    save_model(model, out_dir)
+    return out_dir
