@@ -12,9 +12,18 @@ __version__ = "0.1.0"
 
 
 def load_model(path: str, dtype: str = "float32") -> ErnieForCausalLM:
-    """Load an ERNIE 4.5 model directory (Paddle or PyTorch layout) in eval mode."""
-    from engine.models.checkpoint import load_model as _load
+    """Load an ERNIE 4.5 model directory (Paddle or PyTorch layout) in eval mode.
 
+    A LoRA run directory loads as its base model with the adapter merged; a PTQ export stays quantized.
+    """
+    from engine.models.checkpoint import load_model as _load
+    from engine.train.lora import is_lora_dir, load_lora_model
+    from engine.train.quant import is_quantized_dir, load_quantized_model
+
+    if is_lora_dir(path):
+        return load_lora_model(path, dtype)
+    if is_quantized_dir(path):
+        return load_quantized_model(path)
     return _load(path, dtype)
 
 
