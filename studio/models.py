@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -78,7 +79,7 @@ class Dataset(Base):
     path: Mapped[str] = mapped_column(String(1024))
     format: Mapped[str] = mapped_column(String(32))
     kind: Mapped[str] = mapped_column(String(16))
-    size_bytes: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
     num_records: Mapped[int] = mapped_column(Integer, default=0)
     num_valid: Mapped[int] = mapped_column(Integer, default=0)
     problems: Mapped[list[Any]] = mapped_column(default=list)

@@ -1,0 +1,30 @@
+"""FastAPI dependencies: the app's settings and one database session per request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from sqlalchemy.orm import Session
+
+from studio.config import Settings
+from studio.db import session_factory
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    session = session_factory(request.app.state.settings)()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+# Ids are 32-bit on every backend; bounding them turns absurd ids into a 422 instead of a driver error.
+ID = Annotated[int, Path(ge=1, le=2**31 - 1)]

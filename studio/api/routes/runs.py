@@ -1,0 +1,117 @@
+"""/api/v1/runs: create, list, get, metrics, checkpoints, logs, config, events, cancel, resume, clone, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import PlainTextResponse
+
+from studio.api.deps import ID, SessionDep, SettingsDep
+from studio.models import Run
+from studio.schemas import CheckpointOut, CloneIn, ErrorOut, EventOut, LogsOut, MetricOut, RunOut
+from studio.services import runs as svc
+from studio.services.events import list_events
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+ERRORS = {404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+
+
+def _out(session, run: Run) -> RunOut:
+    out = RunOut.model_validate(run)
+    out.queue_position = svc.queue_position(session, run)
+    return out
+
+
+@router.post("", status_code=201, response_model=RunOut, responses=ERRORS)
+def create_run(spec: svc.RunSpec, session: SessionDep, settings: SettingsDep) -> RunOut:
+    """Queue a training run; it starts when a worker on its queue is free."""
+    return _out(session, svc.create_run(session, settings, spec))
+
+
+@router.post("/estimate", responses=ERRORS)
+def estimate_run(spec: svc.RunSpec, session: SessionDep, settings: SettingsDep) -> dict:
+    """Memory and time a run would need (a rough guide for picking hardware)."""
+    return svc.estimate_resources(session, settings, spec)
+
+
+@router.get("", response_model=list[RunOut], responses=ERRORS)
+def list_runs(
+    session: SessionDep,
+    status: Annotated[str | None, Query(max_length=16)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> list[RunOut]:
+    return [_out(session, r) for r in svc.list_runs(session, status=status, limit=limit, offset=offset)]
+
+
+@router.get("/{run_id}", response_model=RunOut, responses=ERRORS)
+def get_run(run_id: ID, session: SessionDep) -> RunOut:
+    return _out(session, svc.get_run(session, run_id))
+
+
+@router.get("/{run_id}/metrics", response_model=list[MetricOut], responses=ERRORS)
+def run_metrics(
+    run_id: ID,
+    session: SessionDep,
+    after_step: Annotated[int | None, Query(ge=-1, le=2**31 - 1)] = None,
+    limit: Annotated[int, Query(ge=1, le=100000)] = 10000,
+) -> list[MetricOut]:
+    """Logged points in step order; pass the last step seen as `after_step` to poll for new ones."""
+    return [
+        MetricOut.model_validate(m)
+        for m in svc.get_metrics(session, run_id, after_step=after_step, limit=limit)
+    ]
+
+
+@router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], responses=ERRORS)
+def run_checkpoints(run_id: ID, session: SessionDep) -> list[CheckpointOut]:
+    return [CheckpointOut.model_validate(c) for c in svc.list_checkpoints(session, run_id)]
+
+
+@router.get("/{run_id}/logs", response_model=LogsOut, responses=ERRORS)
+def run_logs(
+    run_id: ID,
+    session: SessionDep,
+    settings: SettingsDep,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1_048_576)] = 65536,
+) -> LogsOut:
+    """The trainer's output from byte `offset`; follow it by passing `next_offset` back."""
+    return LogsOut(**svc.read_logs(session, settings, run_id, offset=offset, limit=limit))
+
+
+@router.get("/{run_id}/config", response_class=PlainTextResponse, responses=ERRORS)
+def run_config(run_id: ID, session: SessionDep) -> PlainTextResponse:
+    """The ERNIEKit YAML of the run (`ernie-studio train` accepts it as is)."""
+    return PlainTextResponse(svc.erniekit_yaml(session, run_id), media_type="application/yaml")
+
+
+@router.get("/{run_id}/events", response_model=list[EventOut], responses=ERRORS)
+def run_events(run_id: ID, session: SessionDep) -> list[EventOut]:
+    svc.get_run(session, run_id)
+    return [EventOut.model_validate(e) for e in list_events(session, run_id=run_id)]
+
+
+@router.post("/{run_id}/cancel", response_model=RunOut, responses=ERRORS)
+def cancel_run(run_id: ID, session: SessionDep, settings: SettingsDep) -> RunOut:
+    """Queued runs are cancelled at once; running ones within a few seconds (their process group is stopped)."""
+    return _out(session, svc.cancel_run(session, settings, run_id))
+
+
+@router.post("/{run_id}/resume", response_model=RunOut, responses=ERRORS)
+def resume_run(run_id: ID, session: SessionDep, settings: SettingsDep) -> RunOut:
+    """Queue a failed or cancelled run again from its newest checkpoint."""
+    return _out(session, svc.resume_run(session, settings, run_id))
+
+
+@router.post("/{run_id}/clone", status_code=201, response_model=RunOut, responses=ERRORS)
+def clone_run(run_id: ID, body: CloneIn, session: SessionDep, settings: SettingsDep) -> RunOut:
+    """A new run with the same choices, with `overrides` applied."""
+    return _out(session, svc.clone_run(session, settings, run_id, body.overrides))
+
+
+@router.delete("/{run_id}", status_code=204, responses=ERRORS)
+def delete_run(run_id: ID, session: SessionDep, settings: SettingsDep) -> Response:
+    svc.delete_run(session, settings, run_id)
+    return Response(status_code=204)

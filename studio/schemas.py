@@ -1,0 +1,150 @@
+"""Response shapes of the REST API (the service layer returns ORM objects; these say what is public)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ORM(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ErrorOut(BaseModel):
+    message: str = Field(description="what went wrong and what to do about it")
+    details: Any = None
+
+
+class DatasetOut(ORM):
+    id: int
+    name: str
+    filename: str
+    format: str
+    kind: str
+    size_bytes: int
+    num_records: int
+    num_valid: int
+    problems: list[str]
+    created_at: datetime
+
+
+class RunOut(ORM):
+    id: int
+    name: str
+    stage: str
+    fine_tuning: str
+    base_model: str
+    dataset_ids: list[int]
+    status: str
+    queue: str
+    queue_position: int | None = None
+    attempt: int
+    worker: str | None
+    node: str | None
+    cancel_requested: bool
+    resume_from: str | None
+    parent_run_id: int | None
+    output_dir: str
+    model_dir: str | None
+    error: str | None
+    final_metrics: dict[str, Any] | None
+    config: dict[str, Any]
+    created_at: datetime
+    queued_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    heartbeat_at: datetime | None
+    cancel_requested_at: datetime | None
+
+
+class MetricOut(ORM):
+    step: int
+    loss: float | None
+    learning_rate: float | None
+    values: dict[str, Any]
+
+
+class CheckpointOut(ORM):
+    step: int
+    path: str
+    created_at: datetime
+
+
+class EventOut(ORM):
+    id: int
+    at: datetime
+    kind: str
+    message: str
+    run_id: int | None
+    deployment_id: int | None
+
+
+class LogsOut(BaseModel):
+    run_id: int
+    text: str
+    offset: int
+    next_offset: int
+    size: int
+
+
+class DeploymentOut(ORM):
+    id: int
+    name: str
+    run_id: int | None
+    model_dir: str
+    backend: str
+    status: str
+    stop_requested: bool
+    node: str | None
+    port: int | None
+    url: str | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    stopped_at: datetime | None
+
+
+class ModelOut(BaseModel):
+    name: str
+    kind: str
+    path: str | None
+    available: bool
+    model_type: str | None
+    num_parameters: int | None
+    run_id: int | None = None
+    run_name: str | None = None
+
+
+class PreviewOut(BaseModel):
+    dataset_id: int
+    offset: int
+    limit: int
+    records: list[Any]
+    total: int | None
+    next_offset: int | None
+    rendered: list[list[dict[str, Any]]] | None = None
+
+
+class CompareOut(BaseModel):
+    runs: list[dict[str, Any]]
+    steps: list[int]
+    metrics: dict[str, dict[str, list[float | None]]]
+    config_diff: dict[str, dict[str, Any]]
+
+
+class CloneIn(BaseModel):
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="hyperparameters or spec fields to change"
+    )
+
+
+class ChatIn(BaseModel):
+    """An OpenAI chat completion request; extra fields (temperature, top_p, ...) pass through."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1, le=32768)
