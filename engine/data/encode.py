@@ -1,0 +1,277 @@
+"""Examples -> token ids and aligned labels with the ERNIE chat template; truncation; preview spans.
+
+The token stream of a conversation is ``[cls] system\\n User: q1\\nAssistant: `` | ``a1<sep>`` |
+``User: q2\\nAssistant: `` | ``a2<sep>`` ... where every piece between special tokens is tokenized as
+the tokenizer would tokenize the whole rendered prompt, so a final turn sees exactly the ids it will
+see at inference. Loss covers the answers and their closing ``<|end_of_sentence|>``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.data.formats import IMAGE_MARK, Conversation, Example, PlainText, Preference, Turn, parse_record
+from engine.data.images import DEFAULT_MAX_PIXELS, grid_factor, image_size
+from engine.models.config import VisionConfig
+from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START, ErnieTokenizer
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class EncodedSample:
+    """One training sequence: ids, aligned labels (-100 = no loss) and the images its prompt refers to."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    images: list[Path] = field(default_factory=list)
+    num_turns: int = 1
+    dropped_turns: int = 0
+    truncated: bool = False
+    full_length: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class EncodedPair:
+    """A DPO pair; both sequences start with the same prompt ids."""
+
+    chosen: EncodedSample
+    rejected: EncodedSample
+    prompt_length: int
+
+    def __len__(self) -> int:
+        return max(len(self.chosen), len(self.rejected))
+
+
+def aligned_labels(ids: list[int], trained: list[bool]) -> np.ndarray:
+    """label[t] = ids[t+1] where token t+1 is trained, else -100 (the model does not shift)."""
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+    if len(ids) > 1:
+        nxt = np.asarray(ids[1:], dtype=np.int64)
+        mask = np.asarray(trained[1:], dtype=bool)
+        labels[:-1] = np.where(mask, nxt, IGNORE_INDEX)
+    return labels
+
+
+class SampleEncoder:
+    """Encodes parsed examples for one stage at one ``max_seq_len``."""
+
+    def __init__(
+        self,
+        tokenizer: ErnieTokenizer,
+        max_seq_len: int,
+        vision_config: VisionConfig | None = None,
+        max_prompt_len: int | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ):
+        if max_seq_len < 8:
+            raise ValueError(f"max_seq_len must be at least 8, got {max_seq_len}")
+        self.tok = tokenizer
+        self.max_seq_len = max_seq_len
+        self.max_prompt_len = max_prompt_len
+        self.vision_config = vision_config
+        self.factor = grid_factor(vision_config)
+        self.max_pixels = max_pixels
+        self.cls_id = tokenizer.convert_tokens_to_ids(tokenizer.cls_token)
+        self.sep_id = tokenizer.sep_token_id
+
+    # ---- text pieces ------------------------------------------------------------------------------
+    def image_tokens(self, path: Path) -> int:
+        w, h = image_size(path, self.factor, self.max_pixels)
+        return (h // self.factor) * (w // self.factor)
+
+    def expand_images(self, text: str, images: list[Path]) -> str:
+        """Replace each image mark with ``<|IMAGE_START|>`` + N placeholders + ``<|IMAGE_END|>``."""
+        if IMAGE_MARK not in text:
+            return text
+        parts = text.split(IMAGE_MARK)
+        out = [parts[0]]
+        for path, rest in zip(images, parts[1:], strict=True):
+            out.append(IMAGE_START + IMAGE_PLACEHOLDER * self.image_tokens(path) + IMAGE_END + rest)
+        return "".join(out)
+
+    def head_text(self, system: str | None) -> str:
+        return self.tok.cls_token + (system + "\n" if system else "")
+
+    def prompt_text(self, turn: Turn) -> str:
+        return "User: " + self.expand_images(turn.user, turn.images) + "\nAssistant: "
+
+    def answer_text(self, answer: str) -> str:
+        return answer + self.tok.sep_token
+
+    # ---- conversations ----------------------------------------------------------------------------
+    def _turn_ids(self, system: str | None, turns: list[Turn], first: int) -> list[tuple[list[int], bool]]:
+        pieces: list[tuple[list[int], bool]] = []
+        for i, turn in enumerate(turns[first:]):
+            head = self.head_text(system) if i == 0 else ""
+            pieces.append((self.tok.encode(head + self.prompt_text(turn)), False))
+            pieces.append((self.tok.encode(self.answer_text(turn.assistant)), turn.trained))
+        return pieces
+
+    def encode_conversation(self, conv: Conversation) -> EncodedSample | None:
+        """Ids and labels; overlong conversations lose their oldest turns first, then get cut at the end."""
+        n = len(conv.turns)
+        prompts = [len(self.tok.encode(self.prompt_text(t))) for t in conv.turns]
+        answers = [len(self.tok.encode(self.answer_text(t.assistant))) for t in conv.turns]
+        head = len(self.tok.encode(self.head_text(conv.system)))
+        full = head + sum(prompts) + sum(answers)
+        first = 0
+        # Keep dropping while too long and a later turn that trains is left.
+        while first < n - 1 and head + sum(prompts[first:]) + sum(answers[first:]) > self.max_seq_len:
+            if not any(t.trained for t in conv.turns[first + 1 :]):
+                break
+            first += 1
+        pieces = self._turn_ids(conv.system, conv.turns, first)
+        ids: list[int] = []
+        trained: list[bool] = []
+        for piece, t in pieces:
+            ids.extend(piece)
+            trained.extend([t] * len(piece))
+        images = [p for turn in conv.turns[first:] for p in turn.images]
+        truncated = len(ids) > self.max_seq_len
+        if truncated:
+            if images:
+                return None  # cutting through image placeholders would break the image / token pairing
+            ids, trained = ids[: self.max_seq_len], trained[: self.max_seq_len]
+        labels = aligned_labels(ids, trained)
+        if not (labels != IGNORE_INDEX).any():
+            return None
+        return EncodedSample(
+            input_ids=np.asarray(ids, dtype=np.int64),
+            labels=labels,
+            images=images,
+            num_turns=n - first,
+            dropped_turns=first,
+            truncated=truncated,
+            full_length=full,
+        )
+
+    def encode_preference(self, pref: Preference) -> EncodedPair | None:
+        """Chosen and rejected sequences sharing one prompt; history turns are dropped oldest first."""
+        last = Turn(pref.prompt, "")
+        chosen = self.tok.encode(self.answer_text(pref.chosen))
+        rejected = self.tok.encode(self.answer_text(pref.rejected))
+        longest = max(len(chosen), len(rejected))
+        history = list(pref.history)
+        full = 0
+        while True:
+            pieces = self._turn_ids(pref.system, [*history, last], 0)[:-1]  # all but the empty last answer
+            prompt = [i for piece, _ in pieces for i in piece]
+            full = full or len(prompt) + longest
+            if len(prompt) + longest <= self.max_seq_len or not history:
+                break
+            history.pop(0)
+        dropped = len(pref.history) - len(history)
+        budget = self.max_prompt_len or self.max_seq_len // 2
+        truncated = len(prompt) + longest > self.max_seq_len
+        if truncated and len(prompt) > budget:
+            prompt = [prompt[0], *prompt[len(prompt) - budget + 1 :]]  # keep cls, cut the oldest prompt text
+        room = self.max_seq_len - len(prompt)
+        if room < 2:
+            return None
+        pair = []
+        for resp in (chosen, rejected):
+            resp = resp[:room]
+            ids = prompt + resp
+            labels = aligned_labels(ids, [False] * len(prompt) + [True] * len(resp))
+            pair.append(
+                EncodedSample(
+                    np.asarray(ids, dtype=np.int64),
+                    labels,
+                    num_turns=len(history) + 1,
+                    dropped_turns=dropped,
+                    truncated=truncated,
+                    full_length=full,
+                )
+            )
+        return EncodedPair(pair[0], pair[1], len(prompt))
+
+    def encode_text(self, text: PlainText) -> list[EncodedSample]:
+        """Pretraining text: loss on every token; long documents become several max_seq_len windows."""
+        ids = [self.cls_id, *self.tok.encode(text.text), self.sep_id]
+        out = []
+        step = self.max_seq_len
+        for start in range(0, len(ids), step):
+            chunk = ids[start : start + step]
+            if len(chunk) < 2:
+                break
+            out.append(
+                EncodedSample(
+                    np.asarray(chunk, dtype=np.int64),
+                    aligned_labels(chunk, [True] * len(chunk)),
+                    truncated=len(ids) > step,
+                    full_length=len(ids),
+                )
+            )
+        return out
+
+    def encode(self, example: Example) -> list[EncodedSample | EncodedPair]:
+        """Zero or more training items of one example (zero when nothing trainable fits)."""
+        if isinstance(example, PlainText):
+            return list(self.encode_text(example))
+        if isinstance(example, Preference):
+            pair = self.encode_preference(example)
+            return [pair] if pair is not None else []
+        sample = self.encode_conversation(example)
+        return [sample] if sample is not None else []
+
+
+# ---- preview -----------------------------------------------------------------------------------------
+def render_record(
+    record: dict[str, Any],
+    format: str,
+    kind: str,
+    tokenizer: ErnieTokenizer | None = None,
+    base_dir: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """The chat-template text of a raw record as spans ``{"text", "trained"}`` (DPO answers add ``"label"``).
+
+    Raises ``RecordError`` (a ValueError) listing the record's problems when it cannot be used.
+    """
+    ex = parse_record(record, format, kind, Path(base_dir) if base_dir else None)
+    cls_token = tokenizer.cls_token if tokenizer is not None else "<|begin_of_sentence|>"
+    sep_token = tokenizer.sep_token if tokenizer is not None else "<|end_of_sentence|>"
+    spans: list[dict[str, Any]] = []
+
+    def add(text: str, trained: bool, **extra: Any) -> None:
+        if spans and spans[-1]["trained"] == trained and not extra and len(spans[-1]) == 2:
+            spans[-1]["text"] += text
+        else:
+            spans.append({"text": text, "trained": trained, **extra})
+
+    def user(turn: Turn) -> str:
+        text = turn.user
+        for path in turn.images:
+            try:
+                w, h = image_size(path)
+                note = f"[image {path.name} {w}x{h}: {(w // 28) * (h // 28)} tokens]"
+            except OSError:
+                note = f"[image {path.name}: unreadable]"
+            text = text.replace(IMAGE_MARK, IMAGE_START + note + IMAGE_END, 1)
+        return "User: " + text + "\nAssistant: "
+
+    if isinstance(ex, PlainText):
+        return [{"text": cls_token + ex.text + sep_token, "trained": True}]
+    head = cls_token + (ex.system + "\n" if ex.system else "")
+    add(head, False)
+    if isinstance(ex, Preference):
+        for turn in ex.history:
+            add(user(turn) + turn.assistant + sep_token, False)
+        add(user(Turn(ex.prompt, "")), False)
+        add(ex.chosen + sep_token, True, label="chosen")
+        add(ex.rejected + sep_token, True, label="rejected")
+        return spans
+    for turn in ex.turns:
+        add(user(turn), False)
+        add(turn.assistant + sep_token, turn.trained)
+    return spans

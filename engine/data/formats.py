@@ -1,0 +1,575 @@
+"""ERNIEKit dataset formats: detection, per-record checks, and parsing into one conversation model.
+
+Every format becomes a ``Conversation`` (SFT, VL), a ``Preference`` (DPO) or a ``PlainText`` (PT). The
+checks return *all* problems of a record as readable messages; parsing refuses a record with problems.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.data.records import iter_raw
+
+FORMATS = ("erniekit", "alpaca", "chatml", "erniekit_vl", "text")
+KINDS = {
+    "erniekit": ("sft", "dpo"),
+    "alpaca": ("sft", "dpo"),
+    "chatml": ("sft",),
+    "erniekit_vl": ("sft",),
+    "text": ("pt",),
+}
+# Stands for one image inside a prompt until the encoder knows the image's size.
+IMAGE_MARK = "\ue000"
+REMOTE_PREFIXES = ("http://", "https://", "ftp://", "s3://", "data:")
+CHATML_ROLES = ("system", "user", "assistant", "tool")
+
+
+class RecordError(ValueError):
+    """A record that cannot be used; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class Turn:
+    """One exchange: the prompt side (user / tool text) and the answer; ``trained`` False = no loss."""
+
+    user: str
+    assistant: str
+    trained: bool = True
+    images: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class Conversation:
+    system: str | None
+    turns: list[Turn]
+
+
+@dataclass
+class Preference:
+    """A DPO pair: shared system + history + prompt, then the chosen and the rejected answer."""
+
+    system: str | None
+    history: list[Turn]
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass
+class PlainText:
+    text: str
+
+
+Example = Conversation | Preference | PlainText
+
+
+# ---- detection ---------------------------------------------------------------------------------------
+def detect_record_format(record: Any) -> tuple[str, str] | None:
+    """(format, kind) of one raw record from its keys, or None when no format matches."""
+    if not isinstance(record, dict):
+        return None
+    keys = set(record)
+    if keys & {"image_info", "text_info"}:
+        return "erniekit_vl", "sft"
+    if "messages" in keys:
+        return "chatml", "sft"
+    if "src" in keys and ("response" in keys or "sort" in keys):
+        return "erniekit", "dpo"
+    if keys & {"src", "tgt"}:
+        return "erniekit", "sft"
+    if keys & {"chosen", "rejected"} or "question" in keys:
+        return "alpaca", "dpo"
+    if keys & {"instruction", "output"}:
+        return "alpaca", "sft"
+    if "text" in keys:
+        return "text", "pt"
+    return None
+
+
+def detect_format(path: str | Path, probe: int = 20) -> tuple[str, str]:
+    """(format, kind) of a dataset file, decided by the first readable records."""
+    seen: list[str] = []
+    votes: dict[tuple[str, str], int] = {}
+    for i, raw in enumerate(iter_raw(path)):
+        if i >= probe:
+            break
+        if raw.error is not None:
+            continue
+        found = detect_record_format(raw.record)
+        if found is None:
+            keys = sorted(raw.record) if isinstance(raw.record, dict) else type(raw.record).__name__
+            seen.append(f"line {raw.line}: keys {keys}")
+            continue
+        votes[found] = votes.get(found, 0) + 1
+    if not votes:
+        detail = "; ".join(seen[:3]) if seen else "no readable records"
+        raise ValueError(
+            f"{path}: unknown dataset format ({detail}); expected erniekit (src/tgt), alpaca "
+            "(instruction/output or question/chosen/rejected), chatml (messages), erniekit_vl "
+            "(image_info/text_info) or text ({'text': ...})"
+        )
+    return max(votes, key=lambda k: votes[k])
+
+
+def check_format_name(fmt: str, kind: str | None = None) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if kind is not None and kind not in KINDS[fmt]:
+        raise ValueError(f"format {fmt!r} holds {'/'.join(KINDS[fmt])} data, not {kind!r}")
+
+
+# ---- field helpers -----------------------------------------------------------------------------------
+def _type_name(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number" if isinstance(v, int | float) else type(v).__name__
+    )
+
+
+def _text_field(
+    rec: dict, key: str, problems: list[str], *, required: bool = True, empty_ok: bool = False
+) -> str:
+    if key not in rec or rec[key] is None:
+        if required:
+            problems.append(f"missing field '{key}'")
+        return ""
+    v = rec[key]
+    if not isinstance(v, str):
+        problems.append(f"'{key}' must be a string, got {_type_name(v)}")
+        return ""
+    if required and not empty_ok and not v.strip():
+        problems.append(f"'{key}' is empty")
+    return v
+
+
+def _text_list(rec: dict, key: str, problems: list[str]) -> list[str] | None:
+    """A list of non-empty strings (a bare string counts as a one-element list)."""
+    if key not in rec or rec[key] is None:
+        problems.append(f"missing field '{key}'")
+        return None
+    v = rec[key]
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        problems.append(f"'{key}' must be a list of strings, got {_type_name(v)}")
+        return None
+    ok = True
+    for i, item in enumerate(v):
+        if not isinstance(item, str):
+            problems.append(f"'{key}[{i}]' must be a string, got {_type_name(item)}")
+            ok = False
+        elif not item.strip():
+            problems.append(f"'{key}[{i}]' is an empty turn")
+            ok = False
+    if not v:
+        problems.append(f"'{key}' is an empty list")
+        ok = False
+    return v if ok else None
+
+
+def _flag(rec: dict, key: str, problems: list[str]) -> int:
+    v = rec.get(key, 0)
+    if v in (0, 1) and not isinstance(v, float):
+        return int(v)
+    problems.append(f"'{key}' must be 0 or 1, got {json.dumps(v)}")
+    return 0
+
+
+def _unknown_keys(rec: dict, allowed: set[str], problems: list[str]) -> None:
+    # Unknown keys are usually typos of optional fields (e.g. 'lable'): silently ignoring them loses data.
+    extra = sorted(k for k in rec if k not in allowed and not k.startswith("_"))
+    if extra:
+        problems.append(f"unknown field(s) {extra}; allowed: {sorted(allowed)}")
+
+
+# ---- erniekit ----------------------------------------------------------------------------------------
+ERNIEKIT_SFT_KEYS = {"system", "src", "tgt", "label", "is_system", "id", "source"}
+ERNIEKIT_DPO_KEYS = {"system", "src", "tgt", "response", "sort", "is_system", "id", "source"}
+
+
+def _erniekit_sft(rec: dict, problems: list[str]) -> Conversation | None:
+    _unknown_keys(rec, ERNIEKIT_SFT_KEYS, problems)
+    system = _text_field(rec, "system", problems, required=False) or None
+    is_system = _flag(rec, "is_system", problems)
+    src = _text_list(rec, "src", problems)
+    tgt = _text_list(rec, "tgt", problems)
+    if src is None or tgt is None:
+        return None
+    if is_system:
+        if len(src) != len(tgt) + 1:
+            problems.append(
+                f"with is_system=1 src[0] is the system prompt, so src needs one more entry than tgt "
+                f"(src has {len(src)}, tgt has {len(tgt)})"
+            )
+            return None
+        system, src = src[0], src[1:]
+    elif len(src) != len(tgt):
+        problems.append(f"src has {len(src)} turns but tgt has {len(tgt)}; they must be equal")
+        return None
+    labels = [1] * len(tgt)
+    if "label" in rec:
+        lab = rec["label"]
+        if not isinstance(lab, list):
+            problems.append(f"'label' must be a list of 0/1 per turn, got {_type_name(lab)}")
+            return None
+        if len(lab) != len(tgt):
+            problems.append(f"'label' has {len(lab)} values but there are {len(tgt)} turns")
+            return None
+        bad = [
+            f"label[{i}]={json.dumps(v)}"
+            for i, v in enumerate(lab)
+            if v not in (0, 1) or isinstance(v, bool | float)
+        ]
+        if bad:
+            problems.append(f"label values must be 0 or 1: {', '.join(bad)}")
+            return None
+        labels = [int(v) for v in lab]
+        if not any(labels):
+            problems.append("every turn has label 0, so the sample has nothing to learn")
+            return None
+    return Conversation(system, [Turn(q, a, bool(lab)) for q, a, lab in zip(src, tgt, labels, strict=True)])
+
+
+def _response_text(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
+        return v[0]
+    return None
+
+
+def _erniekit_dpo(rec: dict, problems: list[str]) -> Preference | None:
+    _unknown_keys(rec, ERNIEKIT_DPO_KEYS, problems)
+    system = _text_field(rec, "system", problems, required=False) or None
+    is_system = _flag(rec, "is_system", problems)
+    src = _text_list(rec, "src", problems)
+    tgt = rec.get("tgt", [])
+    if isinstance(tgt, str):
+        tgt = [tgt]
+    tgt_ok = isinstance(tgt, list) and all(isinstance(t, str) and t.strip() for t in tgt)
+    if not tgt_ok:
+        problems.append("'tgt' must be a list of non-empty strings (the answers of the earlier turns)")
+    response, sort = rec.get("response"), rec.get("sort")
+    answers: list[str] = []
+    if response is None:
+        problems.append("missing field 'response'")
+    elif not isinstance(response, list) or len(response) != 2:
+        n = len(response) if isinstance(response, list) else _type_name(response)
+        problems.append(f"'response' must hold exactly two responses [[chosen], [rejected]], got {n}")
+    else:
+        for i, r in enumerate(response):
+            text = _response_text(r)
+            if text is None:
+                problems.append(f"'response[{i}]' must be a string or a one-element list of strings")
+            elif not text.strip():
+                problems.append(f"'response[{i}]' is empty")
+            else:
+                answers.append(text)
+    if sort is None:
+        problems.append("missing field 'sort'")
+    elif (
+        not isinstance(sort, list)
+        or len(sort) != 2
+        or not all(isinstance(s, int | float) and not isinstance(s, bool) for s in sort)
+    ):
+        problems.append(f"'sort' must be two numbers, one per response, got {json.dumps(sort)}")
+    elif sort[0] == sort[1]:
+        problems.append(
+            f"'sort' values are equal ({sort[0]}, {sort[1]}): the higher one marks the chosen response"
+        )
+    if src is None or not tgt_ok:
+        return None
+    if is_system:
+        system, src = src[0], src[1:]
+        if not src:
+            problems.append("with is_system=1 src needs a prompt after the system prompt")
+            return None
+    if len(src) != len(tgt) + 1:
+        problems.append(
+            f"DPO needs len(src) == len(tgt) + 1 (the last src is the prompt both responses answer); "
+            f"src has {len(src)}, tgt has {len(tgt)}"
+        )
+    if problems or len(answers) != 2:
+        return None
+    chosen, rejected = (answers[0], answers[1]) if sort[0] > sort[1] else (answers[1], answers[0])
+    history = [Turn(q, a) for q, a in zip(src[:-1], tgt, strict=True)]
+    return Preference(system, history, src[-1], chosen, rejected)
+
+
+# ---- alpaca ------------------------------------------------------------------------------------------
+ALPACA_SFT_KEYS = {"instruction", "input", "output", "system", "history", "id"}
+ALPACA_DPO_KEYS = {"system", "question", "chosen", "rejected", "history", "id"}
+
+
+def _history(rec: dict, problems: list[str]) -> list[Turn]:
+    h = rec.get("history")
+    if h is None:
+        return []
+    if not isinstance(h, list):
+        problems.append(f"'history' must be a list of [question, answer] pairs, got {_type_name(h)}")
+        return []
+    turns = []
+    for i, pair in enumerate(h):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            problems.append(f"'history[{i}]' must be a [question, answer] pair of strings")
+        elif not pair[0].strip() or not pair[1].strip():
+            problems.append(f"'history[{i}]' has an empty {'question' if not pair[0].strip() else 'answer'}")
+        else:
+            turns.append(Turn(pair[0], pair[1]))
+    return turns
+
+
+def _alpaca_sft(rec: dict, problems: list[str]) -> Conversation | None:
+    _unknown_keys(rec, ALPACA_SFT_KEYS, problems)
+    instruction = _text_field(rec, "instruction", problems, empty_ok=True)
+    extra = _text_field(rec, "input", problems, required=False)
+    output = _text_field(rec, "output", problems)
+    system = _text_field(rec, "system", problems, required=False) or None
+    history = _history(rec, problems)
+    prompt = "\n".join(p for p in (instruction, extra) if p.strip())
+    if "instruction" in rec and isinstance(instruction, str) and not prompt.strip():
+        problems.append("'instruction' and 'input' are both empty: the sample has no prompt")
+    if problems:
+        return None
+    return Conversation(system, [*history, Turn(prompt, output)])
+
+
+def _alpaca_dpo(rec: dict, problems: list[str]) -> Preference | None:
+    _unknown_keys(rec, ALPACA_DPO_KEYS, problems)
+    system = _text_field(rec, "system", problems, required=False) or None
+    question = _text_field(rec, "question", problems)
+    chosen = _text_field(rec, "chosen", problems)
+    rejected = _text_field(rec, "rejected", problems)
+    history = _history(rec, problems)
+    if chosen and rejected and chosen.strip() == rejected.strip():
+        problems.append("'chosen' and 'rejected' are identical: the pair teaches nothing")
+    if problems:
+        return None
+    return Preference(system, history, question, chosen, rejected)
+
+
+# ---- chatml ------------------------------------------------------------------------------------------
+def render_tools(tools: list[Any]) -> str:
+    """The tool list as the text appended to the system prompt (one JSON definition per line)."""
+    lines = [json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools]
+    return "You can call these tools; answer with a JSON tool call when one helps:\n" + "\n".join(lines)
+
+
+def _chatml(rec: dict, problems: list[str]) -> Conversation | None:
+    _unknown_keys(rec, {"messages", "tools", "id"}, problems)
+    msgs = rec.get("messages")
+    tools = rec.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        problems.append(f"'tools' must be a list of tool definitions (objects), got {_type_name(tools)}")
+        tools = None
+    if not isinstance(msgs, list):
+        problems.append(
+            "missing field 'messages'"
+            if msgs is None
+            else f"'messages' must be a list, got {_type_name(msgs)}"
+        )
+        return None
+    if not msgs:
+        problems.append("'messages' is empty")
+        return None
+    clean: list[tuple[str, str, bool]] = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            problems.append(f"messages[{i}] must be an object with 'role' and 'content', got {_type_name(m)}")
+            continue
+        role, content = m.get("role"), m.get("content")
+        calls = m.get("tool_calls")
+        if role not in CHATML_ROLES:
+            problems.append(f"messages[{i}].role is {json.dumps(role)}; use one of {', '.join(CHATML_ROLES)}")
+            continue
+        if content is None and calls:
+            content = ""
+        if not isinstance(content, str):
+            problems.append(f"messages[{i}].content must be a string, got {_type_name(content)}")
+            continue
+        if calls:
+            content = (content + "\n" if content.strip() else "") + json.dumps(calls, ensure_ascii=False)
+        if not content.strip():
+            problems.append(f"messages[{i}] ({role}) has empty content")
+            continue
+        trained = m.get("loss", True)
+        if not isinstance(trained, bool):
+            problems.append(f"messages[{i}].loss must be true or false, got {json.dumps(trained)}")
+            trained = True
+        clean.append((role, content, trained))
+    if problems:
+        return None
+    system = None
+    if clean[0][0] == "system":
+        system = clean[0][1]
+        clean = clean[1:]
+    if tools:
+        system = (system + "\n\n" if system else "") + render_tools(tools)
+    turns: list[Turn] = []
+    prompt: list[str] = []
+    for j, (role, content, trained) in enumerate(clean):
+        i = j + (len(msgs) - len(clean))
+        if role == "system":
+            problems.append(
+                f"messages[{i}] is a system message; only the first message may be the system prompt"
+            )
+        elif role in ("user", "tool"):
+            if role == "tool" and not turns:
+                problems.append(f"messages[{i}] is a tool result before any assistant message called a tool")
+            prompt.append(content if role == "user" else f"Tool result: {content}")
+        elif not prompt:
+            problems.append(
+                f"messages[{i}] is an assistant message that does not follow a user message "
+                "(roles must alternate user -> assistant)"
+            )
+        else:
+            turns.append(Turn("\n".join(prompt), content, trained))
+            prompt = []
+    if prompt and not problems:
+        problems.append(
+            "the conversation ends with a user/tool message; the last message must be the assistant's"
+        )
+    if not turns and not problems:
+        problems.append("no assistant message: nothing to learn")
+    if turns and not any(t.trained for t in turns) and not problems:
+        problems.append("every assistant message has loss false, so the sample has nothing to learn")
+    return None if problems else Conversation(system, turns)
+
+
+# ---- VL ----------------------------------------------------------------------------------------------
+def resolve_image(url: str, base_dir: Path) -> tuple[Path | None, str | None]:
+    """The local file of an image reference relative to the dataset directory, or the reason it is unusable."""
+    if url.startswith(REMOTE_PREFIXES):
+        return (
+            None,
+            f"image {url!r} is remote; training reads local files only: save it next to the data file",
+        )
+    base = base_dir.resolve()
+    p = (base / url).resolve()
+    if p != base and base not in p.parents:
+        return None, f"image path {url!r} escapes the dataset directory {base}; keep images inside it"
+    if not p.is_file():
+        return None, f"image {url!r} not found (looked for {p})"
+    return p, None
+
+
+def _erniekit_vl(rec: dict, problems: list[str], base_dir: Path | None) -> Conversation | None:
+    _unknown_keys(rec, {"image_info", "text_info", "system", "id"}, problems)
+    system = _text_field(rec, "system", problems, required=False) or None
+    texts, infos = rec.get("text_info"), rec.get("image_info", [])
+    if not isinstance(texts, list) or not texts:
+        problems.append(
+            "missing field 'text_info'" if texts is None else "'text_info' must be a non-empty list"
+        )
+        return None
+    if not isinstance(infos, list):
+        problems.append(f"'image_info' must be a list, got {_type_name(infos)}")
+        return None
+    parts: list[tuple[str, str]] = []
+    for i, t in enumerate(texts):
+        if not isinstance(t, dict):
+            problems.append(f"text_info[{i}] must be an object with 'text' and 'tag'")
+            continue
+        text, tag = t.get("text"), t.get("tag")
+        if not isinstance(text, str):
+            problems.append(f"text_info[{i}].text must be a string, got {_type_name(text)}")
+        elif not text.strip():
+            problems.append(f"text_info[{i}].text is empty")
+        if tag not in ("mask", "no_mask"):
+            problems.append(
+                f"text_info[{i}].tag is {json.dumps(tag)}; use 'mask' (prompt) or 'no_mask' (answer)"
+            )
+        parts.append((text if isinstance(text, str) else "", tag))
+    images_at: dict[int, list[Path]] = {}
+    for i, info in enumerate(infos):
+        if not isinstance(info, dict):
+            problems.append(f"image_info[{i}] must be an object with 'image_url' and 'matched_text_index'")
+            continue
+        url, idx = info.get("image_url"), info.get("matched_text_index", 0)
+        if not isinstance(url, str) or not url.strip():
+            problems.append(f"image_info[{i}].image_url is missing or empty")
+            continue
+        if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(texts):
+            problems.append(
+                f"image_info[{i}].matched_text_index {json.dumps(idx)} is not an index into text_info (0..{len(texts) - 1})"
+            )
+            continue
+        if idx < len(parts) and parts[idx][1] == "no_mask":
+            problems.append(
+                f"image_info[{i}] is matched to text_info[{idx}], an answer (no_mask); images belong to prompts"
+            )
+        path, why = resolve_image(url, base_dir or Path("."))
+        if why:
+            problems.append(f"image_info[{i}]: {why}")
+        else:
+            images_at.setdefault(idx, []).append(path)
+    if problems:
+        return None
+    if parts[0][1] != "mask":
+        problems.append("text_info[0] must be a prompt (tag 'mask'); an answer cannot come first")
+    if parts[-1][1] != "no_mask":
+        problems.append(
+            f"text_info[{len(parts) - 1}] is a prompt with no answer after it (the last tag must be 'no_mask')"
+        )
+    if problems:
+        return None
+    turns: list[Turn] = []
+    prompt: list[str] = []
+    answer: list[str] = []
+    images: list[Path] = []
+    for i, (text, tag) in enumerate(parts):
+        if tag == "mask":
+            if answer:
+                turns.append(Turn("\n".join(prompt), "\n".join(answer), True, images))
+                prompt, answer, images = [], [], []
+            imgs = images_at.get(i, [])
+            images.extend(imgs)
+            prompt.append(IMAGE_MARK * len(imgs) + text)
+        else:
+            answer.append(text)
+    turns.append(Turn("\n".join(prompt), "\n".join(answer), True, images))
+    return Conversation(system, turns)
+
+
+# ---- text (PT) ---------------------------------------------------------------------------------------
+def _text(rec: dict, problems: list[str]) -> PlainText | None:
+    _unknown_keys(rec, {"text", "id", "source", "meta"}, problems)
+    text = _text_field(rec, "text", problems)
+    return None if problems else PlainText(text)
+
+
+# ---- entry points ------------------------------------------------------------------------------------
+def check_record(
+    record: Any, fmt: str, kind: str, base_dir: Path | None = None
+) -> tuple[Example | None, list[str]]:
+    """Parse one raw record; returns the example (None when unusable) and every problem found."""
+    problems: list[str] = []
+    if not isinstance(record, dict):
+        return None, [f"a record must be a JSON object, got {_type_name(record)}"]
+    if fmt == "erniekit":
+        ex = _erniekit_dpo(record, problems) if kind == "dpo" else _erniekit_sft(record, problems)
+    elif fmt == "alpaca":
+        ex = _alpaca_dpo(record, problems) if kind == "dpo" else _alpaca_sft(record, problems)
+    elif fmt == "chatml":
+        ex = _chatml(record, problems)
+    elif fmt == "erniekit_vl":
+        ex = _erniekit_vl(record, problems, base_dir)
+    elif fmt == "text":
+        ex = _text(record, problems)
+    else:
+        raise ValueError(f"unknown dataset format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    return (None if problems else ex), problems
+
+
+def parse_record(record: Any, fmt: str, kind: str, base_dir: Path | None = None) -> Example:
+    """The example of a raw record; raises ``RecordError`` listing every problem."""
+    ex, problems = check_record(record, fmt, kind, base_dir)
+    if problems or ex is None:
+        raise RecordError(problems or ["unusable record"])
+    return ex

@@ -1,0 +1,124 @@
+"""Batches from encoded samples: packed rows (segment_ids, restarting position_ids) or padded rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.data.encode import IGNORE_INDEX, EncodedPair, EncodedSample
+from engine.data.images import load_image
+
+
+def pack_sequences(lengths: Sequence[int], max_seq_len: int) -> list[list[int]]:
+    """First-fit-decreasing bins of sample indices whose lengths sum to at most ``max_seq_len``.
+
+    Ties keep the original order so the result is deterministic.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        if n > max_seq_len:
+            raise ValueError(f"sample {i} has {n} tokens, more than max_seq_len={max_seq_len}")
+        for r, free in enumerate(room):
+            if n <= free:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(max_seq_len - n)
+    return rows
+
+
+def _images(samples: Sequence[EncodedSample], factor: int, max_pixels: int) -> list[np.ndarray]:
+    return [load_image(p, factor, max_pixels) for s in samples for p in s.images]
+
+
+def collate_padded(
+    samples: Sequence[EncodedSample],
+    pad_id: int,
+    im_patch_id: int | None = None,
+    image_factor: int = 28,
+    max_pixels: int = 448 * 448,
+) -> dict[str, object]:
+    """One sample per row, right-padded to the longest: input_ids, labels, position_ids, attention_mask."""
+    width = max(len(s) for s in samples)
+    b = len(samples)
+    ids = np.full((b, width), pad_id, dtype=np.int64)
+    labels = np.full((b, width), IGNORE_INDEX, dtype=np.int64)
+    pos = np.zeros((b, width), dtype=np.int64)
+    mask = np.zeros((b, width), dtype=np.int64)
+    for r, s in enumerate(samples):
+        n = len(s)
+        ids[r, :n] = s.input_ids
+        labels[r, :n] = s.labels
+        pos[r, :n] = np.arange(n)
+        mask[r, :n] = 1
+    batch: dict[str, object] = {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": pos,
+        "attention_mask": mask,
+    }
+    if im_patch_id is not None:
+        batch["token_type_ids"] = (ids == im_patch_id).astype(np.int64) * mask
+        batch["images"] = _images(samples, image_factor, max_pixels)
+    return batch
+
+
+def collate_packed(
+    rows: Sequence[Sequence[EncodedSample]],
+    pad_id: int,
+    im_patch_id: int | None = None,
+    image_factor: int = 28,
+    max_pixels: int = 448 * 448,
+) -> dict[str, object]:
+    """Several samples per row: segment_ids number them (-1 = padding), position_ids restart at 0."""
+    width = max(sum(len(s) for s in row) for row in rows)
+    b = len(rows)
+    ids = np.full((b, width), pad_id, dtype=np.int64)
+    labels = np.full((b, width), IGNORE_INDEX, dtype=np.int64)
+    pos = np.zeros((b, width), dtype=np.int64)
+    seg = np.full((b, width), -1, dtype=np.int64)
+    for r, row in enumerate(rows):
+        t = 0
+        for k, s in enumerate(row):
+            n = len(s)
+            ids[r, t : t + n] = s.input_ids
+            labels[r, t : t + n] = s.labels
+            pos[r, t : t + n] = np.arange(n)
+            seg[r, t : t + n] = k
+            t += n
+    batch: dict[str, object] = {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg}
+    if im_patch_id is not None:
+        batch["token_type_ids"] = (ids == im_patch_id).astype(np.int64) * (seg >= 0)
+        batch["images"] = _images([s for row in rows for s in row], image_factor, max_pixels)
+    return batch
+
+
+def collate_pairs(
+    pairs: Sequence[EncodedPair] | Sequence[Sequence[EncodedPair]], pad_id: int, packed: bool
+) -> dict[str, object]:
+    """DPO batch: ``chosen_*`` and ``rejected_*`` keys; pair k of a row is segment k on both sides."""
+    if packed:
+        rows = [list(r) for r in pairs]  # type: ignore[arg-type]
+        chosen = collate_packed([[p.chosen for p in r] for r in rows], pad_id)
+        rejected = collate_packed([[p.rejected for p in r] for r in rows], pad_id)
+    else:
+        flat: list[EncodedPair] = list(pairs)  # type: ignore[arg-type]
+        chosen = collate_padded([p.chosen for p in flat], pad_id)
+        rejected = collate_padded([p.rejected for p in flat], pad_id)
+    batch = {f"chosen_{k}": v for k, v in chosen.items()}
+    batch.update({f"rejected_{k}": v for k, v in rejected.items()})
+    return batch
+
+
+def non_pad_share(batch: dict[str, object]) -> float:
+    """Fraction of the batch's positions that hold real tokens."""
+    if "segment_ids" in batch:
+        seg = np.asarray(batch["segment_ids"])
+        return float((seg >= 0).mean())
+    return float(np.asarray(batch["attention_mask"]).mean())

@@ -1,0 +1,280 @@
+"""Raw records of a dataset file: JSONL by lines or a JSON array streamed, each with its line number."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 20
+_SURROGATE = re.compile("[\udc80-\udcff]")
+# A JSON array element whose parse error stays put after this much more text is really malformed.
+ARRAY_LOOKAHEAD = 1 << 20
+# Files up to this size get an exact record count in read_page (counting newlines is ~1 s per GB).
+COUNT_LIMIT = 64 << 20
+# read_page remembers the byte offset of every INDEX_STRIDE-th record so deep pages need not rescan.
+INDEX_STRIDE = 4096
+
+
+@dataclass
+class RawRecord:
+    """One record of a file: its 1-based line, the parsed object (or None) and the read error (or None)."""
+
+    line: int
+    record: Any = None
+    error: str | None = None
+
+
+@dataclass
+class Page:
+    """A page of raw records; ``total`` is None when counting would mean reading a large file whole."""
+
+    records: list[dict]
+    total: int | None
+    next_offset: int | None
+    lines: list[int] = field(default_factory=list)
+
+
+def is_json_array(path: str | Path) -> bool:
+    """True when the first non-blank character of the file is ``[``."""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(4096)
+            if not chunk:
+                return False
+            stripped = chunk.lstrip(b" \t\r\n\xef\xbb\xbf")
+            if stripped:
+                return stripped[:1] == b"["
+
+
+def iter_raw(path: str | Path) -> Iterator[RawRecord]:
+    """Every record of a JSONL file or JSON array, with read errors as records instead of exceptions."""
+    if is_json_array(path):
+        yield from _iter_array(path)
+    else:
+        yield from _iter_lines(path)
+
+
+def _decode_line(raw: bytes, lineno: int) -> RawRecord | None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = raw[e.start : e.start + 1].hex()
+        return RawRecord(
+            lineno, error=f"not valid UTF-8: byte 0x{bad} at column {e.start + 1}; save the file as UTF-8"
+        )
+    text = text.strip().lstrip("\ufeff")
+    if not text:
+        return None
+    try:
+        return RawRecord(lineno, record=json.loads(text))
+    except json.JSONDecodeError as e:
+        return RawRecord(lineno, error=f"invalid JSON: {e.msg} (column {e.colno})")
+
+
+def _iter_lines(path: str | Path, start_byte: int = 0, start_line: int = 1) -> Iterator[RawRecord]:
+    with open(path, "rb") as f:
+        f.seek(start_byte)
+        for lineno, raw in enumerate(f, start=start_line):
+            rec = _decode_line(raw, lineno)
+            if rec is not None:
+                yield rec
+
+
+def _iter_array(path: str | Path) -> Iterator[RawRecord]:
+    """Stream the elements of a top-level JSON array without loading the file whole."""
+    decoder = json.JSONDecoder()
+    with open(path, "rb") as f:
+        data = f.read(CHUNK)
+        eof = len(data) < CHUNK
+        buf, line, pos = _text(data, path), 1, 0
+        # Skip BOM, whitespace and the opening bracket.
+        while True:
+            pos = _skip_ws(buf, pos)
+            if pos < len(buf):
+                break
+            if eof:
+                return
+            more = f.read(CHUNK)
+            eof = len(more) < CHUNK
+            buf += _text(more, path)
+        if buf[pos] == "\ufeff":
+            pos += 1
+        pos = _skip_ws(buf, pos) + 1  # the '['
+        expect_value = True
+        while True:
+            new_pos = _skip_ws(buf, pos)
+            line += buf.count("\n", pos, new_pos)
+            pos = new_pos
+            if pos >= len(buf) and not eof:
+                more = f.read(CHUNK)
+                eof = len(more) < CHUNK
+                buf = buf[pos:] + _text(more, path)
+                pos = 0
+                continue
+            if pos >= len(buf):
+                yield RawRecord(line, error="invalid JSON: the array is not closed with ']'")
+                return
+            ch = buf[pos]
+            if ch == "]":
+                return
+            if ch == "," and not expect_value:
+                pos += 1
+                expect_value = True
+                continue
+            if not expect_value:
+                yield RawRecord(
+                    line, error=f"invalid JSON: expected ',' or ']' between array elements, found {ch!r}"
+                )
+                return
+            while True:
+                try:
+                    obj, end = decoder.raw_decode(buf, pos)
+                    break
+                except json.JSONDecodeError as e:
+                    if eof or (
+                        e.pos + ARRAY_LOOKAHEAD < len(buf) and e.msg != "Unterminated string starting at"
+                    ):
+                        err_line = line + buf.count("\n", pos, e.pos)
+                        yield RawRecord(
+                            err_line, error=f"invalid JSON: {e.msg}; the rest of the array cannot be read"
+                        )
+                        return
+                    more = f.read(max(CHUNK, len(buf) - pos))
+                    eof = len(more) < CHUNK
+                    buf = buf[pos:] + _text(more, path)
+                    pos = 0
+            if _SURROGATE.search(buf, pos, end):
+                yield RawRecord(
+                    line,
+                    error="not valid UTF-8: the record holds bytes that are not UTF-8; save the file as UTF-8",
+                )
+            else:
+                yield RawRecord(line, record=obj)
+            line += buf.count("\n", pos, end)
+            pos = end
+            expect_value = False
+            if pos > CHUNK:
+                buf, pos = buf[pos:], 0
+
+
+def _skip_ws(buf: str, pos: int) -> int:
+    n = len(buf)
+    while pos < n and buf[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _text(data: bytes, path: str | Path) -> str:
+    # A chunk may end inside a multi-byte character; errors="strict" would misreport that as bad UTF-8.
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+# ---- paging ------------------------------------------------------------------------------------------
+_index_lock = threading.Lock()
+_line_index: dict[tuple[str, int, float], list[tuple[int, int]]] = {}
+
+
+def _file_key(path: Path) -> tuple[str, int, float]:
+    st = path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime)
+
+
+def count_records(path: str | Path) -> int:
+    """The number of non-blank lines of a JSONL file (or elements of a JSON array)."""
+    if is_json_array(path):
+        return sum(1 for _ in _iter_array(path))
+    n = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                n += 1
+    return n
+
+
+def read_page(path: str | Path, offset: int = 0, limit: int = 20) -> Page:
+    """Records ``offset .. offset+limit`` of a dataset file, read without loading the file whole.
+
+    Unreadable records appear as ``{"__error__": "line N: ..."}`` so a preview shows them in place.
+    """
+    path = Path(path)
+    if offset < 0 or limit < 0:
+        raise ValueError(f"offset and limit must be >= 0 (got offset={offset}, limit={limit})")
+    size = path.stat().st_size
+    total = count_records(path) if size <= COUNT_LIMIT else None
+    if is_json_array(path):
+        records, lines, more = _page_from(iter_raw(path), offset, limit)
+    else:
+        records, lines, more = _page_jsonl(path, offset, limit)
+    next_offset = offset + len(records) if more else None
+    return Page(records=records, total=total, next_offset=next_offset, lines=lines)
+
+
+def _page_from(it: Iterator[RawRecord], skip: int, limit: int) -> tuple[list[dict], list[int], bool]:
+    records: list[dict] = []
+    lines: list[int] = []
+    for i, rec in enumerate(it):
+        if i < skip:
+            continue
+        if len(records) == limit:
+            return records, lines, True
+        records.append(rec.record if rec.error is None else {"__error__": f"line {rec.line}: {rec.error}"})
+        lines.append(rec.line)
+    return records, lines, False
+
+
+def _page_jsonl(path: Path, offset: int, limit: int) -> tuple[list[dict], list[int], bool]:
+    """Seek to the nearest remembered record offset, then skip lines without decoding them."""
+    key = _file_key(path)
+    with _index_lock:
+        index = _line_index.setdefault(
+            key, [(0, 0)]
+        )  # [(byte offset, line index)] every INDEX_STRIDE records
+        known = list(index)
+    k = min(offset // INDEX_STRIDE, len(known) - 1)
+    byte, line0 = known[k]
+    record_i = k * INDEX_STRIDE
+    new_marks: list[tuple[int, int, int]] = []  # (record index, byte offset, lines before it)
+    records: list[dict] = []
+    lines: list[int] = []
+    raw = b""
+    with open(path, "rb") as f:
+        f.seek(byte)
+        lineno = line0
+        while True:
+            raw = f.readline()
+            if not raw:
+                break
+            lineno += 1
+            if not raw.strip():
+                byte += len(raw)
+                continue
+            if record_i % INDEX_STRIDE == 0 and record_i // INDEX_STRIDE >= len(known):
+                new_marks.append((record_i, byte, lineno - 1))
+            byte += len(raw)
+            if record_i >= offset:
+                if len(records) == limit:
+                    break
+                rec = _decode_line(raw, lineno)
+                if rec is not None:
+                    records.append(
+                        rec.record if rec.error is None else {"__error__": f"line {rec.line}: {rec.error}"}
+                    )
+                    lines.append(lineno)
+            record_i += 1
+    if new_marks:
+        with _index_lock:
+            index = _line_index.setdefault(key, [(0, 0)])
+            for rec_i, mark_byte, mark_line in new_marks:
+                if rec_i == len(index) * INDEX_STRIDE:
+                    index.append((mark_byte, mark_line))
+    return records, lines, bool(raw)
+
+
+def file_size(path: str | Path) -> int:
+    return os.path.getsize(path)
