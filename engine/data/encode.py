@@ -15,7 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from engine.data.formats import IMAGE_MARK, Conversation, Example, PlainText, Preference, Turn, parse_record
+from engine.data.formats import (
+    IMAGE_MARK,
+    Conversation,
+    Example,
+    PlainText,
+    Preference,
+    RecordError,
+    Turn,
+    parse_record,
+)
 from engine.data.images import DEFAULT_MAX_PIXELS, grid_factor, image_size
 from engine.models.config import VisionConfig
 from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START, ErnieTokenizer
@@ -236,9 +245,15 @@ def render_record(
 ) -> list[dict[str, Any]]:
     """The chat-template text of a raw record as spans ``{"text", "trained"}`` (DPO answers add ``"label"``).
 
-    Raises ``RecordError`` (a ValueError) listing the record's problems when it cannot be used.
+    A record that cannot be used becomes one span ``{"text", "trained": False, "error": True}`` that lists
+    its problems, so a preview page can show it in place.
     """
-    ex = parse_record(record, format, kind, Path(base_dir) if base_dir else None)
+    if isinstance(record, dict) and "__error__" in record:
+        return [{"text": str(record["__error__"]), "trained": False, "error": True}]
+    try:
+        ex = parse_record(record, format, kind, Path(base_dir) if base_dir else None)
+    except RecordError as e:
+        return [{"text": "; ".join(e.problems), "trained": False, "error": True}]
     cls_token = tokenizer.cls_token if tokenizer is not None else "<|begin_of_sentence|>"
     sep_token = tokenizer.sep_token if tokenizer is not None else "<|end_of_sentence|>"
     spans: list[dict[str, Any]] = []
@@ -254,9 +269,9 @@ def render_record(
         for path in turn.images:
             try:
                 w, h = image_size(path)
-                note = f"[image {path.name} {w}x{h}: {(w // 28) * (h // 28)} tokens]"
+                note = f"[image {path.name}: {w}x{h}, {(w // 28) * (h // 28)} tokens]"
             except OSError:
-                note = f"[image {path.name}: unreadable]"
+                note = f"[image {path.name}]"
             text = text.replace(IMAGE_MARK, IMAGE_START + note + IMAGE_END, 1)
         return "User: " + text + "\nAssistant: "
 

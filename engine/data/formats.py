@@ -443,13 +443,18 @@ def _chatml(rec: dict, problems: list[str]) -> Conversation | None:
 
 
 # ---- VL ----------------------------------------------------------------------------------------------
-def resolve_image(url: str, base_dir: Path) -> tuple[Path | None, str | None]:
+def resolve_image(url: str, base_dir: Path | None) -> tuple[Path | None, str | None]:
     """The local file of an image reference relative to the dataset directory, or the reason it is unusable."""
     if url.startswith(REMOTE_PREFIXES):
         return (
             None,
             f"image {url!r} is remote; training reads local files only: save it next to the data file",
         )
+    if base_dir is None:  # a record seen without its file (preview): only the path's shape can be checked
+        rel = Path(url)
+        if rel.is_absolute() or ".." in rel.parts:
+            return None, f"image path {url!r} escapes the dataset directory; keep images inside it"
+        return rel, None
     base = base_dir.resolve()
     p = (base / url).resolve()
     if p != base and base not in p.parents:
@@ -504,7 +509,7 @@ def _erniekit_vl(rec: dict, problems: list[str], base_dir: Path | None) -> Conve
             problems.append(
                 f"image_info[{i}] is matched to text_info[{idx}], an answer (no_mask); images belong to prompts"
             )
-        path, why = resolve_image(url, base_dir or Path("."))
+        path, why = resolve_image(url, base_dir)
         if why:
             problems.append(f"image_info[{i}]: {why}")
         else:

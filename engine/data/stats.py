@@ -78,6 +78,7 @@ def dataset_stats(
         "p95_length": float(np.percentile(arr, 95)) if lengths else 0.0,
         "max_length": int(arr.max()) if lengths else 0,
         "truncated_share": truncated / valid if valid else 0.0,
+        "mean_turns": sum(int(k) * v for k, v in turns.items()) / max(sum(turns.values()), 1),
         "turns_per_sample": dict(sorted(turns.items(), key=lambda kv: int(kv[0]))),
         "total_tokens": total,
         "trained_tokens": trained,
