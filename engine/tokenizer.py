@@ -19,7 +19,14 @@ SEP_TOKEN = "<|end_of_sentence|>"
 IMAGE_PLACEHOLDER = "<|IMAGE_PLACEHOLDER|>"
 IMAGE_START = "<|IMAGE_START|>"
 IMAGE_END = "<|IMAGE_END|>"
-SPECIAL_TOKENS = [CLS_TOKEN, SEP_TOKEN, *[f"<mask:{i}>" for i in range(8)], IMAGE_PLACEHOLDER, IMAGE_START, IMAGE_END]
+SPECIAL_TOKENS = [
+    CLS_TOKEN,
+    SEP_TOKEN,
+    *[f"<mask:{i}>" for i in range(8)],
+    IMAGE_PLACEHOLDER,
+    IMAGE_START,
+    IMAGE_END,
+]
 
 # The ERNIE 4.5 instruct template: system line, "User: ...\n", "Assistant: ...<|end_of_sentence|>".
 DEFAULT_CHAT_TEMPLATE = (
@@ -47,7 +54,12 @@ TOKENIZER_FILES = [
 class ErnieTokenizer:
     """SentencePiece tokenizer that recognises ERNIE's special tokens anywhere in the text."""
 
-    def __init__(self, model_file: str | Path, config: dict[str, Any] | None = None, added: dict[str, int] | None = None):
+    def __init__(
+        self,
+        model_file: str | Path,
+        config: dict[str, Any] | None = None,
+        added: dict[str, int] | None = None,
+    ):
         self.model_file = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
         self.config = dict(config or {})
@@ -91,11 +103,19 @@ class ErnieTokenizer:
 
     @property
     def cls_token(self) -> str:
-        return self.config.get("cls_token", CLS_TOKEN) if isinstance(self.config.get("cls_token", CLS_TOKEN), str) else CLS_TOKEN
+        return (
+            self.config.get("cls_token", CLS_TOKEN)
+            if isinstance(self.config.get("cls_token", CLS_TOKEN), str)
+            else CLS_TOKEN
+        )
 
     @property
     def sep_token(self) -> str:
-        return self.config.get("sep_token", SEP_TOKEN) if isinstance(self.config.get("sep_token", SEP_TOKEN), str) else SEP_TOKEN
+        return (
+            self.config.get("sep_token", SEP_TOKEN)
+            if isinstance(self.config.get("sep_token", SEP_TOKEN), str)
+            else SEP_TOKEN
+        )
 
     @property
     def sep_token_id(self) -> int:
@@ -209,9 +229,14 @@ class ErnieTokenizer:
             "chat_template": self.chat_template,
         }
         (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-        special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token", "cls_token", "sep_token")}
+        special = {
+            k: config[k]
+            for k in ("bos_token", "eos_token", "unk_token", "pad_token", "cls_token", "sep_token")
+        }
         (d / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
-        (d / "added_tokens.json").write_text(json.dumps(self.added_tokens, indent=2, ensure_ascii=False) + "\n")
+        (d / "added_tokens.json").write_text(
+            json.dumps(self.added_tokens, indent=2, ensure_ascii=False) + "\n"
+        )
 
 
 def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:

@@ -82,7 +82,7 @@ class ErnieConfig:
     num_hidden_layers: int = 18
     num_attention_heads: int = 16
     num_key_value_heads: int = 2
-    head_dim: int | None = 128
+    head_dim: int | None = None  # hidden_size // num_attention_heads when a config.json omits it
     max_position_embeddings: int = 131072
     rope_theta: float = 500000.0
     rms_norm_eps: float = 1e-5
@@ -119,6 +119,14 @@ class ErnieConfig:
         if isinstance(self.vision_config, dict):
             self.vision_config = VisionConfig.from_dict(self.vision_config)
         problems = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, int | float)):
+                problems.append(f"{f.name} must be a number, not {value!r}")
+        if problems:
+            raise ValueError("invalid ERNIE config: " + "; ".join(problems))
+        if self.hidden_act not in ("silu", "swish"):
+            problems.append(f"hidden_act {self.hidden_act!r} is not supported (ERNIE 4.5 uses silu)")
         if self.num_attention_heads % max(self.num_key_value_heads, 1):
             problems.append(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -182,7 +190,9 @@ class ErnieConfig:
         for k, v in d.items():
             if k in names:
                 kwargs[k] = v
-            elif k.startswith("fuse_") or k in TRAINING_ONLY_KEYS or k in {"architectures", "rope_parameters"}:
+            elif (
+                k.startswith("fuse_") or k in TRAINING_ONLY_KEYS or k in {"architectures", "rope_parameters"}
+            ):
                 continue
             else:
                 ignored.append(k)

@@ -57,7 +57,9 @@ class Attention(nn.Layer):
         self.head_dim = config.head_dim
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias_attr=config.use_bias or False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias_attr=config.use_bias or False)
+        self.o_proj = nn.Linear(
+            self.num_heads * self.head_dim, config.hidden_size, bias_attr=config.use_bias or False
+        )
 
     def forward(
         self,
@@ -81,7 +83,9 @@ class Attention(nn.Layer):
         return self.o_proj(out.reshape([b, t, nq * hd]))
 
 
-def attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None) -> paddle.Tensor:
+def attention(
+    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None
+) -> paddle.Tensor:
     """Softmax attention. q [B, T, H, D], k/v [B, S, Hkv, D]; mask additive fp32 [B|1, 1, T, S] or None.
 
     With mask None the attention is causal with the query block aligned to the end of the keys.

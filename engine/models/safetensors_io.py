@@ -56,6 +56,9 @@ class SafetensorsFile:
     def keys(self) -> list[str]:
         return list(self.header)
 
+    def __iter__(self):
+        return iter(self.header)
+
     def dtype(self, key: str) -> str:
         return self.header[key]["dtype"]
 

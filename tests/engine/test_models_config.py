@@ -1,0 +1,184 @@
+"""ErnieConfig reads the official config.json files (dense, MoE, VL) and the presets are what they say."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.models import ErnieConfig, preset_config, preset_names
+
+# Shaped like baidu/ERNIE-4.5-0.3B-Paddle's config.json, with training-only keys.
+DENSE = {
+    "architectures": ["Ernie4_5_ForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 131072,
+    "model_type": "ernie4_5",
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "num_hidden_layers": 18,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "use_cache": False,
+    "vocab_size": 103424,
+    "rope_theta": 500000,
+    "use_bias": False,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "fuse_rms_norm": True,
+    "fuse_attn_ffn": True,
+    "use_flash_attention": True,
+    "compression_ratio": 1.0,
+    "paddlenlp_version": "3.0.0",
+}
+
+MOE = {
+    **DENSE,
+    "architectures": ["Ernie4_5_MoeForCausalLM"],
+    "model_type": "ernie4_5_moe",
+    "hidden_size": 2560,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 20,
+    "num_key_value_heads": 4,
+    "moe_num_experts": 64,
+    "moe_k": 6,
+    "moe_num_shared_experts": 2,
+    "moe_intermediate_size": 1536,
+    "moe_layer_start_index": 1,
+    "moe_layer_end_index": 27,
+    "moe_layer_interval": 1,
+    "moe_capacity": [64, 64, 64],
+    "moe_gate": "topk",
+    "moe_norm_min": 1e-12,
+    "moe_use_aux_free": True,
+    "moe_aux_loss_lambda": 1e-5,
+    "moe_z_loss_lambda": 0.0,
+    "moe_orthogonal_loss_lambda": 0.0,
+    "num_nextn_predict_layers": 1,
+    "multi_token_pred_lambda": 0.3,
+}
+
+VL = {
+    **MOE,
+    "architectures": ["Ernie4_5_VLMoeForConditionalGeneration"],
+    "model_type": "ernie4_5_moe_vl",
+    "moe_num_experts": [64, 64],
+    "moe_intermediate_size": [1536, 512],
+    "moe_layer_start_index": [1, 1],
+    "moe_layer_end_index": [29, 28],
+    "im_patch_id": 100295,
+    "pixel_hidden_size": 1280,
+    "rope_3d": True,
+    "freq_allocation": 20,
+    "vision_config": {
+        "depth": 32,
+        "embed_dim": 1280,
+        "hidden_size": 1280,
+        "num_heads": 16,
+        "mlp_ratio": 4,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "in_chans": 3,
+        "attn_implementation": "eager",
+    },
+}
+
+
+def test_dense_official_config(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(DENSE))
+    c = ErnieConfig.from_file(tmp_path)
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (1024, 16, 2, 128)
+    assert c.rope_theta == 500000 and c.dtype == "bfloat16" and c.tie_word_embeddings
+    assert not c.is_moe and not c.is_vl and c.architecture == "Ernie4_5_ForCausalLM"
+
+
+def test_moe_official_config_and_layer_rule() -> None:
+    c = ErnieConfig.from_dict(MOE)
+    assert c.is_moe and c.expert_counts == [64] and c.expert_intermediate_sizes == [1536]
+    assert c.moe_k == 6 and c.moe_num_shared_experts == 2 and c.moe_norm_min == 1e-12
+    assert [i for i in range(28) if c.is_moe_layer(i)] == list(range(1, 28))
+
+
+def test_vl_official_config() -> None:
+    c = ErnieConfig.from_dict(VL)
+    assert c.is_vl and c.expert_counts == [64, 64] and c.expert_intermediate_sizes == [1536, 512]
+    v = c.vision_config
+    assert (v.depth, v.hidden_size, v.num_heads, v.patch_size, v.spatial_merge_size) == (32, 1280, 16, 14, 2)
+    assert c.im_patch_id == 100295
+
+
+def test_rope_parameters_form_of_hf_configs() -> None:
+    d = {k: v for k, v in DENSE.items() if k != "rope_theta"}
+    d["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    assert ErnieConfig.from_dict(d).rope_theta == 10000.0
+    assert ErnieConfig.from_dict({**d, "rope_theta": 123.0}).rope_theta == 123.0
+
+
+def test_training_only_keys_are_ignored_silently_and_unknown_ones_logged(caplog) -> None:
+    with caplog.at_level("INFO", logger="engine.models.config"):
+        ErnieConfig.from_dict(MOE)
+    assert "not used" not in caplog.text
+    with caplog.at_level("INFO", logger="engine.models.config"):
+        ErnieConfig.from_dict({**DENSE, "brand_new_key": 1})
+    assert "brand_new_key" in caplog.text
+
+
+def test_head_dim_defaults_to_hidden_over_heads() -> None:
+    d = {k: v for k, v in DENSE.items() if k != "head_dim"}
+    assert ErnieConfig.from_dict(d).head_dim == 64
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+        ({"moe_k": 65}, "moe_k"),
+        ({"hidden_act": "relu"}, "hidden_act"),
+        ({"hidden_size": "wide"}, "hidden_size"),
+    ],
+)
+def test_invalid_config_names_the_field(tmp_path, change, message) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**MOE, **change}))
+    with pytest.raises(ValueError, match=message) as e:
+        ErnieConfig.from_file(tmp_path)
+    assert str(tmp_path / "config.json") in str(e.value)
+
+
+def test_save_and_reload_round_trip(tmp_path) -> None:
+    c = ErnieConfig.from_dict(VL)
+    c.save(tmp_path)
+    again = ErnieConfig.from_file(tmp_path)
+    assert again == c
+
+
+def test_presets() -> None:
+    assert set(preset_names()) >= {"tiny", "tiny-moe", "tiny-vl", "ernie-4.5-0.3b", "ernie-4.5-21b-a3b"}
+    assert not preset_config("tiny").is_moe
+    assert preset_config("tiny-moe").is_moe and not preset_config("tiny-moe").is_vl
+    assert preset_config("tiny-vl").is_vl and preset_config("tiny-vl").expert_counts == [8, 8]
+    big = preset_config("ernie-4.5-0.3b")
+    assert big.to_dict()["hidden_size"] == DENSE["hidden_size"] == 1024
+    assert preset_config("ernie-4.5-21b-a3b").num_hidden_layers == 28
+    assert preset_config("ernie-4.5-vl-28b-a3b").expert_intermediate_sizes == [1536, 512]
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        preset_config("huge")
+
+
+def test_official_sizes_have_the_published_parameter_counts() -> None:
+    """Counted from the configs alone (nothing is built): 0.36B dense; 21B total / 3B active for A3B."""
+    from engine.models.presets import parameter_count
+
+    assert parameter_count(preset_config("ernie-4.5-0.3b")) == pytest.approx(0.36e9, rel=0.03)
+    total, active = (
+        parameter_count(preset_config("ernie-4.5-21b-a3b")),
+        parameter_count(preset_config("ernie-4.5-21b-a3b"), active=True),
+    )
+    assert total == pytest.approx(21.8e9, rel=0.03)
+    assert active == pytest.approx(3.0e9, rel=0.15)  # 3.35B with the 0.26B embedding
+    assert parameter_count(preset_config("ernie-4.5-300b-a47b")) == pytest.approx(300e9, rel=0.05)
