@@ -1,0 +1,175 @@
+"""Compare tab: overlaid curves aligned by step, the config keys that differ, final metrics, A/B chat."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from studio.services import compare as compare_svc
+from studio.services import deployments as deployments_svc
+from studio.services import runs as runs_svc
+from studio.ui import charts
+from studio.ui.context import UIContext, parse_id
+from studio.ui.deploy_tab import deployment_choices
+from studio.ui.runs_tab import run_choices
+
+FINAL_KEYS_FIRST = ("loss", "eval_loss", "rewards/accuracy", "tokens_per_second", "elapsed_s", "step")
+
+
+@dataclass
+class CompareTab:
+    tab: gr.Tab
+    runs: gr.Dropdown
+
+
+def aligned_frames(result: dict[str, Any], metric: str) -> pd.DataFrame:
+    """``compare_runs`` output -> one line per run for ``metric`` (steps a run did not log are skipped)."""
+    labels = {str(r["id"]): f"#{r['id']} {r['name']}" for r in result["runs"]}
+    per_run = {}
+    for run_id, values in (result["metrics"].get(metric) or {}).items():
+        per_run[labels.get(run_id, run_id)] = [
+            {"step": s, metric: v} for s, v in zip(result["steps"], values, strict=True) if v is not None
+        ]
+    return charts.compare_frame(per_run, metric)
+
+
+def diff_frame(result: dict[str, Any]) -> pd.DataFrame:
+    """Config keys that differ: one row per key, one column per run."""
+    cols = [f"#{r['id']} {r['name']}" for r in result["runs"]]
+    ids = [str(r["id"]) for r in result["runs"]]
+    rows = [[key, *(_cell(values.get(i)) for i in ids)] for key, values in result["config_diff"].items()]
+    return pd.DataFrame(rows, columns=["key", *cols])
+
+
+def final_frame(runs: list[Any]) -> pd.DataFrame:
+    """Final metrics side by side (the run summary's, else the last logged point's)."""
+    metrics: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        metrics[f"#{run.id} {run.name}"] = dict(run.final_metrics or {})
+    keys = [k for k in FINAL_KEYS_FIRST if any(k in m for m in metrics.values())]
+    keys += sorted({k for m in metrics.values() for k in m} - set(keys))
+    rows = [[k, *(_cell(m.get(k)) for m in metrics.values())] for k in keys]
+    return pd.DataFrame(rows, columns=["metric", *metrics])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def build_compare_tab(ctx: UIContext) -> CompareTab:
+    t = ctx.texts
+    with t.make(gr.Tab, "tab.compare", id="compare") as tab:
+        with gr.Row(equal_height=True):
+            runs = t.make(gr.Dropdown, "cmp.runs", choices=[], multiselect=True, elem_id="cmp-runs", scale=4)
+            metric = t.make(
+                gr.Dropdown, "cmp.metric", choices=["loss"], value="loss", elem_id="cmp-metric", scale=1
+            )
+            compare_btn = t.make(
+                gr.Button, "cmp.btn", prop="value", variant="primary", elem_id="cmp-btn", scale=1
+            )
+        curves = t.make(
+            gr.LinePlot, "cmp.curves", x="step", y="value", color="series", height=320, elem_id="cmp-curves"
+        )
+        with gr.Row():
+            diff = t.make(
+                gr.Dataframe, "cmp.diff", interactive=False, wrap=True, elem_id="cmp-diff", max_height=300
+            )
+            final = t.make(gr.Dataframe, "cmp.final", interactive=False, elem_id="cmp-final", max_height=300)
+        with t.make(gr.Accordion, "cmp.ab", open=True):
+            with gr.Row():
+                dep_a = t.make(gr.Dropdown, "cmp.deploy_a", choices=[], elem_id="cmp-dep-a")
+                dep_b = t.make(gr.Dropdown, "cmp.deploy_b", choices=[], elem_id="cmp-dep-b")
+            with gr.Row(equal_height=True):
+                prompt = t.make(gr.Textbox, "cmp.prompt", elem_id="cmp-prompt", scale=4)
+                send = t.make(
+                    gr.Button, "cmp.send", prop="value", variant="primary", elem_id="cmp-send", scale=1
+                )
+            with gr.Row():
+                chat_a = t.make(gr.Chatbot, "cmp.chat_a", height=260, elem_id="cmp-chat-a")
+                chat_b = t.make(gr.Chatbot, "cmp.chat_b", height=260, elem_id="cmp-chat-b")
+
+    def refresh(chosen: list[Any] | None, a: Any, b: Any) -> tuple[Any, Any, Any]:
+        items = ctx.read(runs_svc.list_runs, default=[])
+        deps = ctx.read(deployments_svc.list_deployments, default=[])
+        return (
+            gr.update(choices=run_choices(items), value=chosen or []),
+            gr.update(choices=deployment_choices(deps), value=a),
+            gr.update(choices=deployment_choices(deps), value=b),
+        )
+
+    def compare(chosen: list[Any] | None, metric_name: str) -> tuple[Any, ...]:
+        ids = [i for i in (parse_id(c) for c in chosen or []) if i is not None]
+        if len(ids) < 2:
+            raise gr.Error("Pick two or more runs to compare.")
+        result = ctx.call(compare_svc.compare_runs, ids)
+        names = sorted(result["metrics"], key=lambda k: (k not in charts.CORE_METRICS, k))
+        names = [n for n in names if n not in ("step", "elapsed_s")]
+        metric_name = (
+            metric_name if metric_name in names else ("loss" if "loss" in names else (names or ["loss"])[0])
+        )
+        full_runs = [ctx.call(runs_svc.get_run, i) for i in ids]
+        return (
+            aligned_frames(result, metric_name),
+            gr.update(choices=names or ["loss"], value=metric_name),
+            diff_frame(result),
+            final_frame(full_runs),
+        )
+
+    def ab_chat(text: str, a: Any, b: Any, hist_a: list, hist_b: list) -> Iterator[tuple[Any, ...]]:
+        da, db = parse_id(a), parse_id(b)
+        if not text or da is None or db is None:
+            raise gr.Error("Pick deployments A and B and type a prompt.")
+        histories = [list(hist_a or []), list(hist_b or [])]
+        for h in histories:
+            h.append({"role": "user", "content": text})
+            h.append({"role": "assistant", "content": ""})
+        # Both deployments stream at once; deltas arrive on one queue tagged with their side.
+        events: queue.Queue[tuple[int, str | None, str | None]] = queue.Queue()
+
+        def pump(side: int, dep_id: int, messages: list[dict[str, str]]) -> None:
+            try:
+                for delta in ctx.stream(
+                    deployments_svc.chat_stream, dep_id, {"messages": messages, "max_tokens": 128}
+                ):
+                    events.put((side, delta, None))
+            except Exception as e:  # shown in that side's bubble; the other side keeps streaming
+                events.put((side, None, str(e)))
+            events.put((side, None, None))
+
+        for side, dep_id in ((0, da), (1, db)):
+            msgs = [m for m in histories[side][:-1]]
+            threading.Thread(target=pump, args=(side, dep_id, msgs), daemon=True).start()
+        done = 0
+        yield "", histories[0], histories[1]
+        while done < 2:
+            side, delta, error = events.get()
+            if delta is None:
+                if error:
+                    histories[side][-1]["content"] += f"\n\n⚠️ {error}"
+                else:
+                    done += 1
+                    continue
+            else:
+                histories[side][-1]["content"] += delta
+            yield "", histories[0], histories[1]
+
+    compare_btn.click(compare, [runs, metric], [curves, metric, diff, final])
+    metric.input(compare, [runs, metric], [curves, metric, diff, final])
+    send.click(ab_chat, [prompt, dep_a, dep_b, chat_a, chat_b], [prompt, chat_a, chat_b])
+    prompt.submit(ab_chat, [prompt, dep_a, dep_b, chat_a, chat_b], [prompt, chat_a, chat_b])
+    tab.select(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b])
+    ctx.demo.load(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b])
+    return CompareTab(tab=tab, runs=runs)

@@ -1,0 +1,339 @@
+"""Datasets tab: upload, detected format, problems by line, paginated raw / rendered preview, token lengths."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from studio.services import datasets as datasets_svc
+from studio.services import models as models_svc
+from studio.ui import charts
+from studio.ui.context import UIContext, fmt_time, model_choices, parse_id
+
+FORMATS = ["auto", "erniekit", "alpaca", "chatml", "erniekit_vl"]
+DATASET_COLUMNS = ["id", "name", "format", "kind", "records", "valid", "problems", "uploaded"]
+PROBLEM_COLUMNS = ["line", "problem"]
+TRAINED = "trained"
+# DPO previews mark the two answers instead of one trained span.
+SPAN_COLORS = {TRAINED: "#f97316", "chosen": "#22c55e", "rejected": "#ef4444"}
+
+
+@dataclass
+class DatasetsTab:
+    tab: gr.Tab
+    selected: gr.Dropdown
+    table: gr.Dataframe
+    refresh: gr.Button
+
+
+def dataset_rows(datasets: list[Any]) -> pd.DataFrame:
+    rows = [
+        [
+            d.id,
+            d.name,
+            d.format,
+            d.kind,
+            d.num_records,
+            d.num_valid,
+            len(d.problems or []),
+            fmt_time(d.created_at),
+        ]
+        for d in datasets
+    ]
+    return pd.DataFrame(rows, columns=DATASET_COLUMNS)
+
+
+def dataset_choices(datasets: list[Any]) -> list[tuple[str, int]]:
+    return [(f"#{d.id} {d.name} ({d.format}, {d.num_records})", d.id) for d in datasets]
+
+
+PROBLEM_RE = re.compile(r"^(?P<file>.*?):(?P<line>\d+): (?P<message>.*)$", re.S)
+
+
+def problem_rows(problems: list[Any]) -> pd.DataFrame:
+    """``file:line: message`` strings (or dicts) -> one row per problem, line number in its own column."""
+    rows = []
+    for p in problems or []:
+        if isinstance(p, dict):
+            rows.append([p.get("line", ""), p.get("message", "")])
+            continue
+        m = PROBLEM_RE.match(str(p))
+        rows.append([int(m["line"]), m["message"]] if m else ["", str(p)])
+    return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
+
+
+def summary_markdown(d: Any) -> str:
+    bad = d.num_records - d.num_valid
+    verdict = (
+        "✅ all records valid"
+        if not (d.problems or [])
+        else f"⚠️ {bad} of {d.num_records} records have problems"
+    )
+    return (
+        f"**{d.name}** · file `{d.filename}` · {d.size_bytes / 1024:.1f} KiB  \n"
+        f"detected format **{d.format}** · kind **{d.kind}** · {d.num_records} records, {d.num_valid} valid  \n"
+        f"{verdict}"
+    )
+
+
+def rendered_spans(spans: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """``render_record`` spans -> HighlightedText value: the trained (loss) part highlighted."""
+    return [(s["text"], s.get("label") or (TRAINED if s.get("trained") else None)) for s in spans]
+
+
+def stats_markdown(stats: dict[str, Any], max_seq_len: int) -> str:
+    """Summary of ``dataset_stats``: lengths, truncated share at ``max_seq_len``, trained share, turns."""
+    share = 100.0 * float(stats.get("truncated_share") or 0.0)
+    parts = [f"{stats.get('num_valid', stats.get('num_records', 0))} samples"]
+    for key in ("mean", "p50", "p95", "max"):
+        value = stats.get(f"{key}_length")
+        if isinstance(value, int | float):
+            parts.append(f"{key} **{value:.0f}**")
+    lines = [" · ".join(parts) + " tokens"]
+    lines.append(f"**{share:.1f}%** of samples are longer than max_seq_len {max_seq_len} and get truncated")
+    if isinstance(stats.get("trained_share"), int | float):
+        lines.append(f"{100 * stats['trained_share']:.1f}% of tokens carry loss")
+    turns = stats.get("turns_per_sample")
+    if isinstance(turns, dict) and turns:
+        lines.append("turns per sample: " + ", ".join(f"{k}: {v}" for k, v in turns.items()))
+    return "  \n".join(lines)
+
+
+def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DatasetsTab:
+    t = ctx.texts
+    with t.make(gr.Tab, "tab.datasets", id="datasets") as tab, gr.Row():
+        with gr.Column(scale=2):
+            upload = t.make(
+                gr.File, "ds.upload", file_types=[".jsonl", ".json"], elem_id="ds-upload", height=120
+            )
+            with gr.Row():
+                name = t.make(gr.Textbox, "ds.name", elem_id="ds-name")
+                fmt = t.make(gr.Dropdown, "ds.format", choices=FORMATS, value="auto", elem_id="ds-format")
+            upload_btn = t.make(
+                gr.Button, "ds.upload_btn", prop="value", variant="primary", elem_id="ds-upload-btn"
+            )
+            upload_result = gr.Markdown("", elem_id="ds-upload-result")
+            with gr.Row(equal_height=True):
+                selected = t.make(gr.Dropdown, "ds.select", choices=[], elem_id="ds-select", scale=4)
+                refresh = t.make(
+                    gr.Button, "ds.refresh", prop="value", size="sm", scale=1, elem_id="ds-refresh"
+                )
+            table = t.make(
+                gr.Dataframe,
+                "ds.list",
+                headers=DATASET_COLUMNS,
+                interactive=False,
+                elem_id="ds-table",
+                max_height=260,
+            )
+            delete = t.make(
+                gr.Button, "ds.delete", prop="value", variant="stop", size="sm", elem_id="ds-delete"
+            )
+        with gr.Column(scale=3):
+            summary = gr.Markdown("", elem_id="ds-summary")
+            problems = t.make(
+                gr.Dataframe,
+                "ds.problems",
+                headers=PROBLEM_COLUMNS,
+                interactive=False,
+                elem_id="ds-problems",
+                max_height=220,
+                wrap=True,
+                column_widths=["70px", "100%"],
+            )
+            tokenizer_model = t.make(
+                gr.Dropdown,
+                "ds.tokenizer",
+                choices=[],
+                value="tiny",
+                allow_custom_value=True,
+                elem_id="ds-tokenizer",
+            )
+            with gr.Row(equal_height=True):
+                prev_btn = t.make(gr.Button, "ds.prev", prop="value", size="sm", elem_id="ds-prev")
+                offset = t.make(gr.Number, "ds.offset", value=0, precision=0, minimum=0, elem_id="ds-offset")
+                next_btn = t.make(gr.Button, "ds.next", prop="value", size="sm", elem_id="ds-next")
+            position = gr.Markdown("", elem_id="ds-position")
+            with gr.Tabs():
+                with t.make(gr.Tab, "ds.view.rendered", id="rendered"):
+                    rendered = gr.HighlightedText(
+                        show_label=False,
+                        color_map=SPAN_COLORS,
+                        show_legend=True,
+                        combine_adjacent=True,
+                        elem_id="ds-rendered",
+                    )
+                with t.make(gr.Tab, "ds.view.raw", id="raw"):
+                    raw = gr.Code(language="json", show_label=False, elem_id="ds-raw", lines=8)
+            with t.make(gr.Accordion, "ds.stats", open=True):
+                with gr.Row(equal_height=True):
+                    max_seq_len = t.make(
+                        gr.Number,
+                        "ds.max_seq_len",
+                        value=512,
+                        precision=0,
+                        minimum=16,
+                        elem_id="ds-max-seq-len",
+                    )
+                    stats_btn = t.make(gr.Button, "ds.stats_btn", prop="value", elem_id="ds-stats-btn")
+                stats_md = gr.Markdown("", elem_id="ds-stats")
+                histogram = t.make(
+                    gr.BarPlot,
+                    "ds.histogram",
+                    x="tokens",
+                    y="samples",
+                    sort=None,
+                    height=240,
+                    elem_id="ds-histogram",
+                )
+
+    def refresh_list(current: Any) -> tuple[Any, pd.DataFrame]:
+        items = ctx.read(datasets_svc.list_datasets, default=[])
+        ids = {d.id for d in items}
+        keep = parse_id(current)
+        value = keep if keep in ids else (items[0].id if items else None)
+        return gr.update(choices=dataset_choices(items), value=value), dataset_rows(items)
+
+    def show_dataset(dataset_id: Any) -> tuple[Any, ...]:
+        did = parse_id(dataset_id)
+        if did is None:
+            return "", problem_rows([]), 0, did, "", pd.DataFrame(columns=["tokens", "samples"])
+        d, err = ctx.attempt(datasets_svc.get_dataset, did)
+        if err is not None:
+            return (
+                f"⚠️ {err.message}",
+                problem_rows([]),
+                0,
+                None,
+                "",
+                pd.DataFrame(columns=["tokens", "samples"]),
+            )
+        return (
+            summary_markdown(d),
+            problem_rows(d.problems),
+            0,
+            did,
+            "",
+            pd.DataFrame(columns=["tokens", "samples"]),
+        )
+
+    def show_record(dataset_id: Any, index: Any, model: str | None) -> tuple[Any, ...]:
+        did = parse_id(dataset_id)
+        if did is None:
+            return "", [], ""
+        idx = max(int(index or 0), 0)
+        page, err = ctx.attempt(
+            datasets_svc.preview_dataset, ctx.settings, did, offset=idx, limit=1, render_with=model or None
+        )
+        if err is not None:
+            # Rendering needs the tokenizer; show the raw record even when the model cannot be loaded.
+            page = ctx.call(datasets_svc.preview_dataset, ctx.settings, did, offset=idx, limit=1)
+            page["render_error"] = err.message
+        total = page.get("total")
+        if not page["records"]:
+            return f"no record #{idx + 1} (the file has {total} records)", [], ""
+        record = page["records"][0]
+        spans = (page.get("rendered") or [None])[0]
+        pos = f"record **{idx + 1}** of {total if total is not None else '?'}"
+        if spans:
+            highlighted = rendered_spans(spans)
+        else:
+            highlighted = [
+                (page.get("render_error") or "pick a tokenizer model to render the chat template", None)
+            ]
+        return pos, highlighted, json.dumps(record, ensure_ascii=False, indent=2)
+
+    def step(index: Any, delta: int) -> int:
+        return max(int(index or 0) + delta, 0)
+
+    def upload_file(path: str | None, name_value: str, format_value: str) -> tuple[Any, ...]:
+        if not path:
+            raise gr.Error("Choose a .jsonl or .json file first.")
+        filename = Path(path).name
+        d, err = ctx.attempt(
+            datasets_svc.upload_dataset,
+            ctx.settings,
+            path,
+            filename,
+            name=name_value or None,
+            format=None if format_value in (None, "", "auto") else format_value,
+        )
+        items = ctx.read(datasets_svc.list_datasets, default=[])
+        if err is not None:
+            # Rejected: the problems go next to the upload, one row per line, not into a log.
+            details = err.details if isinstance(err.details, dict) else {}
+            found = details.get("problems") or [err.message]
+            head = f"❌ **{filename} was not added.** {len(found)} problem(s)"
+            if details.get("format"):
+                head += f" — detected format **{details['format']}** ({details.get('kind')})"
+            return (
+                head,
+                problem_rows(found),
+                "",
+                gr.update(choices=dataset_choices(items)),
+                dataset_rows(items),
+                gr.update(),
+                gr.update(),
+            )
+        gr.Info(f"{d.name}: {d.num_records} records, format {d.format}.")
+        return (
+            f"✅ added **{d.name}** — detected format **{d.format}** ({d.kind}), {d.num_records} records",
+            problem_rows(d.problems),
+            summary_markdown(d),
+            gr.update(choices=dataset_choices(items), value=d.id),
+            dataset_rows(items),
+            None,
+            "",
+        )
+
+    def compute_stats(dataset_id: Any, model: str, seq_len: Any) -> tuple[str, pd.DataFrame]:
+        did = parse_id(dataset_id)
+        if did is None:
+            raise gr.Error("Pick a dataset first.")
+        if not model:
+            raise gr.Error("Pick the model whose tokenizer should count the tokens.")
+        seq = int(seq_len or 512)
+        stats = ctx.call(datasets_svc.dataset_stats, ctx.settings, did, model=model, max_seq_len=seq)
+        return stats_markdown(stats, seq), charts.histogram_frame(stats)
+
+    def delete_dataset(dataset_id: Any) -> tuple[Any, ...]:
+        did = parse_id(dataset_id)
+        if did is None:
+            raise gr.Error("Pick a dataset to delete.")
+        ctx.call(datasets_svc.delete_dataset, ctx.settings, did)
+        gr.Info(f"Deleted dataset #{did}.")
+        return refresh_list(None)
+
+    def refresh_models(current: str | None) -> Any:
+        choices = model_choices(ctx.read(models_svc.list_models, ctx.settings, default=[]))
+        return gr.update(choices=choices, value=current or (choices[0][1] if choices else None))
+
+    record_io = ([selected, offset, tokenizer_model], [position, rendered, raw])
+    upload_btn.click(
+        upload_file,
+        [upload, name, fmt],
+        [upload_result, problems, summary, selected, table, upload, name],
+        concurrency_limit=2,
+    )
+    refresh.click(refresh_list, selected, [selected, table])
+    selected.change(
+        show_dataset, selected, [summary, problems, offset, selected_state, stats_md, histogram]
+    ).then(show_record, *record_io)
+    tokenizer_model.input(show_record, *record_io)
+    offset.submit(show_record, *record_io)
+    prev_btn.click(lambda i: step(i, -1), offset, offset).then(show_record, *record_io)
+    next_btn.click(lambda i: step(i, 1), offset, offset).then(show_record, *record_io)
+    stats_btn.click(compute_stats, [selected, tokenizer_model, max_seq_len], [stats_md, histogram])
+    delete.click(delete_dataset, selected, [selected, table])
+    tab.select(refresh_list, selected, [selected, table])
+    # On page load the dataset the person had open before a refresh (browser state) comes back.
+    ctx.demo.load(refresh_list, selected_state, [selected, table]).then(
+        refresh_models, tokenizer_model, tokenizer_model
+    )
+    return DatasetsTab(tab=tab, selected=selected, table=table, refresh=refresh)

@@ -1,0 +1,238 @@
+"""English and Chinese UI text, and the registry that relabels every component when the language changes.
+
+Gradio's own ``gr.I18n`` follows the browser locale only; ERNIEKit's users switch by hand, so labels are
+set on the server: each builder creates components through :class:`Texts`, which remembers which text
+key goes to which property, and the language switch returns one ``gr.update`` per registered component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+
+LANGUAGES = {"en": "English", "zh": "中文"}
+DEFAULT_LANGUAGE = "en"
+
+# key -> (English, Chinese). Keys ending in ".info" are tooltips (Gradio's ``info=``).
+STRINGS: dict[str, tuple[str, str]] = {
+    "app.title": ("ERNIE Studio", "ERNIE Studio"),
+    "app.subtitle": (
+        "Fine-tune, align, compress and deploy ERNIE 4.5 models.",
+        "微调、对齐、压缩并部署 ERNIE 4.5 模型。",
+    ),
+    "app.language": ("Language", "语言"),
+    # tabs
+    "tab.datasets": ("Datasets", "数据集"),
+    "tab.train": ("Train", "训练"),
+    "tab.runs": ("Runs", "任务"),
+    "tab.compare": ("Compare", "对比"),
+    "tab.deploy": ("Deploy & Chat", "部署与对话"),
+    # datasets
+    "ds.upload": ("Upload a dataset (.jsonl / .json)", "上传数据集（.jsonl / .json）"),
+    "ds.name": ("Name", "名称"),
+    "ds.name.info": ("Defaults to the file name.", "默认使用文件名。"),
+    "ds.format": ("Format", "格式"),
+    "ds.format.info": (
+        "auto detects erniekit / alpaca / chatml / erniekit_vl from the first records.",
+        "auto 会根据前几条记录自动识别 erniekit / alpaca / chatml / erniekit_vl。",
+    ),
+    "ds.upload_btn": ("Upload and validate", "上传并校验"),
+    "ds.list": ("Datasets", "数据集列表"),
+    "ds.select": ("Dataset", "数据集"),
+    "ds.refresh": ("Refresh", "刷新"),
+    "ds.delete": ("Delete dataset", "删除数据集"),
+    "ds.summary": ("Summary", "概要"),
+    "ds.problems": ("Validation problems (file:line)", "校验问题（文件:行）"),
+    "ds.preview": ("Preview", "预览"),
+    "ds.view.raw": ("Raw record", "原始记录"),
+    "ds.view.rendered": ("Chat template (trained part highlighted)", "对话模板（高亮部分计算损失）"),
+    "ds.prev": ("◀ Previous", "◀ 上一条"),
+    "ds.next": ("Next ▶", "下一条 ▶"),
+    "ds.offset": ("Record #", "记录编号"),
+    "ds.stats": ("Token lengths", "Token 长度分布"),
+    "ds.tokenizer": ("Tokenizer (from model)", "分词器（来自模型）"),
+    "ds.tokenizer.info": (
+        "Lengths are counted with this model's real tokenizer and chat template.",
+        "使用该模型真实的分词器和对话模板统计长度。",
+    ),
+    "ds.max_seq_len": ("max_seq_len", "max_seq_len"),
+    "ds.max_seq_len.info": ("Share of samples longer than this gets reported.", "统计超过该长度的样本占比。"),
+    "ds.stats_btn": ("Compute token lengths", "统计 Token 长度"),
+    "ds.histogram": ("Samples per token length", "各长度区间的样本数"),
+    # train
+    "tr.base_model": ("Base model", "基础模型"),
+    "tr.base_model.info": (
+        "A preset, a local model directory, a previous run's output, or a hub id.",
+        "预置模型、本地模型目录、历史任务的输出，或模型仓库 ID。",
+    ),
+    "tr.stage": ("Stage", "阶段"),
+    "tr.fine_tuning": ("Fine-tuning", "微调方式"),
+    "tr.compute_type": ("compute_type", "compute_type"),
+    "tr.compute_type.info": (
+        "bf16/fp16 train in that precision; wint8/wint4 quantize the frozen base (LoRA); fp8 is FP8 QAT.",
+        "bf16/fp16 以该精度训练；wint8/wint4 量化冻结的基座（LoRA）；fp8 为 FP8 量化感知训练。",
+    ),
+    "tr.datasets": ("Training data", "训练数据"),
+    "tr.datasets.info": ("Pick one or more uploaded datasets.", "选择一个或多个已上传的数据集。"),
+    "tr.run_name": ("Run name", "任务名称"),
+    "tr.hparams": ("Hyperparameters", "超参数"),
+    "tr.learning_rate": ("learning_rate", "learning_rate"),
+    "tr.learning_rate.info": ("Peak learning rate after warm-up.", "预热后的峰值学习率。"),
+    "tr.max_steps": ("max_steps", "max_steps"),
+    "tr.max_steps.info": (
+        "Optimizer steps; -1 trains num_train_epochs.",
+        "优化步数；-1 表示按 num_train_epochs 训练。",
+    ),
+    "tr.num_train_epochs": ("num_train_epochs", "num_train_epochs"),
+    "tr.num_train_epochs.info": ("Used when max_steps is -1.", "max_steps 为 -1 时生效。"),
+    "tr.per_device_train_batch_size": ("per_device_train_batch_size", "per_device_train_batch_size"),
+    "tr.per_device_train_batch_size.info": (
+        "Samples (or packed sequences) per step per device.",
+        "每个设备每步的样本数（或打包序列数）。",
+    ),
+    "tr.gradient_accumulation_steps": ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    "tr.gradient_accumulation_steps.info": (
+        "Micro-batches summed per optimizer step.",
+        "每次优化累积的微批次数。",
+    ),
+    "tr.max_seq_len": ("max_seq_len", "max_seq_len"),
+    "tr.max_seq_len.info": (
+        "Longer samples drop their oldest turns first.",
+        "超长样本优先丢弃最早的对话轮次。",
+    ),
+    "tr.warmup_steps": ("warmup_steps", "warmup_steps"),
+    "tr.warmup_steps.info": (
+        "Linear warm-up from 0 to learning_rate.",
+        "学习率从 0 线性预热到 learning_rate。",
+    ),
+    "tr.lr_scheduler_type": ("lr_scheduler_type", "lr_scheduler_type"),
+    "tr.weight_decay": ("weight_decay", "weight_decay"),
+    "tr.logging_steps": ("logging_steps", "logging_steps"),
+    "tr.logging_steps.info": ("Write a metrics point every N steps.", "每 N 步记录一次指标。"),
+    "tr.save_steps": ("save_steps", "save_steps"),
+    "tr.save_steps.info": ("Resumable checkpoint every N steps.", "每 N 步保存一次可恢复的检查点。"),
+    "tr.packing": ("packing", "packing"),
+    "tr.packing.info": (
+        "Pack short samples into one sequence (no cross-attention).",
+        "将短样本打包进同一序列（互不可见）。",
+    ),
+    "tr.seed": ("seed", "seed"),
+    "tr.lora": ("LoRA", "LoRA"),
+    "tr.lora_rank": ("lora_rank", "lora_rank"),
+    "tr.lora_rank.info": ("Rank of the low-rank update.", "低秩更新的秩。"),
+    "tr.lora_alpha": ("lora_alpha", "lora_alpha"),
+    "tr.lora_alpha.info": ("-1 means 2 × rank.", "-1 表示 2 × rank。"),
+    "tr.dpo": ("DPO", "DPO"),
+    "tr.beta": ("beta", "beta"),
+    "tr.beta.info": ("Strength of the KL anchor to the reference model.", "相对参考模型的 KL 约束强度。"),
+    "tr.loss_type": ("loss_type", "loss_type"),
+    "tr.yaml": ("Equivalent ERNIEKit YAML", "等价的 ERNIEKit YAML"),
+    "tr.yaml_download": ("Download YAML", "下载 YAML"),
+    "tr.estimate": ("Estimate", "资源估算"),
+    "tr.estimate_btn": ("Estimate memory and time", "估算显存与时间"),
+    "tr.launch": ("Launch run", "启动训练"),
+    "tr.launch_status": ("Launch status", "启动状态"),
+    # runs
+    "runs.table": ("Runs", "任务列表"),
+    "runs.select": ("Run", "任务"),
+    "runs.status": ("Status", "状态"),
+    "runs.loss": ("Loss", "损失"),
+    "runs.lr": ("Learning rate", "学习率"),
+    "runs.throughput": ("Tokens per second", "每秒 Token 数"),
+    "runs.extra": ("Stage metrics (DPO / MoE / eval)", "阶段指标（DPO / MoE / 评估）"),
+    "runs.logs": ("Log tail", "日志末尾"),
+    "runs.checkpoints": ("Checkpoints", "检查点"),
+    "runs.cancel": ("Cancel", "取消"),
+    "runs.resume": ("Resume", "恢复"),
+    "runs.clone": ("Clone into Train", "复制到训练页"),
+    "runs.delete": ("Delete", "删除"),
+    "runs.export": ("Export", "导出"),
+    "runs.export_kind": ("Export", "导出方式"),
+    "runs.export_kind.info": (
+        "merge: fold LoRA into the base; layout: write Paddle or Hugging Face keys; ptq: weight-only int8/int4.",
+        "merge：将 LoRA 合并进基座；layout：以 Paddle 或 Hugging Face 格式保存；ptq：仅权重 int8/int4 量化。",
+    ),
+    "runs.export_btn": ("Start export", "开始导出"),
+    "runs.deploy_btn": ("Deploy this run", "部署该任务"),
+    "runs.action": ("Last action", "最近操作"),
+    "runs.config": ("Config", "配置"),
+    # compare
+    "cmp.runs": ("Runs to compare", "对比的任务"),
+    "cmp.runs.info": ("Pick two or more.", "选择两个或更多任务。"),
+    "cmp.metric": ("Metric", "指标"),
+    "cmp.btn": ("Compare", "对比"),
+    "cmp.curves": ("Curves aligned by step", "按步对齐的曲线"),
+    "cmp.diff": ("Config differences", "配置差异"),
+    "cmp.final": ("Final metrics", "最终指标"),
+    "cmp.ab": ("A/B chat", "A/B 对话"),
+    "cmp.deploy_a": ("Deployment A", "部署 A"),
+    "cmp.deploy_b": ("Deployment B", "部署 B"),
+    "cmp.prompt": ("Prompt (sent to both)", "提示词（同时发送给两者）"),
+    "cmp.send": ("Send to both", "同时发送"),
+    "cmp.chat_a": ("A", "A"),
+    "cmp.chat_b": ("B", "B"),
+    # deploy & chat
+    "dep.run": ("Finished run or model directory", "已完成的任务或模型目录"),
+    "dep.btn": ("Deploy", "部署"),
+    "dep.table": ("Deployments", "部署列表"),
+    "dep.select": ("Deployment", "部署"),
+    "dep.status": ("Status", "状态"),
+    "dep.stop": ("Stop deployment", "停止部署"),
+    "dep.system": ("System prompt", "系统提示词"),
+    "dep.temperature": ("temperature", "temperature"),
+    "dep.temperature.info": ("0 = greedy.", "0 表示贪心解码。"),
+    "dep.top_p": ("top_p", "top_p"),
+    "dep.max_tokens": ("max_tokens", "max_tokens"),
+    "dep.chat": ("Chat", "对话"),
+    "dep.message": ("Message", "消息"),
+    "dep.send": ("Send", "发送"),
+    "dep.stop_gen": ("Stop", "停止"),
+    "dep.clear": ("Clear", "清空"),
+    "common.refresh": ("Refresh", "刷新"),
+    "common.none": ("Nothing here yet.", "暂无内容。"),
+}
+
+
+def text(key: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """The text for ``key`` in ``lang`` (English when the language is unknown)."""
+    en, zh = STRINGS[key]
+    return zh if lang == "zh" else en
+
+
+class Texts:
+    """Creates components with translated labels and relabels all of them when the language changes."""
+
+    def __init__(self, lang: str = DEFAULT_LANGUAGE):
+        self.lang = lang
+        # (component, {property: key})
+        self._bound: list[tuple[gr.components.Component | gr.blocks.BlockContext, dict[str, str]]] = []
+
+    def __call__(self, key: str) -> str:
+        return text(key, self.lang)
+
+    def make(self, factory: Callable[..., Any], key: str, *, prop: str = "label", **kwargs: Any) -> Any:
+        """``factory(label=text(key), info=text(key + '.info') if present, **kwargs)``, remembered for relabelling."""
+        props = {prop: key}
+        kwargs[prop] = self(key)
+        if prop == "label" and f"{key}.info" in STRINGS and "info" not in kwargs:
+            props["info"] = f"{key}.info"
+            kwargs["info"] = self(f"{key}.info")
+        component = factory(**kwargs)
+        self._bound.append((component, props))
+        return component
+
+    def bind(self, component: Any, **props: str) -> Any:
+        """Remember that ``component``'s properties (e.g. ``label="tab.runs"``) come from text keys."""
+        self._bound.append((component, props))
+        return component
+
+    @property
+    def components(self) -> list[Any]:
+        return [c for c, _ in self._bound]
+
+    def updates(self, lang: str) -> list[dict[str, Any]]:
+        """One ``gr.update`` per bound component, in :attr:`components` order."""
+        lang = lang if lang in LANGUAGES else DEFAULT_LANGUAGE
+        return [gr.update(**{p: text(k, lang) for p, k in props.items()}) for _, props in self._bound]
