@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -10,6 +11,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +62,18 @@ def _ready(name: str, host: str, port: int) -> None:
     print(f"serving {name} on http://{host}:{port}/v1", flush=True)
 
 
-def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
-    import uvicorn
+class GracefulServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown (exit status -15); a stop we asked for should
+    exit 0, so the signals only set ``should_exit``."""
 
+    @contextlib.contextmanager
+    def capture_signals(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.handle_exit)
+        yield
+
+
+def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
     import engine
     from engine.serve.generate import GenerationEngine
     from engine.serve.server import create_app
@@ -73,7 +85,7 @@ def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
     )
-    server = uvicorn.Server(config)
+    server = GracefulServer(config)
 
     def announce() -> None:
         while not server.started and not server.should_exit:

@@ -1,0 +1,275 @@
+"""`ernie-studio serve` as a real subprocess on a loopback port, driven by the official `openai` client and
+raw HTTP: greedy answers equal the no-cache argmax loop, concurrency, OpenAI-shaped errors, metrics,
+client disconnects, the 429 limit and a clean SIGTERM shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from serve_support import free_port, running_server, sharp_model
+
+import engine
+from engine.serve.generate import GenerationEngine, generate_without_cache
+from engine.serve.server import create_app
+
+QUESTIONS = [
+    "Hello there, how are you?",
+    "What is the capital of France?",
+    "Write a poem about the moon",
+    "2 + 2 = ?",
+    "Tell me a story",
+    "翻译成英文：今天天气很好",
+    "List three colours",
+    "Why is the sky blue?",
+]
+
+
+@pytest.fixture(scope="module")
+def sharp_dir(tiny_model_dir, tmp_path_factory):
+    return sharp_model(tiny_model_dir, tmp_path_factory.getbasetemp() / "sharp-tiny")
+
+
+@pytest.fixture(scope="module")
+def server(sharp_dir):
+    with running_server(sharp_dir, "--max-num-seqs", "8", "--max-model-len", "512") as (base, proc):
+        yield base, proc
+
+
+@pytest.fixture(scope="module")
+def reference(sharp_dir):
+    model, tok = engine.load_model(str(sharp_dir)), engine.load_tokenizer(str(sharp_dir))
+
+    def greedy(messages, n):
+        prompt = tok.encode(tok.apply_chat_template(messages))
+        ids = generate_without_cache(model, prompt, n, set(tok.stop_token_ids))
+        stopped = ids[-1] in tok.stop_token_ids
+        return tok.decode(ids), len(ids), len(prompt), "stop" if stopped else "length"
+
+    return greedy
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0], api_key="unused", max_retries=0)
+
+
+def _msgs(q):
+    return [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": q}]
+
+
+def test_models_health_and_served_name(server, client):
+    base, _ = server
+    assert [m.id for m in client.models.list().data] == ["default"]
+    assert httpx.get(base.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+
+
+def test_openai_client_greedy_equals_argmax_loop(client, reference):
+    for q in QUESTIONS[:2]:
+        text, n_out, n_prompt, finish = reference(_msgs(q), 20)
+        r = client.chat.completions.create(model="default", messages=_msgs(q), max_tokens=20, temperature=0)
+        assert r.object == "chat.completion" and r.model == "default"
+        assert r.choices[0].message.role == "assistant"
+        assert r.choices[0].message.content == text
+        assert r.choices[0].finish_reason == finish
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, n_out)
+        assert r.usage.total_tokens == n_prompt + n_out
+
+
+def test_openai_client_streaming_equals_non_streaming(client, reference):
+    text, n_out, n_prompt, finish = reference(_msgs(QUESTIONS[2]), 20)
+    chunks = list(
+        client.chat.completions.create(
+            model="default",
+            messages=_msgs(QUESTIONS[2]),
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [finish]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == n_out
+    assert chunks[-1].usage.prompt_tokens == n_prompt
+
+
+def test_text_completions(client, sharp_dir):
+    model, tok = engine.load_model(str(sharp_dir)), engine.load_tokenizer(str(sharp_dir))
+    prompt = "Once upon a time"
+    ids = generate_without_cache(model, tok.encode(prompt), 12, set(tok.stop_token_ids))
+    r = client.completions.create(model="default", prompt=prompt, max_tokens=12, temperature=0)
+    assert r.choices[0].text == tok.decode(ids)
+    s = client.completions.create(model="default", prompt=prompt, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in s) == tok.decode(ids)
+
+
+def test_eight_concurrent_streams_match_alone(server, client):
+    alone = [
+        client.chat.completions.create(model="default", messages=_msgs(q), max_tokens=16 + i, temperature=0)
+        .choices[0]
+        .message.content
+        for i, q in enumerate(QUESTIONS)
+    ]
+    aclient = openai.AsyncOpenAI(base_url=server[0], api_key="unused", max_retries=0)
+
+    async def one(i, q):
+        stream = await aclient.chat.completions.create(
+            model="default", messages=_msgs(q), max_tokens=16 + i, temperature=0, stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def all_of_them():
+        try:
+            return await asyncio.gather(*(one(i, q) for i, q in enumerate(QUESTIONS)))
+        finally:
+            await aclient.close()
+
+    assert asyncio.run(all_of_them()) == alone
+
+
+BAD_REQUESTS = [
+    ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "'nope' does not exist", "model"),
+    ({"model": "default", "messages": []}, 400, "messages", "messages"),
+    ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, 400, "max_tokens", "max_tokens"),
+    ({"model": "default", "messages": "hi"}, 400, "messages", "messages"),
+    ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature", "temperature"),
+    ({"model": "default", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role", "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, 400, "model", "model"),
+    ({"model": "default", "messages": [{"role": "user", "content": "word " * 2000}]}, 400, "maximum context length is 512", "messages"),
+    ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, 400, "lower max_tokens", "max_tokens"),
+    ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n=3", "n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "fragment", "param"), BAD_REQUESTS)
+def test_bad_requests_get_openai_errors(server, body, status, fragment, param):
+    r = httpx.post(server[0] + "/chat/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert fragment in err["message"]
+    assert err["param"] == param
+
+
+def test_server_keeps_serving_after_errors(server, client):
+    r = httpx.post(
+        server[0] + "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="prompt: must not be empty"):
+        client.completions.create(model="default", prompt="")
+    r = client.chat.completions.create(model="default", messages=_msgs("still there?"), max_tokens=4)
+    assert r.usage.completion_tokens >= 1
+
+
+def _metric(base: str, name: str) -> float:
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    total = 0.0
+    for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M):
+        total += float(m.group(1))
+    return total
+
+
+def test_metrics_and_client_disconnect_stops_generation(server):
+    base = server[0]
+    assert _metric(base, "ernie_time_to_first_token_seconds_count") > 0
+    assert _metric(base, "ernie_generation_tokens_total") > 0
+    aborted = _metric(base, 'ernie_request_success_total{model_name="default",finished_reason="abort"}')
+    body = {
+        "model": "default",
+        "messages": _msgs("go on forever"),
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", base + "/chat/completions", json=body, timeout=30) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break
+    generated_at_close = _metric(base, "ernie_generation_tokens_total")
+    for _ in range(100):
+        if (
+            _metric(base, 'ernie_request_success_total{model_name="default",finished_reason="abort"}')
+            > aborted
+        ):
+            break
+        time.sleep(0.05)
+    assert (
+        _metric(base, 'ernie_request_success_total{model_name="default",finished_reason="abort"}')
+        == aborted + 1
+    )
+    assert _metric(base, "ernie_num_requests_running") == 0
+    # it stopped well short of the 400 tokens it asked for
+    assert _metric(base, "ernie_generation_tokens_total") - generated_at_close < 200
+
+
+def test_concurrency_limit_answers_429(sharp_dir):
+    model, tok = engine.load_model(str(sharp_dir)), engine.load_tokenizer(str(sharp_dir))
+    app = create_app(GenerationEngine(model, tok, max_num_seqs=2), max_concurrent_requests=1)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        long = {
+            "model": "default",
+            "messages": _msgs("x"),
+            "max_tokens": 3000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream("POST", url, json=long, timeout=30) as r:
+            lines = r.iter_lines()  # keep a reference: a collected iterator closes the response
+            next(lines)
+            busy = httpx.post(url, json={"model": "default", "messages": _msgs("y"), "max_tokens": 2})
+            assert busy.status_code == 429
+            assert busy.json()["error"]["code"] == "rate_limit_exceeded"
+            assert "limit of 1 concurrent" in busy.json()["error"]["message"]
+        for _ in range(100):  # the closed stream frees its slot
+            ok = httpx.post(url, json={"model": "default", "messages": _msgs("y"), "max_tokens": 2})
+            if ok.status_code != 429:
+                break
+            time.sleep(0.05)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def test_sigterm_shuts_down_cleanly(server):
+    _, proc = server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_sse_wire_format(sharp_dir):
+    """Raw SSE lines: `data: {json}` events, blank-line separated, ending with `data: [DONE]`."""
+    with running_server(sharp_dir, "--served-model-name", "ernie-tiny") as (base, _):
+        body = {"model": "ernie-tiny", "messages": _msgs("hi"), "max_tokens": 3, "stream": True}
+        raw = httpx.post(base + "/chat/completions", json=body, timeout=30).text
+        events = [e for e in raw.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+        assert {p["model"] for p in payloads} == {"ernie-tiny"}
+        assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        assert httpx.get(base + "/models").json()["data"][0]["id"] == "ernie-tiny"
