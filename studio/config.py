@@ -34,6 +34,13 @@ class Settings(BaseSettings):
     kill_grace_s: float = 3.0
     # Extra directories (besides home) from which model dirs may be deployed or trained on.
     model_roots: str = ""
+    # Model servers bind here; the API reaches them at serve_advertise_host (defaults to serve_host).
+    serve_host: str = "127.0.0.1"
+    serve_advertise_host: str = ""
+    # Seconds a model server may take to answer /health before the deployment is marked failed.
+    serve_start_timeout_s: float = 600.0
+    # How often a worker re-sends runs the broker never got and requeues runs of dead workers.
+    reconcile_interval_s: float = 10.0
 
     @field_validator("home", mode="before")
     @classmethod

@@ -1,0 +1,1 @@
+"""Celery workers: claim runs and deployments, launch the engine CLI as child processes, record progress."""

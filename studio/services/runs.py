@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -51,7 +50,6 @@ DEFAULT_HYPERPARAMETERS: dict[str, Any] = {
     "save_steps": 10,
     "seed": 42,
 }
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 class RunSpec(BaseModel):
@@ -115,17 +113,12 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
 
 def validate_config(cfg: dict[str, Any]) -> None:
     """Let the engine check the keys and values (unknown keys come back with the closest valid key)."""
-    import tempfile
+    from engine.train.config import TrainConfig, config_from_dict
 
-    from engine.train.config import load_config
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        yaml.safe_dump(cfg, f)
-        f.flush()
-        try:
-            load_config(f.name, [])
-        except (ValueError, TypeError, KeyError) as e:
-            raise InvalidInput(f"hyperparameters: {str(e).replace(f.name, 'config')}") from None
+    try:
+        config_from_dict(TrainConfig, cfg, source="run config")
+    except (ValueError, TypeError, KeyError) as e:
+        raise InvalidInput(f"hyperparameters: {e}") from None
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:
@@ -283,20 +276,10 @@ def cancel_run(session: Session, settings: Settings, run_id: int) -> Run:
 
 
 def latest_checkpoint(settings: Settings, run: Run) -> Path | None:
-    """The newest complete checkpoint-N directory in the run's output dir."""
-    out = Path(run.output_dir)
-    if not out.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for d in out.iterdir():
-        m = CHECKPOINT_RE.match(d.name)
-        if m and d.is_dir() and checkpoint_complete(d) and (best is None or int(m.group(1)) > best[0]):
-            best = (int(m.group(1)), d)
-    return best[1] if best else None
+    """The newest complete checkpoint-N directory of the run (as the trainer will resume from it)."""
+    from engine.train.run_dir import latest_checkpoint as engine_latest
 
-
-def checkpoint_complete(d: Path) -> bool:
-    return any(d.iterdir())
+    return engine_latest(Path(run.output_dir)) if run.output_dir else None
 
 
 def resume_run(session: Session, settings: Settings, run_id: int) -> Run:

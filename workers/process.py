@@ -1,0 +1,98 @@
+"""Child processes in their own process group that die with their worker, and stopping them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def engine_command(*args: str) -> list[str]:
+    """`ernie-studio <args>` from the worker's own environment."""
+    script = Path(sys.executable).parent / "ernie-studio"
+    if script.exists():
+        return [str(script), *args]
+    found = shutil.which("ernie-studio")
+    return [found, *args] if found else [sys.executable, "-m", "engine", *args]
+
+
+def _die_with_parent() -> None:
+    # If the worker is SIGKILLed the trainer must not live on and write into a directory a new attempt
+    # will use; Linux delivers SIGKILL to the child when its parent thread dies.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def spawn(
+    cmd: list[str], log_file: Path, *, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.Popen:
+    """Start `cmd` in a new process group with stdout and stderr appended to `log_file`."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=full_env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM the child's process group, SIGKILL it after `grace_s`; returns the exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
+    return proc.wait()
+
+
+def kill_stale_group(pid: int | None, marker: str) -> None:
+    """Kill the process group of a child a dead worker left on this node (checked by its command line,
+    since the pid may have been reused)."""
+    if not pid:
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return
+    if marker not in cmdline:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        log.warning("killed leftover process group %d", pid)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tail(path: Path, max_bytes: int = 4000) -> str:
+    """The end of a log file, for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - max_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,84 @@
+"""Keeping the queue and the store in agreement: runs whose worker died go back to `queued` (they resume
+from their newest checkpoint), runs the broker never received are sent again, deployments of a dead
+worker are marked stopped."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from sqlalchemy import select, update
+
+from studio.config import Settings
+from studio.db import session_factory
+from studio.models import Deployment, DeploymentStatus, utcnow
+from studio.services import runs as runs_svc
+from studio.services.events import add_event
+from workers.process import kill_stale_group
+
+log = logging.getLogger(__name__)
+
+
+def reconcile(settings: Settings, worker: str | None) -> dict[str, int]:
+    """One pass. `worker` is this worker's name at start-up (its own leftovers are orphans for sure);
+    None for the periodic pass, which only trusts stale heartbeats."""
+    requeued = dispatched = stopped = 0
+    with session_factory(settings)() as session:
+        for run in runs_svc.orphaned_runs(session, worker or "\x00", settings.stale_after_s):
+            if run.node == settings.node_name:
+                kill_stale_group(run.pid, str(runs_svc.run_dir(settings, run.id)))
+            reason = f"worker {run.worker} is gone; resuming from the newest checkpoint"
+            if runs_svc.requeue_run(session, run.id, reason):
+                requeued += 1
+                log.warning("run %s: %s", run.id, reason)
+        # Give the API a moment to publish what it just created before treating it as lost.
+        for run in runs_svc.undispatched_runs(session, older_than=utcnow() - timedelta(seconds=2)):
+            runs_svc.dispatch_run(session, settings, run)
+            if run.dispatched_at is not None:
+                dispatched += 1
+        cutoff = utcnow() - timedelta(seconds=settings.stale_after_s)
+        active = [DeploymentStatus.RUNNING, DeploymentStatus.STARTING, DeploymentStatus.STOPPING]
+        deps = session.scalars(
+            select(Deployment).where(
+                Deployment.status.in_([s.value for s in active]),
+                Deployment.worker.is_not(None),
+                (Deployment.worker == (worker or "\x00")) | (Deployment.heartbeat_at < cutoff),
+            )
+        ).all()
+        for dep in deps:
+            if dep.node == settings.node_name:
+                kill_stale_group(dep.pid, "serve")
+            session.execute(
+                update(Deployment)
+                .where(Deployment.id == dep.id)
+                .values(
+                    status=DeploymentStatus.STOPPED, pid=None, stopped_at=utcnow(), error="its worker stopped"
+                )
+            )
+            add_event(session, "deployment.stopped", "its worker stopped; deploy again", deployment_id=dep.id)
+            stopped += 1
+        session.commit()
+    return {"requeued": requeued, "dispatched": dispatched, "deployments_stopped": stopped}
+
+
+class Reconciler(threading.Thread):
+    """Runs `reconcile` at start-up and then every `reconcile_interval_s` in the worker process."""
+
+    def __init__(self, settings: Settings, worker: str) -> None:
+        super().__init__(name="ernie-reconciler", daemon=True)
+        self.settings = settings
+        self.worker = worker
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        first = True
+        while not self.stopped.is_set():
+            try:
+                result = reconcile(self.settings, self.worker if first else None)
+                if any(result.values()):
+                    log.info("reconciled: %s", result)
+                first = False
+            except Exception:  # the database may be briefly unreachable; try again next round
+                log.exception("reconcile pass failed")
+            self.stopped.wait(self.settings.reconcile_interval_s)

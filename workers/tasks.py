@@ -1,0 +1,47 @@
+"""Celery tasks: thin wrappers that hand a run or a deployment to the functions doing the work."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+
+from studio.config import Settings, get_settings
+from workers.reconcile import Reconciler
+from workers.serving import execute_deployment
+from workers.training import execute_run
+
+log = logging.getLogger(__name__)
+_reconcilers: list[Reconciler] = []
+
+
+def _settings(app) -> Settings:
+    return getattr(app.conf, "ernie_settings", None) or get_settings()
+
+
+@shared_task(name="workers.tasks.run_training", bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_training(self, run_id: int) -> str | None:
+    """One attempt of a training run (resumes from the newest checkpoint when there is one)."""
+    return execute_run(_settings(self.app), int(run_id), self.request.hostname or "worker")
+
+
+@shared_task(name="workers.tasks.run_deployment", bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_deployment(self, deployment_id: int) -> str | None:
+    """Start a model server and hold it until the deployment is stopped."""
+    return execute_deployment(_settings(self.app), int(deployment_id), self.request.hostname or "worker")
+
+
+@worker_ready.connect
+def _start_reconciler(sender=None, **_) -> None:
+    settings = _settings(sender.app)
+    reconciler = Reconciler(settings, sender.hostname)
+    reconciler.start()
+    _reconcilers.append(reconciler)
+    log.info("worker %s ready; reconciler started", sender.hostname)
+
+
+@worker_shutdown.connect
+def _stop_reconciler(**_) -> None:
+    for r in _reconcilers:
+        r.stopped.set()
