@@ -1,0 +1,168 @@
+"""`ernie-studio up`, `ernie-studio worker` and `ernie-studio db upgrade`, registered through the
+`ernie_studio.commands` entry point so the engine's CLI never imports the studio."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+from studio.config import (
+    CPU_QUEUE,
+    LOOPBACK_HOSTS,
+    SERVE_QUEUE,
+    TRAIN_QUEUE,
+    Settings,
+    get_settings,
+    gpu_queue,
+)
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("up", help="start the studio: migrations, API + UI, and local workers")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (anything but loopback needs a token)"
+    )
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument(
+        "--no-worker", action="store_true", help="serve the API and UI only (workers run elsewhere)"
+    )
+    p.set_defaults(func=cmd_up)
+
+    p = subparsers.add_parser("worker", help="run a Celery worker for training (one per GPU) or serving")
+    p.add_argument(
+        "--gpu", type=int, default=None, help="GPU index this worker owns (queue gpu.<node>.<index>)"
+    )
+    p.add_argument(
+        "--serve", action="store_true", help="hold model servers (queue `serve`) instead of training"
+    )
+    p.add_argument("--name", default=None, help="worker name (default train@<node> / serve@<node>)")
+    p.add_argument("--concurrency", type=int, default=None)
+    p.set_defaults(func=cmd_worker)
+
+    p = subparsers.add_parser("db", help="database maintenance")
+    dsub = p.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
+    d = dsub.add_parser("upgrade", help="apply the Alembic migrations to ERNIE_STUDIO_DATABASE_URL")
+    d.add_argument("--revision", default="head")
+    d.set_defaults(func=cmd_db_upgrade)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from studio.migrate import upgrade
+
+    settings = get_settings()
+    upgrade(settings, args.revision)
+    print(f"database at {_safe_url(settings.database_url)} is at revision {args.revision}")
+    return 0
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def worker_command(
+    settings: Settings,
+    *,
+    gpu: int | None = None,
+    serve: bool = False,
+    name: str | None = None,
+    concurrency: int | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The `celery worker` command line (and extra environment) for a training or a serving worker."""
+    node = settings.node_name
+    env: dict[str, str] = {}
+    if serve:
+        queues = [SERVE_QUEUE]
+        name = name or f"serve@{node}"
+        concurrency = concurrency or 8  # each held deployment occupies one thread
+    else:
+        queues = [TRAIN_QUEUE, CPU_QUEUE]
+        if gpu is not None:
+            queues.insert(1, gpu_queue(node, gpu))
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            name = name or f"train{gpu}@{node}"
+        name = name or f"train@{node}"
+        concurrency = concurrency or 1  # one run per device at a time
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-Q", ",".join(queues), "-c", str(concurrency), "-P", "threads", "-n", name,
+        "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+    return cmd, env
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    settings.ensure_dirs()
+    cmd, env = worker_command(
+        settings, gpu=args.gpu, serve=args.serve, name=args.name, concurrency=args.concurrency
+    )
+    os.environ.update(env)
+    os.execv(sys.executable, cmd)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from studio.app import create_app
+    from studio.migrate import upgrade
+
+    settings = get_settings()
+    if args.host not in LOOPBACK_HOSTS and not settings.token:
+        # Like Jupyter: a non-loopback studio is never open to whoever can reach the port.
+        settings.token = secrets.token_urlsafe(24)
+    if settings.token:
+        os.environ["ERNIE_STUDIO_TOKEN"] = settings.token
+    os.environ["ERNIE_STUDIO_HOME"] = str(settings.home)
+    settings.ensure_dirs()
+    upgrade(settings)
+
+    children: list[subprocess.Popen] = []
+    if not args.no_worker:
+        logs = settings.home / "logs"
+        logs.mkdir(exist_ok=True)
+        for serve in (False, True):
+            cmd, env = worker_command(settings, serve=serve)
+            out = open(logs / ("serve-worker.log" if serve else "worker.log"), "ab")  # noqa: SIM115
+            children.append(
+                subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            )  # fmt: skip
+        log.info("workers started (logs in %s)", logs)
+
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown}:{args.port}/"
+    print(f"ERNIE Studio on {url}" + (f"?token={settings.token}" if settings.token else ""), flush=True)
+    if settings.token:
+        print("API clients send: Authorization: Bearer <token>", flush=True)
+    try:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    finally:
+        _stop(children)
+    return 0
+
+
+def _stop(children: list[subprocess.Popen]) -> None:
+    """Stop the local workers; a run they were training is requeued by the next worker's reconciler."""
+    for p in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in children:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
