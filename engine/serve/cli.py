@@ -49,8 +49,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.serve.fastdeploy import choose_backend
 
     model_dir = Path(args.model).expanduser()
-    if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: no config.json; --model must be a model directory")
+    if not (model_dir / "config.json").exists() and not (model_dir / "adapter_config.json").exists():
+        raise FileNotFoundError(
+            f"{model_dir}: neither config.json (a model) nor adapter_config.json (a LoRA run); "
+            "--model must be a model directory or a LoRA run directory"
+        )
     backend, reason = choose_backend(args.backend, model_dir)
     log.info("backend %s (%s)", backend, reason)
     if backend == "fastdeploy":
@@ -73,13 +76,21 @@ class GracefulServer(uvicorn.Server):
         yield
 
 
+def tokenizer_dir(model_dir: Path) -> Path:
+    """Where the tokenizer lives: the model dir, or for a LoRA run without tokenizer files its base model."""
+    if (model_dir / "tokenizer.model").exists() or not (model_dir / "adapter_config.json").exists():
+        return model_dir
+    base = Path(json.loads((model_dir / "adapter_config.json").read_text())["base_model"])
+    return base if base.is_absolute() else (model_dir / base).resolve()
+
+
 def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
     import engine
     from engine.serve.generate import GenerationEngine
     from engine.serve.server import create_app
 
     model = engine.load_model(str(model_dir), dtype=args.dtype)
-    tokenizer = engine.load_tokenizer(str(model_dir))
+    tokenizer = engine.load_tokenizer(str(tokenizer_dir(model_dir)))
     gen = GenerationEngine(model, tokenizer, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     app = create_app(gen, args.served_model_name, args.max_concurrent_requests, model_dir)
     config = uvicorn.Config(

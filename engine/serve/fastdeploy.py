@@ -166,13 +166,13 @@ def plan_launch(
 ) -> LaunchPlan:
     """Build the FastDeploy command line on ``port`` with two more free ports for metrics and its worker queue."""
     model_dir = Path(model_dir).resolve()
-    if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: no config.json; pass a model directory to --model")
     lora = lora_adapter_files(model_dir)
     if lora:
         raise ValueError(
             f"FastDeploy cannot serve the LoRA run {model_dir} ({', '.join(lora)}); {merge_hint(model_dir)}"
         )
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"{model_dir}: no config.json; pass a model directory to --model")
     if quantization not in (None, "wint4", "wint8", "block_wise_fp8"):
         raise ValueError(f"--quantization must be wint4, wint8 or block_wise_fp8, not {quantization!r}")
     if not port_is_free(port, host):
