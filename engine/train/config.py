@@ -100,7 +100,7 @@ class TrainConfig:
     output_dir: str = "./output"
     logging_dir: str = ""
     # data
-    train_dataset_type: str = "erniekit"
+    train_dataset_type: str = ""
     train_dataset_path: str = ""
     train_dataset_prob: str = "1.0"
     eval_dataset_type: str = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 
@@ -16,11 +17,24 @@ from engine.train.lora import adapters_disabled
 from engine.train.sft import router_penalty, to_tensor_batch
 
 
-def sequence_logps(model, t: dict) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, dict]:
-    """Per-sequence summed log-probability of the labelled tokens, their CE sum, token count, router losses."""
+def sequence_logps(model, t: dict) -> tuple[paddle.Tensor, paddle.Tensor, dict]:
+    """Summed log-probability of the labelled tokens of every pair slot, their CE sum, router losses.
+
+    Padded batches give one slot per row; packed rows hold several pairs, slot k of a row being the
+    k-th segment (the data pipeline packs chosen and rejected sides identically).
+    """
     out = model(**t["inputs"])
-    ce, mask = per_token_loss(out.logits, t["labels"])
-    return -ce.sum(axis=-1), ce.sum(), mask.sum(), out.router_losses
+    ce, _ = per_token_loss(out.logits, t["labels"])
+    seg = t["inputs"].get("segment_ids")
+    if seg is None:
+        return -ce.sum(axis=-1), ce.sum(), out.router_losses
+    slots = int(seg.max()) + 1
+    onehot = F.one_hot(paddle.clip(seg, min=0), slots).astype("float32") * (seg >= 0).astype(
+        "float32"
+    ).unsqueeze(-1)
+    per_slot = (ce.unsqueeze(-1) * onehot).sum(axis=1)  # [B, slots]
+    present = onehot.sum(axis=1) > 0
+    return -paddle.masked_select(per_slot, present), ce.sum(), out.router_losses
 
 
 def preference_loss(
@@ -49,8 +63,7 @@ class DPOLoss:
 
     def reference_logps(self, model, chosen: dict, rejected: dict) -> tuple[paddle.Tensor, paddle.Tensor]:
         if self.cfg.reference_free:
-            zero = paddle.zeros([chosen["labels"].shape[0]], dtype="float32")
-            return zero, zero
+            return paddle.zeros([1], dtype="float32"), paddle.zeros([1], dtype="float32")
         ref = self.reference if self.reference is not None else model
         ctx = adapters_disabled(model) if self.reference is None and self.lora else contextlib.nullcontext()
         with paddle.no_grad(), ctx:
@@ -67,8 +80,8 @@ class DPOLoss:
         chosen = to_tensor_batch(batch, "chosen_")
         rejected = to_tensor_batch(batch, "rejected_")
         ref_c, ref_r = self.reference_logps(model, chosen, rejected)
-        pi_c, ce_c, _, router_c = sequence_logps(model, chosen)
-        pi_r, _, _, router_r = sequence_logps(model, rejected)
+        pi_c, ce_c, router_c = sequence_logps(model, chosen)
+        pi_r, _, router_r = sequence_logps(model, rejected)
         logits = (pi_c - pi_r) - (ref_c - ref_r)
         pref = preference_loss(logits, cfg.loss_type, cfg.beta, cfg.label_smoothing).sum() / pair_norm
         sft = ce_c / token_norm
@@ -96,17 +109,24 @@ class DPOLoss:
         return loss, metrics, []
 
 
+def count_pairs(batch: dict) -> int:
+    seg = batch.get("chosen_segment_ids")
+    if seg is None:
+        return len(batch["chosen_input_ids"])
+    seg = np.asarray(seg)
+    return int(sum(len(np.unique(row[row >= 0])) for row in seg))
+
+
 @paddle.no_grad()
 def evaluate_dpo(model, batches, stage: DPOLoss) -> dict:
     """Preference accuracy, mean margin and loss over a finite set of pair batches."""
     sums = {"eval_loss": 0.0, "eval_rewards/accuracy": 0.0, "eval_rewards/margins": 0.0}
     pairs = 0
     for batch in batches:
-        n = len(batch["chosen_input_ids"])
-        tokens = float((batch["chosen_labels"] != -100).sum())
+        tokens = float((np.asarray(batch["chosen_labels"]) != -100).sum())
         _, m, _ = stage(model, batch, pair_norm=1.0, token_norm=max(tokens, 1.0), share=1.0)
         sums["eval_loss"] += m["dpo_loss"]
         sums["eval_rewards/accuracy"] += m["rewards/accuracy"]
         sums["eval_rewards/margins"] += m["rewards/margins"]
-        pairs += n
+        pairs += count_pairs(batch)
     return {k: v / max(pairs, 1) for k, v in sums.items()} | {"eval_pairs": pairs}

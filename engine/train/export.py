@@ -74,9 +74,8 @@ def eval_batches(cfg: ExportConfig, tokenizer) -> list[dict]:
         seed=cfg.seed,
         batch_size=cfg.batch_size,
         shuffle=False,
-        repeat=False,
     )
-    return list(data)
+    return list(data.one_pass())
 
 
 def run_export(cfg: ExportConfig) -> ExportSummary:

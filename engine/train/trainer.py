@@ -30,7 +30,7 @@ import paddle
 from engine.train import lora as lora_mod
 from engine.train import pretrain, quant
 from engine.train.config import TrainConfig
-from engine.train.dpo import DPOLoss, evaluate_dpo
+from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
 from engine.train.run_dir import (
     MetricsLog,
     begin_checkpoint,
@@ -144,7 +144,7 @@ class DataParallel:
             g.set_value(flat[offset : offset + n].reshape(g.shape))
             offset += n
 
-    def slice(self, batch: dict) -> dict:
+    def slice(self, batch: dict, config) -> dict:
         """This rank's rows of a global batch (the data is built for batch_size x world rows)."""
         if self.world == 1:
             return batch
@@ -153,8 +153,20 @@ class DataParallel:
             if isinstance(v, np.ndarray) and v.ndim >= 1:
                 rows = v.shape[0] // self.world
                 out[k] = v[self.rank * rows : (self.rank + 1) * rows]
-            else:
-                out[k] = v
+        if batch.get("images"):
+            # images are one flat list in row order; each fills its row's placeholder tokens
+            ids = np.asarray(batch["input_ids"])
+            rows = ids.shape[0] // self.world
+            before = int((ids[: self.rank * rows] == config.im_patch_id).sum())
+            mine = int((out["input_ids"] == config.im_patch_id).sum())
+            g = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+            seen, picked = 0, []
+            for img in batch["images"]:
+                n = (img.shape[-2] // g) * (img.shape[-1] // g)
+                if before <= seen < before + mine:
+                    picked.append(img)
+                seen += n
+            out["images"] = picked
         return out
 
 
@@ -229,7 +241,6 @@ def build_model(cfg: TrainConfig):
 
 
 def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]):
-    clip = paddle.nn.ClipGradByGlobalNorm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
     if cfg.lora:
         params = lora_mod.lora_parameter_groups(model, cfg.learning_rate, cfg.lora_plus_scale)
     else:
@@ -243,16 +254,18 @@ def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]
         epsilon=cfg.adam_epsilon,
         weight_decay=cfg.weight_decay,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        grad_clip=clip,
     )
 
 
-def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, image_size: int | None = None):
+def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, vision_config=None):
     """``engine.data.build_train_data`` for the train or eval split, ``rows`` samples per batch."""
     from engine.data import build_train_data
 
-    spec = cfg.dataset_spec(split)
-    spec = {k.replace(f"{split}_", "train_", 1): v for k, v in spec.items()}
+    spec = {
+        "train_dataset_type": getattr(cfg, f"{split}_dataset_type") or cfg.train_dataset_type,
+        "train_dataset_path": getattr(cfg, f"{split}_dataset_path"),
+        "train_dataset_prob": getattr(cfg, f"{split}_dataset_prob"),
+    }
     return build_train_data(
         spec,
         tokenizer,
@@ -262,9 +275,8 @@ def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, image_size: i
         seed=cfg.seed,
         batch_size=rows,
         max_prompt_len=cfg.max_prompt_len,
-        mix_strategy=cfg.mix_strategy,
+        vision_config=vision_config,
         shuffle=split == "train",
-        repeat=split == "train",
     )
 
 
@@ -385,7 +397,7 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
     optimizer = build_optimizer(cfg, model, trainable)
     ordered = list(trainable.values())
     ema = WeightEMA(trainable, cfg.ema_decay) if cfg.ema_decay else None
-    data = build_data(cfg, tokenizer, "train", cfg.batch_size * dp.world)
+    data = build_data(cfg, tokenizer, "train", cfg.batch_size * dp.world, mc.vision_config)
     total = cfg.max_steps if cfg.max_steps > 0 else _epoch_steps(cfg, data)
 
     # ---- resume --------------------------------------------------------------------------------
@@ -405,20 +417,20 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
     last_metrics: dict[str, Any] = {}
     while step < total:
         t0 = time.time()
-        micro = [dp.slice(next(it)) for _ in range(cfg.gradient_accumulation_steps)]
+        micro = [dp.slice(next(it), mc) for _ in range(cfg.gradient_accumulation_steps)]
         share = 1.0 / (len(micro) * dp.world)
         if stage is None:
             token_norm = float(dp.sum(np.array([sum(labelled_tokens(b) for b in micro)]))[0])
         else:
             token_norm = float(dp.sum(np.array([sum(labelled_tokens(b, "chosen_") for b in micro)]))[0])
-            pair_norm = float(dp.sum(np.array([sum(len(b["chosen_input_ids"]) for b in micro)]))[0])
+            pair_norm = float(dp.sum(np.array([sum(count_pairs(b) for b in micro)]))[0])
         token_norm = max(token_norm, 1.0)
         lr = lr_at(step, cfg, total)
         optimizer.set_lr(lr)
         sums: dict[str, float] = {}
         counts = None
         tokens = 0
-        for i, batch in enumerate(micro):
+        for batch in micro:
             if stage is None:
                 loss, m, stats = language_model_loss(model, batch, token_norm, share)
                 tokens += int(np.asarray(batch["input_ids"]).size)
@@ -430,15 +442,17 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
                 tokens += int(
                     np.asarray(batch["chosen_input_ids"]).size + np.asarray(batch["rejected_input_ids"]).size
                 )
-            if i == 0:
-                # Every trainable weight gets a gradient (zero when unused, e.g. an idle expert) so that
-                # ranks all-reduce the same tensors and AdamW treats them the same with 1 or N ranks.
-                loss = loss + paddle.add_n([p.sum() * 0.0 for p in ordered])
             loss.backward()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
+        # Every trainable weight gets a gradient (zero when unused, e.g. an idle expert) so that ranks
+        # all-reduce the same tensors and AdamW treats them the same with 1 or N ranks.
+        for p in ordered:
+            if p.grad is None:
+                p._copy_gradient_from(paddle.zeros_like(p))
         dp.sum_grads(ordered)
-        grad_norm = float(paddle.sqrt(paddle.add_n([(p.grad.astype("float32") ** 2).sum() for p in ordered])))
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = float(paddle.nn.utils.clip_grad_norm_(ordered, max_norm))
         optimizer.step()
         optimizer.clear_grad(set_to_zero=False)
         step += 1
@@ -461,7 +475,7 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
             grad_norm=grad_norm,
             tokens_per_second=float(totals[-1]) / max(now - t0, 1e-9),
             elapsed_s=now - t_start,
-            epoch=step / _epoch_steps_or_none(cfg, data) if _epoch_steps_or_none(cfg, data) else None,
+            epoch=float(data.epoch),
         )
         metrics = {k: v for k, v in metrics.items() if v is not None}
         last_metrics = metrics
@@ -511,25 +525,18 @@ def _unflatten(counts: list[list[np.ndarray]], flat: np.ndarray) -> list[list[np
     return out
 
 
-def _epoch_steps_or_none(cfg: TrainConfig, data) -> int | None:
-    n = getattr(data, "num_batches", None)
-    if n is None:
-        return None
-    return max(1, int(n) // cfg.gradient_accumulation_steps)
-
-
 def _epoch_steps(cfg: TrainConfig, data) -> int:
-    per_epoch = _epoch_steps_or_none(cfg, data)
-    if per_epoch is None:
-        raise ValueError("the dataset size is unknown (streamed); set max_steps instead of num_train_epochs")
-    return max(1, int(per_epoch * cfg.num_train_epochs))
+    """max_steps from num_train_epochs: optimiser steps that cover the data that many times."""
+    per_epoch = max(1, data.steps_per_epoch // cfg.gradient_accumulation_steps)
+    return max(1, round(per_epoch * cfg.num_train_epochs))
 
 
 def _evaluate(cfg: TrainConfig, model, tokenizer, stage) -> dict:
-    data = build_data(cfg, tokenizer, "eval", cfg.per_device_eval_batch_size or cfg.batch_size)
+    rows = cfg.per_device_eval_batch_size or cfg.batch_size
+    data = build_data(cfg, tokenizer, "eval", rows, model.config.vision_config)
     model.eval()
     try:
-        batches = list(data)
+        batches = list(data.one_pass())
         return evaluate_lm(model, batches) if stage is None else evaluate_dpo(model, batches, stage)
     finally:
         model.train()
