@@ -117,6 +117,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     from studio.app import create_app
     from studio.migrate import upgrade
+    from workers.process import die_with_parent
 
     settings = get_settings()
     if args.host not in LOOPBACK_HOSTS and not settings.token:
@@ -137,10 +138,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             out = open(logs / ("serve-worker.log" if serve else "worker.log"), "ab")  # noqa: SIM115
             children.append(
                 subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=die_with_parent)
             )  # fmt: skip
         log.info("workers started (logs in %s)", logs)
 
+    # uvicorn re-raises SIGTERM after its graceful shutdown; turning it into SystemExit lets `finally`
+    # stop the workers instead of leaving them behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown}:{args.port}/"
     print(f"ERNIE Studio on {url}" + (f"?token={settings.token}" if settings.token else ""), flush=True)

@@ -27,7 +27,7 @@ def engine_command(*args: str) -> list[str]:
     return [found, *args] if found else [sys.executable, "-m", "engine", *args]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # If the worker is SIGKILLed the trainer must not live on and write into a directory a new attempt
     # will use; Linux delivers SIGKILL to the child when its parent thread dies.
     try:
@@ -52,7 +52,7 @@ def spawn(
             cwd=cwd,
             env=full_env,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
 
 
