@@ -24,6 +24,8 @@ def make_celery(settings: Settings) -> Celery:
             "data_folder_in": folder,
             "data_folder_out": folder,
             "processed_folder": str(settings.broker_dir / "processed"),
+            # Without this kombu writes its exchange tables to the current directory.
+            "control_folder": str(settings.broker_dir / "control"),
             "store_processed": False,
             "polling_interval": 0.2,
         }
