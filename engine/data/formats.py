@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from engine.data.records import iter_raw
 
 FORMATS = ("erniekit", "alpaca", "chatml", "erniekit_vl", "text")
@@ -199,6 +201,7 @@ def _erniekit_sft(rec: dict, problems: list[str]) -> Conversation | None:
     is_system = _flag(rec, "is_system", problems)
     src = _text_list(rec, "src", problems)
     tgt = _text_list(rec, "tgt", problems)
+    labels_given = _labels(rec, problems)
     if src is None or tgt is None:
         return None
     if is_system:
@@ -213,27 +216,36 @@ def _erniekit_sft(rec: dict, problems: list[str]) -> Conversation | None:
         problems.append(f"src has {len(src)} turns but tgt has {len(tgt)}; they must be equal")
         return None
     labels = [1] * len(tgt)
-    if "label" in rec:
-        lab = rec["label"]
-        if not isinstance(lab, list):
-            problems.append(f"'label' must be a list of 0/1 per turn, got {_type_name(lab)}")
+    if labels_given is not None:
+        if len(labels_given) != len(tgt):
+            problems.append(f"'label' has {len(labels_given)} values but there are {len(tgt)} turns")
             return None
-        if len(lab) != len(tgt):
-            problems.append(f"'label' has {len(lab)} values but there are {len(tgt)} turns")
-            return None
-        bad = [
-            f"label[{i}]={json.dumps(v)}"
-            for i, v in enumerate(lab)
-            if v not in (0, 1) or isinstance(v, bool | float)
-        ]
-        if bad:
-            problems.append(f"label values must be 0 or 1: {', '.join(bad)}")
-            return None
-        labels = [int(v) for v in lab]
+        labels = labels_given
         if not any(labels):
             problems.append("every turn has label 0, so the sample has nothing to learn")
             return None
+    if problems:
+        return None
     return Conversation(system, [Turn(q, a, bool(lab)) for q, a, lab in zip(src, tgt, labels, strict=True)])
+
+
+def _labels(rec: dict, problems: list[str]) -> list[int] | None:
+    """The per-turn 0/1 loss switches, checked on their own so their problems show with the others."""
+    if "label" not in rec:
+        return None
+    lab = rec["label"]
+    if not isinstance(lab, list):
+        problems.append(f"'label' must be a list of 0/1 per turn, got {_type_name(lab)}")
+        return None
+    bad = [
+        f"label[{i}]={json.dumps(v)}"
+        for i, v in enumerate(lab)
+        if v not in (0, 1) or isinstance(v, bool | float)
+    ]
+    if bad:
+        problems.append(f"label values must be 0 or 1: {', '.join(bad)}")
+        return None
+    return [int(v) for v in lab]
 
 
 def _response_text(v: Any) -> str | None:
@@ -461,6 +473,11 @@ def resolve_image(url: str, base_dir: Path | None) -> tuple[Path | None, str | N
         return None, f"image path {url!r} escapes the dataset directory {base}; keep images inside it"
     if not p.is_file():
         return None, f"image {url!r} not found (looked for {p})"
+    try:
+        with Image.open(p) as im:
+            im.size  # noqa: B018 - reading the header is the check
+    except (OSError, ValueError) as e:
+        return None, f"image {url!r} cannot be read as an image ({e.__class__.__name__}); use PNG or JPEG"
     return p, None
 
 

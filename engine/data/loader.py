@@ -99,14 +99,19 @@ def load_items(
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{path}: dataset file not found")
-    if fmt is None:
-        fmt, found_kind = detect_format(p)
-        if found_kind != kind and kind in KINDS[fmt]:
-            found_kind = kind
-        if found_kind != kind:
-            raise ValueError(f"{path}: holds {found_kind} data ({fmt}), but this stage trains on {kind} data")
-    elif kind not in KINDS.get(fmt, ()):
-        raise ValueError(f"{path}: format {fmt!r} holds {'/'.join(KINDS.get(fmt, ('?',)))} data, not {kind}")
+    try:
+        found_fmt, found_kind = detect_format(p)
+    except ValueError:
+        if fmt is None:
+            raise
+        found_fmt, found_kind = fmt, kind  # the per-record checks below will say what is wrong
+    fmt = fmt or found_fmt
+    if fmt not in KINDS:
+        raise ValueError(f"{path}: unknown dataset type {fmt!r}; choose one of: {', '.join(KINDS)}")
+    if found_fmt == fmt and found_kind != kind:
+        raise ValueError(f"{path}: holds {found_kind} data ({fmt}), but this stage trains on {kind} data")
+    if kind not in KINDS[fmt]:
+        raise ValueError(f"{path}: format {fmt!r} holds {'/'.join(KINDS[fmt])} data, not {kind}")
     report = ValidationReport(str(path), fmt, kind)
     items: list[EncodedSample | EncodedPair] = []
     dropped = 0
@@ -197,6 +202,7 @@ class TrainData:
         self._pool: list[tuple[int, int, int]] = []  # (source, item, batch index when drawn)
         self.batches_yielded = 0
         self.items_drawn = 0
+        self.source_counts = [0] * len(self.items)  # draws per dataset, to check the mixing
         self._finite: Iterator[dict[str, Any]] | None = None
 
     # ---- sizes ------------------------------------------------------------------------------------
@@ -248,6 +254,7 @@ class TrainData:
             epoch, pos = epoch + 1, 0
         self._cursor[src] = [epoch, pos]
         self.items_drawn += 1
+        self.source_counts[src] += 1
         return src, idx
 
     def _concat_source(self) -> int:
@@ -346,6 +353,7 @@ class TrainData:
             "pool": [list(r) for r in self._pool],
             "batches_yielded": self.batches_yielded,
             "items_drawn": self.items_drawn,
+            "source_counts": list(self.source_counts),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -362,6 +370,7 @@ class TrainData:
         self._pool = [(int(a), int(b), int(c)) for a, b, c in state["pool"]]
         self.batches_yielded = int(state["batches_yielded"])
         self.items_drawn = int(state["items_drawn"])
+        self.source_counts = [int(x) for x in state["source_counts"]]
 
 
 def build_train_data(

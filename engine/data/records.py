@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -89,10 +90,17 @@ def _iter_lines(path: str | Path, start_byte: int = 0, start_line: int = 1) -> I
 def _iter_array(path: str | Path) -> Iterator[RawRecord]:
     """Stream the elements of a top-level JSON array without loading the file whole."""
     decoder = json.JSONDecoder()
+    # Incremental: a chunk may end inside a multi-byte character. Bad bytes become surrogates and are
+    # reported per record below instead of failing the whole file.
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+
+    def _text(data: bytes, eof: bool) -> str:
+        return utf8.decode(data, final=eof)
+
     with open(path, "rb") as f:
         data = f.read(CHUNK)
         eof = len(data) < CHUNK
-        buf, line, pos = _text(data, path), 1, 0
+        buf, line, pos = _text(data, eof), 1, 0
         # Skip BOM, whitespace and the opening bracket.
         while True:
             pos = _skip_ws(buf, pos)
@@ -102,7 +110,7 @@ def _iter_array(path: str | Path) -> Iterator[RawRecord]:
                 return
             more = f.read(CHUNK)
             eof = len(more) < CHUNK
-            buf += _text(more, path)
+            buf += _text(more, eof)
         if buf[pos] == "\ufeff":
             pos += 1
         pos = _skip_ws(buf, pos) + 1  # the '['
@@ -114,7 +122,7 @@ def _iter_array(path: str | Path) -> Iterator[RawRecord]:
             if pos >= len(buf) and not eof:
                 more = f.read(CHUNK)
                 eof = len(more) < CHUNK
-                buf = buf[pos:] + _text(more, path)
+                buf = buf[pos:] + _text(more, eof)
                 pos = 0
                 continue
             if pos >= len(buf):
@@ -147,7 +155,7 @@ def _iter_array(path: str | Path) -> Iterator[RawRecord]:
                         return
                     more = f.read(max(CHUNK, len(buf) - pos))
                     eof = len(more) < CHUNK
-                    buf = buf[pos:] + _text(more, path)
+                    buf = buf[pos:] + _text(more, eof)
                     pos = 0
             if _SURROGATE.search(buf, pos, end):
                 yield RawRecord(
@@ -168,11 +176,6 @@ def _skip_ws(buf: str, pos: int) -> int:
     while pos < n and buf[pos] in " \t\r\n":
         pos += 1
     return pos
-
-
-def _text(data: bytes, path: str | Path) -> str:
-    # A chunk may end inside a multi-byte character; errors="strict" would misreport that as bad UTF-8.
-    return data.decode("utf-8", errors="surrogateescape")
 
 
 # ---- paging ------------------------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""Encoding round trips: labels cover exactly the answers, label-0 turns, truncation order, DPO, PT, VL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import load_tokenizer
+from engine.data import IGNORE_INDEX, SampleEncoder, collate_padded, parse_record, render_record
+from engine.models.config import VisionConfig
+from engine.models.vision import image_token_count
+from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+def encode(tok, record, fmt="erniekit", kind="sft", max_seq_len=512, base_dir=None):
+    ex = parse_record(record, fmt, kind, base_dir)
+    items = SampleEncoder(tok, max_seq_len).encode(ex)
+    assert len(items) == 1
+    return items[0]
+
+
+def trained_text(tok, sample) -> str:
+    """The tokens that receive loss (label[t] predicts token t+1), decoded with special tokens."""
+    targets = [int(x) for x in sample.labels if x != IGNORE_INDEX]
+    return tok.decode(targets, skip_special_tokens=False)
+
+
+def test_labels_cover_exactly_the_assistant_tokens(tok):
+    rec = {
+        "system": "Be brief.",
+        "src": ["What is 2 + 3?", "And 4 + 4?"],
+        "tgt": ["2 + 3 = 5.", "4 + 4 = 8."],
+    }
+    s = encode(tok, rec)
+    ids = s.input_ids
+    # Aligned labels: every labelled position predicts the next input token.
+    pos = np.nonzero(s.labels != IGNORE_INDEX)[0]
+    assert (s.labels[pos] == ids[pos + 1]).all()
+    assert s.labels[-1] == IGNORE_INDEX
+    sep = tok.sep_token
+    assert trained_text(tok, s) == f"2 + 3 = 5.{sep}4 + 4 = 8.{sep}"
+    # The labelled targets are exactly the answer ids (+ the closing sep of each), in order.
+    answers = [*tok.encode("2 + 3 = 5."), tok.sep_token_id, *tok.encode("4 + 4 = 8."), tok.sep_token_id]
+    assert [int(x) for x in s.labels[pos]] == answers
+    # The prompt of the first turn is exactly what inference feeds the model.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert ids[: len(prompt)].tolist() == prompt
+    assert s.labels[len(prompt) - 1] == tok.encode("2 + 3 = 5.")[0]
+    assert (s.labels[: len(prompt) - 1] == IGNORE_INDEX).all()
+
+
+def test_label_zero_turns_get_no_loss(tok):
+    rec = {"src": ["q one", "q two", "q three"], "tgt": ["alpha", "beta", "gamma"], "label": [0, 1, 0]}
+    s = encode(tok, rec)
+    assert trained_text(tok, s) == f"beta{tok.sep_token}"
+    full = tok.decode(s.input_ids.tolist(), skip_special_tokens=False)
+    assert "alpha" in full and "gamma" in full  # the untrained turns stay as context
+
+
+def test_is_system_moves_src0_into_the_system_line(tok):
+    s = encode(tok, {"is_system": 1, "src": ["You are terse.", "hi"], "tgt": ["hello"]})
+    text = tok.decode(s.input_ids.tolist(), skip_special_tokens=False)
+    assert text.startswith(f"{tok.cls_token}You are terse.\nUser: hi\nAssistant:")
+
+
+def test_truncation_drops_the_oldest_turns_first(tok):
+    turns = [f"question number {i}" for i in range(4)]
+    answers = [f"answer number {i}" for i in range(4)]
+    rec = {"system": "SYS", "src": turns, "tgt": answers}
+    whole = encode(tok, rec)
+    # Room for the system line and the last two turns only.
+    last_two = encode(tok, {"system": "SYS", "src": turns[2:], "tgt": answers[2:]})
+    s = encode(tok, rec, max_seq_len=len(last_two) + 3)
+    assert len(whole) > len(s) == len(last_two)
+    assert s.dropped_turns == 2 and s.num_turns == 2 and not s.truncated
+    assert s.input_ids.tolist() == last_two.input_ids.tolist()
+    text = tok.decode(s.input_ids.tolist(), skip_special_tokens=False)
+    assert "SYS" in text and "number 0" not in text and "number 1" not in text
+    # A single turn that still does not fit is cut at the end (keeping its first answer tokens).
+    one = encode(
+        tok, {"src": ["q"], "tgt": ["a fairly long answer that cannot fit in the window"]}, max_seq_len=14
+    )
+    assert len(one) == 14 and one.truncated and (one.labels != IGNORE_INDEX).any()
+
+
+def test_prompt_too_long_for_any_answer_is_skipped(tok):
+    ex = parse_record({"src": ["word " * 200], "tgt": ["a"]}, "erniekit", "sft")
+    assert SampleEncoder(tok, 32).encode(ex) == []
+
+
+def test_dpo_pairs_share_the_prompt_and_sort_picks_the_chosen(tok):
+    rec = {
+        "src": ["hi", "What is 1 + 1?"],
+        "tgt": ["hello"],
+        "response": [["1 + 1 = 3."], ["1 + 1 = 2."]],
+        "sort": [0, 1],
+    }
+    pair = encode(tok, rec, kind="dpo")
+    c, r = pair.chosen, pair.rejected
+    n = pair.prompt_length
+    assert c.input_ids[:n].tolist() == r.input_ids[:n].tolist()
+    assert trained_text(tok, c) == f"1 + 1 = 2.{tok.sep_token}"
+    assert trained_text(tok, r) == f"1 + 1 = 3.{tok.sep_token}"
+    assert (c.labels[: n - 1] == IGNORE_INDEX).all()
+    # alpaca DPO renders the same way
+    alp = encode(
+        tok, {"question": "What is 1 + 1?", "chosen": "2", "rejected": "3"}, fmt="alpaca", kind="dpo"
+    )
+    assert trained_text(tok, alp.chosen) == f"2{tok.sep_token}"
+
+
+def test_pretraining_text_trains_every_token_and_splits_long_documents(tok):
+    ex = parse_record({"text": "The capital of France is Paris. " * 20}, "text", "pt")
+    samples = SampleEncoder(tok, 64).encode(ex)
+    assert len(samples) > 1 and all(len(s) <= 64 for s in samples)
+    for s in samples:
+        assert (s.labels[:-1] == s.input_ids[1:]).all()
+    assert samples[0].input_ids[0] == tok.convert_tokens_to_ids(tok.cls_token)
+    assert samples[-1].input_ids[-1] == tok.sep_token_id
+
+
+def test_alpaca_history_and_chatml_tools(tok):
+    rec = {
+        "instruction": "Add",
+        "input": "2 and 2",
+        "output": "4",
+        "history": [["hi", "hello"]],
+        "system": "S",
+    }
+    s = encode(tok, rec, fmt="alpaca")
+    text = tok.decode(s.input_ids.tolist(), skip_special_tokens=False)
+    assert text.startswith(f"{tok.cls_token}S\nUser: hi\nAssistant:")
+    assert "User: Add\n2 and 2\nAssistant:" in text
+    assert trained_text(tok, s) == f"hello{tok.sep_token}4{tok.sep_token}"
+    line = (DEMO / "chatml_demo.jsonl").read_text().splitlines()[0]
+    chat = json.loads(line)
+    spans = render_record(chat, "chatml", "sft", tok)
+    assert "You can call these tools" in spans[0]["text"] and '"name": "add"' in spans[0]["text"]
+    assert "User: Tool result:" in "".join(x["text"] for x in spans)
+    assert [x["trained"] for x in spans] == [False, True, False, True]
+
+
+def test_render_record_matches_the_chat_template(tok):
+    rec = {"system": "Be brief.", "src": ["q1", "q2"], "tgt": ["a1", "a2"], "label": [0, 1]}
+    spans = render_record(rec, "erniekit", "sft", tok)
+    messages = [{"role": "system", "content": "Be brief."}]
+    for q, a in zip(rec["src"], rec["tgt"], strict=True):
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    assert "".join(s["text"] for s in spans) == tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert [s for s in spans if s["trained"]] == [{"text": f"a2{tok.sep_token}", "trained": True}]
+    bad = render_record({"src": ["q"], "tgt": [""]}, "erniekit", "sft", tok)
+    assert bad == [{"text": "'tgt[0]' is an empty turn", "trained": False, "error": True}]
+    dpo = render_record({"question": "q", "chosen": "good", "rejected": "bad"}, "alpaca", "dpo", tok)
+    assert [(s.get("label"), s["trained"]) for s in dpo] == [
+        (None, False),
+        ("chosen", True),
+        ("rejected", True),
+    ]
+
+
+def test_vl_prompt_holds_the_image_placeholders(tok):
+    cfg = VisionConfig(patch_size=14, spatial_merge_size=2)
+    rec = json.loads((DEMO / "vl_demo.jsonl").read_text().splitlines()[0])
+    ex = parse_record(rec, "erniekit_vl", "sft", DEMO)
+    (s,) = SampleEncoder(tok, 512, vision_config=cfg).encode(ex)
+    placeholder = tok.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
+    ids = s.input_ids.tolist()
+    n = image_token_count(112, 112, cfg)
+    assert n == 16 and ids.count(placeholder) == n
+    start = ids.index(tok.convert_tokens_to_ids(IMAGE_START))
+    assert ids[start + 1 : start + 1 + n] == [placeholder] * n
+    assert ids[start + 1 + n] == tok.convert_tokens_to_ids(IMAGE_END)
+    assert (s.labels[[i for i, x in enumerate(ids) if x == placeholder]] == IGNORE_INDEX).all()
+    batch = collate_padded([s, s], tok.pad_token_id, im_patch_id=placeholder)
+    images = batch["images"]
+    assert len(images) == 2 and images[0].shape == (3, 112, 112) and images[0].dtype == np.float32
+    assert images[0].min() >= 0.0 and images[0].max() <= 1.0
+    assert batch["token_type_ids"].sum() == 2 * n
+    # Red circle: the centre pixel is red.
+    np.testing.assert_allclose(images[0][:, 56, 56], np.array([220, 40, 40]) / 255, atol=1e-6)
+
+
+def test_vl_images_are_resized_to_the_grid(tmp_path, tok):
+    from PIL import Image
+
+    from engine.data.images import load_image
+
+    Image.new("RGB", (100, 61), (0, 0, 255)).save(tmp_path / "odd.png")
+    arr = load_image(tmp_path / "odd.png")
+    assert arr.shape[0] == 3 and arr.shape[1] % 28 == 0 and arr.shape[2] % 28 == 0
+    assert arr.shape[1:] == (56, 112)
+    Image.new("RGB", (2000, 1000), (0, 0, 255)).save(tmp_path / "big.png")
+    big = load_image(tmp_path / "big.png")
+    assert big.shape[1] * big.shape[2] <= 448 * 448 and big.shape[2] > big.shape[1]

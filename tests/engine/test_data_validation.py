@@ -1,0 +1,142 @@
+"""Every malformed dataset under data_cases/ gets its own located problem (file:line: message)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.data import detect_format, validate_file
+
+CASES = Path(__file__).parent / "data_cases"
+
+# file -> [(line, fragment of the message)]: exactly these lines have problems.
+EXPECTED: dict[str, list[tuple[int, str]]] = {
+    "bad_json.jsonl": [(2, "invalid JSON: Expecting ',' delimiter")],
+    "missing_tgt.jsonl": [(3, "missing field 'tgt'")],
+    "missing_src.jsonl": [(1, "missing field 'src'")],
+    "src_tgt_mismatch.jsonl": [(2, "src has 2 turns but tgt has 1")],
+    "empty_turn.jsonl": [(2, "'src[1]' is an empty turn")],
+    "wrong_type_src.jsonl": [(1, "'src' must be a list of strings, got a number")],
+    "tgt_item_not_string.jsonl": [(2, "'tgt[0]' must be a string, got a number")],
+    "label_bad_value.jsonl": [(1, "label values must be 0 or 1: label[0]=2")],
+    "label_length.jsonl": [(2, "'label' has 2 values but there are 1 turns")],
+    "all_label_zero.jsonl": [(1, "every turn has label 0")],
+    "system_not_string.jsonl": [(1, "'system' must be a string, got a list")],
+    "is_system_mismatch.jsonl": [(1, "with is_system=1 src[0] is the system prompt")],
+    "dpo_equal_sort.jsonl": [(2, "'sort' values are equal (1, 1)")],
+    "dpo_three_responses.jsonl": [(1, "exactly two responses [[chosen], [rejected]], got 3")],
+    "dpo_src_tgt_len.jsonl": [(2, "DPO needs len(src) == len(tgt) + 1")],
+    "dpo_missing_sort.jsonl": [(1, "missing field 'sort'")],
+    "dpo_empty_response.jsonl": [(1, "'response[1]' is empty")],
+    "alpaca_missing_output.jsonl": [(2, "missing field 'output'")],
+    "alpaca_bad_history.jsonl": [(1, "'history[0]' must be a [question, answer] pair")],
+    "alpaca_dpo_identical.jsonl": [(1, "'chosen' and 'rejected' are identical")],
+    "array_empty_prompt.json": [(3, "'instruction' and 'input' are both empty")],
+    "array_bad_element.json": [(4, "invalid JSON: Expecting ',' delimiter")],
+    "array_unclosed.json": [(4, "the array is not closed with ']'")],
+    "array_non_utf8.json": [(3, "not valid UTF-8")],
+    "chatml_bad_role.jsonl": [(2, 'messages[1].role is "bot"')],
+    "chatml_assistant_first.jsonl": [
+        (1, "messages[0] is an assistant message that does not follow a user message")
+    ],
+    "chatml_ends_with_user.jsonl": [(1, "the last message must be the assistant's")],
+    "chatml_second_system.jsonl": [(1, "messages[2] is a system message")],
+    "chatml_empty_content.jsonl": [(1, "messages[1] (assistant) has empty content")],
+    "chatml_tools_not_list.jsonl": [(1, "'tools' must be a list of tool definitions")],
+    "vl_missing_image.jsonl": [(2, "image 'images/nope.png' not found")],
+    "vl_escaping_path.jsonl": [(1, "escapes the dataset directory")],
+    "vl_remote_image.jsonl": [(1, "is remote; training reads local files only")],
+    "vl_corrupt_image.jsonl": [(1, "cannot be read as an image")],
+    "vl_bad_tag.jsonl": [(1, 'text_info[1].tag is "answer"')],
+    "vl_bad_index.jsonl": [(1, "matched_text_index 5 is not an index into text_info")],
+    "vl_answer_first.jsonl": [(1, "text_info[0] must be a prompt"), (1, "the last tag must be 'no_mask'")],
+    "non_utf8.jsonl": [(2, "not valid UTF-8: byte 0xe9 at column 14")],
+    "empty.jsonl": [(1, "the file is empty")],
+    "blank_lines_only.jsonl": [(1, "the file is empty")],
+    "unknown_format.jsonl": [(1, "unknown dataset format (line 1: keys ['bar', 'foo'])")],
+    "not_an_object.jsonl": [(2, "a record must be a JSON object, got a list")],
+    "reserved_token.jsonl": [(1, "tgt[0] contains the reserved token(s) ['<|end_of_sentence|>']")],
+    "unknown_field.jsonl": [(1, "unknown field(s) ['lable']")],
+    "text_empty.jsonl": [(2, "'text' is empty")],
+}
+
+
+def test_every_case_file_is_covered():
+    files = {p.name for p in CASES.iterdir() if p.is_file()}
+    assert files == set(EXPECTED) | {"multi_problem.jsonl"}
+    assert len(EXPECTED) >= 30
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_malformed_file_reports_its_located_problem(name: str):
+    path = CASES / name
+    report = validate_file(path)
+    texts = [str(p) for p in report.problems]
+    for line, fragment in EXPECTED[name]:
+        hits = [t for t in texts if t.startswith(f"{path}:{line}: ") and fragment in t]
+        assert hits, f"expected {path}:{line}: ...{fragment}... in {texts}"
+    # No other line is blamed: the valid records around the bad one pass.
+    assert {p.line for p in report.problems} == {line for line, _ in EXPECTED[name]}
+    assert not report.ok
+
+
+def test_several_problems_are_all_reported():
+    path = CASES / "multi_problem.jsonl"
+    report = validate_file(path)
+    got = [(p.line, p.message) for p in report.problems]
+    expected = [
+        (2, "src has 2 turns but tgt has 1"),
+        (3, "invalid JSON"),
+        (5, "'system' must be a string, got a number"),
+        (5, "'tgt[0]' is an empty turn"),
+        (5, "label values must be 0 or 1: label[0]=3"),
+        (6, "missing field 'tgt'"),
+    ]
+    assert len(got) == len(expected)
+    for (line, msg), (want_line, fragment) in zip(got, expected, strict=True):
+        assert line == want_line and fragment in msg
+    assert (report.num_records, report.num_valid) == (7, 3)
+    assert report.format == "erniekit" and report.kind == "sft"
+
+
+def test_max_problems_caps_the_list_but_counts_the_rest(tmp_path):
+    path = tmp_path / "many.jsonl"
+    path.write_text('{"src": ["q"], "tgt": [""]}\n' * 30)
+    report = validate_file(path, max_problems=10)
+    assert len(report.problems) == 10 and report.truncated_problems == 20
+    assert report.num_records == 30 and report.num_valid == 0
+    assert "... and 20 more problems" in report.summary(limit=10)
+
+
+def test_missing_file_and_wrong_kind_are_reported_not_raised(tmp_path):
+    report = validate_file(tmp_path / "nope.jsonl")
+    assert str(report.problems[0]) == f"{tmp_path / 'nope.jsonl'}:0: file not found"
+    report = validate_file(CASES / "text_empty.jsonl", format="chatml", kind="dpo")
+    assert "format 'chatml' holds sft data, not 'dpo'" in report.problems[0].message
+    report = validate_file(CASES / "text_empty.jsonl", format="nonsense")
+    assert "unknown dataset format 'nonsense'" in report.problems[0].message
+
+
+def test_a_record_of_another_format_says_what_it_looks_like(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"src": ["q"], "tgt": ["a"]}\n{"instruction": "Say hi.", "output": "Hi."}\n')
+    report = validate_file(path)
+    assert {p.line for p in report.problems} == {2}
+    assert "looks like alpaca/sft data, but the file is read as erniekit/sft" in report.problems[-1].message
+
+
+def test_detect_format_of_each_demo_file():
+    demo = Path(__file__).resolve().parents[2] / "examples" / "data"
+    assert detect_format(demo / "sft_demo.jsonl") == ("erniekit", "sft")
+    assert detect_format(demo / "sft_demo_alpaca.json") == ("alpaca", "sft")
+    assert detect_format(demo / "dpo_demo.jsonl") == ("erniekit", "dpo")
+    assert detect_format(demo / "pt_demo.jsonl") == ("text", "pt")
+    assert detect_format(demo / "chatml_demo.jsonl") == ("chatml", "sft")
+    assert detect_format(demo / "vl_demo.jsonl") == ("erniekit_vl", "sft")
+    for f in demo.glob("*.json*"):
+        report = validate_file(f)
+        assert report.ok, report.summary()
+        assert report.num_valid == report.num_records > 0
+    with pytest.raises(ValueError, match="unknown dataset format"):
+        detect_format(CASES / "unknown_format.jsonl")
