@@ -199,10 +199,15 @@ def queue_position(session: Session, run: Run) -> int | None:
     """1 means next on its queue; None when the run is not queued."""
     if run.status != RunStatus.QUEUED:
         return None
+    # Order of arrival on the queue: a resumed run queues again behind the others.
     ahead = session.scalar(
         select(func.count())
         .select_from(Run)
-        .where(Run.status == RunStatus.QUEUED, Run.queue == run.queue, Run.id < run.id)
+        .where(
+            Run.status == RunStatus.QUEUED,
+            Run.queue == run.queue,
+            (Run.queued_at < run.queued_at) | ((Run.queued_at == run.queued_at) & (Run.id < run.id)),
+        )
     )
     return int(ahead or 0) + 1
 
@@ -435,8 +440,9 @@ def _insert_ignore(session: Session, table, rows: list[dict[str, Any]], keys: li
     if not rows:
         return 0
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = insert(table).values(rows).on_conflict_do_nothing(index_elements=keys)
-    return session.execute(stmt).rowcount or 0
+    stmt = insert(table).values(rows).on_conflict_do_nothing(index_elements=keys).returning(table.c.id)
+    # RETURNING counts the rows really inserted (rowcount is -1 for multi-row inserts on psycopg).
+    return len(session.execute(stmt).all())
 
 
 def record_metrics(session: Session, run_id: int, points: list[dict[str, Any]]) -> int:
