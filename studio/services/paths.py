@@ -19,6 +19,8 @@ def confine(
     raw = str(path)
     if "\x00" in raw:
         raise InvalidInput(f"{field}: contains a NUL byte")
+    if len(raw) > 4096 or any(len(part.encode()) > 255 for part in Path(raw).parts):
+        raise InvalidInput(f"{field}: the path is too long (at most 255 bytes per name and 4096 in all)")
     p = Path(raw).expanduser()
     if not p.is_absolute():
         p = settings.home / p
