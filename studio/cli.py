@@ -35,6 +35,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--no-worker", action="store_true", help="serve the API and UI only (workers run elsewhere)"
     )
+    p.add_argument("--no-ui", action="store_true", help="serve the REST API without the browser UI")
     p.set_defaults(func=cmd_up)
 
     p = subparsers.add_parser("worker", help="run a Celery worker for training (one per GPU) or serving")
@@ -151,7 +152,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if settings.token:
         print("API clients send: Authorization: Bearer <token>", flush=True)
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+        uvicorn.run(
+            create_app(settings, with_ui=not args.no_ui), host=args.host, port=args.port, log_level="info"
+        )
     finally:
         _stop(children)
     return 0

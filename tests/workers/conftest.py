@@ -1,0 +1,66 @@
+"""Fixtures for the process-level worker tests: PostgreSQL databases, Redis servers, a studio harness."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from worker_helpers import RedisServer, Studio, redis_reachable, unique_name
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    import psycopg
+
+    try:
+        admin = psycopg.connect(
+            "host=127.0.0.1 user=postgres dbname=test", autocommit=True, connect_timeout=3
+        )
+    except Exception as e:
+        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 is unreachable: {e}")
+    name = unique_name("ernie_w")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=test", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own on a free port (the shared one on 6379 is never stopped)."""
+    reason = redis_reachable()
+    if reason and not __import__("shutil").which("redis-server"):
+        pytest.skip(f"no redis-server binary and {reason}")
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def shared_redis_url() -> str:
+    """Database 11 of the shared Redis on 6379, emptied first so no message of an earlier run is left."""
+    reason = redis_reachable()
+    if reason:
+        pytest.skip(reason)
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=6379, db=11)
+    client.flushdb()
+    client.close()
+    return "redis://127.0.0.1:6379/11"
+
+
+@pytest.fixture
+def studio_factory(tmp_path) -> Iterator:
+    made: list[Studio] = []
+
+    def make(**kwargs) -> Studio:
+        s = Studio(tmp_path / f"studio{len(made)}", **kwargs)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

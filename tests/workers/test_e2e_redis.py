@@ -1,0 +1,92 @@
+"""End to end through the REST API on Redis + PostgreSQL with real Celery worker processes: upload the demo
+data, a LoRA SFT run on the tiny preset goes queued -> running -> succeeded, its metrics and checkpoints
+are listed, and a deployment of it answers chat (plain and streamed) until it is stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+
+def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
+    studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
+    studio.start_api()
+    studio.start_worker("train@testnode")
+    studio.start_worker("serve@testnode", serve=True)
+    api = studio.client()
+
+    ds = studio.upload_demo(api)
+    assert (ds["format"], ds["kind"], ds["num_valid"]) == ("erniekit", "sft", 400)
+    run = studio.create_run(api, ds["id"], max_steps=6, save_steps=2, logging_steps=1)
+    seen = [run["status"]]
+    final = None
+
+    def progressed():
+        nonlocal final
+        r = api.get(f"/runs/{run['id']}").json()
+        if r["status"] != seen[-1]:
+            seen.append(r["status"])
+        final = r
+        return r["status"] in ("succeeded", "failed", "cancelled")
+
+    from worker_helpers import wait_for
+
+    wait_for(progressed, 180, "the run to finish", interval=0.1)
+    assert seen == ["queued", "running", "succeeded"], (seen, final["error"])
+    assert final["attempt"] == 1 and final["worker"] == "train@testnode" and final["queue"] == "train"
+    assert final["started_at"] <= final["ended_at"]
+    kinds = [e["kind"] for e in api.get(f"/runs/{run['id']}/events").json()]
+    assert kinds == ["run.queued", "run.running", "run.succeeded"]
+
+    metrics = api.get(f"/runs/{run['id']}/metrics").json()
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert all(isinstance(m["loss"], float) and m["loss"] > 0 for m in metrics)
+    on_disk = [json.loads(x) for x in (Path(final["output_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [m["loss"] for m in metrics] == [row["loss"] for row in on_disk]
+    checkpoints = api.get(f"/runs/{run['id']}/checkpoints").json()
+    assert [c["step"] for c in checkpoints] == [2, 4, 6]
+    assert all(Path(c["path"]).is_dir() for c in checkpoints)
+    assert final["final_metrics"]["step"] == 6
+    logs = api.get(f"/runs/{run['id']}/logs").json()
+    assert "training finished: 6 steps" in logs["text"] and logs["next_offset"] == logs["size"]
+
+    dep = api.post("/deployments", json={"run_id": run["id"]}).json()
+    assert dep["status"] == "starting"
+    dep = wait_for(
+        lambda: (d := api.get(f"/deployments/{dep['id']}").json())["status"] in ("running", "failed") and d,
+        120,
+        "the deployment to start",
+        interval=0.2,
+    )
+    assert dep["status"] == "running", dep["error"]
+    assert dep["backend"] == "paddle" and dep["url"] == f"http://127.0.0.1:{dep['port']}/v1"
+
+    ask = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 8, "temperature": 0}
+    answer = api.post(f"/deployments/{dep['id']}/chat", json=ask)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] >= 1
+    text = body["choices"][0]["message"]["content"]
+
+    with api.stream("POST", f"/deployments/{dep['id']}/chat", json={**ask, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    streamed = "".join(
+        (c["choices"][0]["delta"].get("content") or "") for c in map(json.loads, events[:-1]) if c["choices"]
+    )
+    assert streamed == text  # greedy decoding: the streamed answer is the same answer
+
+    stopped = api.post(f"/deployments/{dep['id']}/stop").json()
+    assert stopped["status"] in ("stopping", "stopped")
+    wait_for(lambda: api.get(f"/deployments/{dep['id']}").json()["status"] == "stopped", 30, "the stop")
+    try:
+        httpx.get(f"http://127.0.0.1:{dep['port']}/health", timeout=2)
+        raise AssertionError("the model server still answers after the deployment stopped")
+    except httpx.ConnectError:
+        pass
+    gone = api.post(f"/deployments/{dep['id']}/chat", json=ask)
+    assert gone.status_code == 409 and "stopped" in gone.json()["message"]
