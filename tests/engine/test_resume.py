@@ -1,0 +1,132 @@
+"""A killed or cancelled run resumes from its last checkpoint and continues exactly where it was."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.train import run_training
+from engine.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(tmp_path: Path, model_dir: Path, name: str, **extra) -> Path:
+    cfg = {
+        "model_name_or_path": str(model_dir),
+        "stage": "SFT",
+        "train_dataset_path": str(ROOT / "examples/data/sft_demo.jsonl"),
+        "max_seq_len": 128,
+        "batch_size": 2,
+        "learning_rate": 3e-3,
+        "warmup_steps": 5,
+        "save_steps": 10,
+        "logging_steps": 1,
+        "seed": 3,
+        "output_dir": str(tmp_path / name),
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def metric_rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written right now
+            rows.append(json.loads(line))
+    return rows
+
+
+def start(config: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine", "train", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = metric_rows(out)
+        if rows and rows[-1]["step"] >= step:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"training exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail(f"no step {step} within {timeout} s")
+
+
+def test_sigkill_at_step_50_then_rerun_matches_uninterrupted_run(tiny_model_dir, tmp_path):
+    reference = run_training(load_config(write_config(tmp_path, tiny_model_dir, "reference", max_steps=70)))
+    assert reference.status == "succeeded"
+    expected = {r["step"]: r["loss"] for r in metric_rows(tmp_path / "reference")}
+
+    config = write_config(tmp_path, tiny_model_dir, "killed", max_steps=70)
+    out = tmp_path / "killed"
+    proc = start(config)
+    wait_for_step(proc, out, 50)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    killed_at = metric_rows(out)[-1]["step"]
+    assert 50 <= killed_at < 70, killed_at
+    assert not (out / "run_summary.json").exists()  # it really died mid-run
+
+    rerun = subprocess.run(
+        [sys.executable, "-m", "engine", "train", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    rows = metric_rows(out)
+    steps = [r["step"] for r in rows]
+    assert steps == list(range(1, 71)), "metrics.jsonl must hold every step exactly once"
+    worst = max(abs(r["loss"] - expected[r["step"]]) for r in rows)
+    print(f"killed at step {killed_at}; resumed curve vs uninterrupted: max |diff| = {worst:.2e}")
+    assert worst <= 1e-6
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["final_metrics"]["loss"] == pytest.approx(expected[70], abs=1e-6)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_130(tiny_model_dir, tmp_path):
+    config = write_config(tmp_path, tiny_model_dir, "term", max_steps=40, save_steps=100)
+    out = tmp_path / "term"
+    proc = start(config)
+    wait_for_step(proc, out, 12)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["status"] == "cancelled"
+    last = metric_rows(out)[-1]["step"]
+    assert (out / f"checkpoint-{last}" / "trainer_state.json").exists()
+    assert summary["checkpoints"] == [str(out / f"checkpoint-{last}")]
+    rerun = subprocess.run(
+        [sys.executable, "-m", "engine", "train", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert [r["step"] for r in metric_rows(out)] == list(range(1, 41))
+    assert json.loads((out / "run_summary.json").read_text())["status"] == "succeeded"
