@@ -12,13 +12,13 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from engine.models.ernie import per_token_loss
+from engine.models.ernie import CausalLMOutput, per_token_loss
 from engine.train.lora import adapters_disabled
 from engine.train.sft import router_penalty, to_tensor_batch
 
 
-def sequence_logps(model, t: dict) -> tuple[paddle.Tensor, paddle.Tensor, dict]:
-    """Summed log-probability of the labelled tokens of every pair slot, their CE sum, router losses.
+def sequence_logps(model, t: dict) -> tuple[paddle.Tensor, paddle.Tensor, CausalLMOutput]:
+    """Summed log-probability of the labelled tokens of every pair slot, their CE sum, the model output.
 
     Padded batches give one slot per row; packed rows hold several pairs, slot k of a row being the
     k-th segment (the data pipeline packs chosen and rejected sides identically).
@@ -27,14 +27,14 @@ def sequence_logps(model, t: dict) -> tuple[paddle.Tensor, paddle.Tensor, dict]:
     ce, _ = per_token_loss(out.logits, t["labels"])
     seg = t["inputs"].get("segment_ids")
     if seg is None:
-        return -ce.sum(axis=-1), ce.sum(), out.router_losses
+        return -ce.sum(axis=-1), ce.sum(), out
     slots = int(seg.max()) + 1
     onehot = F.one_hot(paddle.clip(seg, min=0), slots).astype("float32") * (seg >= 0).astype(
         "float32"
     ).unsqueeze(-1)
     per_slot = (ce.unsqueeze(-1) * onehot).sum(axis=1)  # [B, slots]
     present = onehot.sum(axis=1) > 0
-    return -paddle.masked_select(per_slot, present), ce.sum(), out.router_losses
+    return -paddle.masked_select(per_slot, present), ce.sum(), out
 
 
 def preference_loss(
@@ -80,8 +80,9 @@ class DPOLoss:
         chosen = to_tensor_batch(batch, "chosen_")
         rejected = to_tensor_batch(batch, "rejected_")
         ref_c, ref_r = self.reference_logps(model, chosen, rejected)
-        pi_c, ce_c, router_c = sequence_logps(model, chosen)
-        pi_r, _, router_r = sequence_logps(model, rejected)
+        pi_c, ce_c, out_c = sequence_logps(model, chosen)
+        pi_r, _, out_r = sequence_logps(model, rejected)
+        router_c, router_r = out_c.router_losses, out_r.router_losses
         logits = (pi_c - pi_r) - (ref_c - ref_r)
         pref = preference_loss(logits, cfg.loss_type, cfg.beta, cfg.label_smoothing).sum() / pair_norm
         sft = ce_c / token_norm
@@ -106,7 +107,7 @@ class DPOLoss:
         }
         for name, value in router.items():
             metrics[name] = float(value) * share
-        return loss, metrics, []
+        return loss, metrics, [(out_c.router_stats, "chosen_"), (out_r.router_stats, "rejected_")]
 
 
 def count_pairs(batch: dict) -> int:

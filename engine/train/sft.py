@@ -40,7 +40,7 @@ def router_penalty(model, router_losses: dict[str, paddle.Tensor]) -> paddle.Ten
 def language_model_loss(
     model, batch: dict, token_norm: float, share: float
 ) -> tuple[paddle.Tensor, dict, list]:
-    """One micro-batch's contribution to the step loss, its metric contributions and router stats.
+    """One micro-batch's contribution to the step loss, its metrics, and (router stats, batch key prefix).
 
     ``token_norm``: labelled tokens in the whole step; ``share``: this micro-batch's share of per-batch
     averages (1 / (micro-batches x ranks)), used for the router losses which are means per batch.
@@ -53,7 +53,7 @@ def language_model_loss(
     metrics = {"loss": float(loss), "lm_loss": float(lm)}
     for name, value in out.router_losses.items():
         metrics[name] = float(value) * share
-    return loss, metrics, out.router_stats
+    return loss, metrics, [(out.router_stats, "")]
 
 
 @paddle.no_grad()

@@ -432,16 +432,14 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
         tokens = 0
         for batch in micro:
             if stage is None:
-                loss, m, stats = language_model_loss(model, batch, token_norm, share)
-                tokens += int(np.asarray(batch["input_ids"]).size)
-                if moe_groups:
-                    present = pretrain.present_groups(batch, mc)
-                    counts = pretrain.add_counts(counts, pretrain.expert_counts(stats, moe_groups, present))
+                loss, m, routed = language_model_loss(model, batch, token_norm, share)
             else:
-                loss, m, stats = stage(model, batch, pair_norm, token_norm, share)
-                tokens += int(
-                    np.asarray(batch["chosen_input_ids"]).size + np.asarray(batch["rejected_input_ids"]).size
-                )
+                loss, m, routed = stage(model, batch, pair_norm, token_norm, share)
+            for stats, prefix in routed:
+                tokens += int(np.asarray(batch[prefix + "input_ids"]).size)
+                if moe_groups:
+                    present = pretrain.present_groups(batch, mc, prefix)
+                    counts = pretrain.add_counts(counts, pretrain.expert_counts(stats, moe_groups, present))
             loss.backward()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v

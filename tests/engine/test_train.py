@@ -1,0 +1,460 @@
+"""Training stages end to end on the demo data with the tiny presets.
+
+Trained artefacts (the SFT model, the LoRA run) are session fixtures shared by the tests that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+import engine
+from engine.data import build_train_data
+from engine.models.checkpoint import load_model
+from engine.train import run_export, run_training
+from engine.train.config import ExportConfig, TrainConfig, config_from_dict
+from engine.train.lora import LoRALinear, apply_lora, load_adapter_weights
+from engine.train.pretrain import expert_counts, present_groups
+from engine.train.sft import evaluate_lm, language_model_loss
+from engine.train.trainer import build_model, build_optimizer
+
+DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+
+def train(out: Path, **values) -> tuple[object, list[dict]]:
+    """Run one stage in-process; returns the summary and the metrics.jsonl rows."""
+    base = dict(
+        output_dir=str(out),
+        train_dataset_path=str(DATA / "sft_demo.jsonl"),
+        max_seq_len=256,
+        batch_size=4,
+        logging_steps=1,
+        save_steps=1000,
+        disable_tqdm=True,
+        seed=7,
+    )
+    cfg = config_from_dict(TrainConfig, base | values)
+    summary = run_training(cfg)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
+def mean(rows: list[dict], key: str, sl: slice) -> float:
+    return float(np.mean([r[key] for r in rows[sl]]))
+
+
+def demo_batch(model_dir: Path, n: int = 4) -> dict:
+    data = build_train_data(
+        {"train_dataset_path": str(DATA / "sft_demo.jsonl")},
+        engine.load_tokenizer(model_dir),
+        stage="SFT",
+        max_seq_len=128,
+        packing=False,
+        batch_size=n,
+        shuffle=False,
+    )
+    return next(iter(data.one_pass()))
+
+
+def logits(model, batch: dict) -> np.ndarray:
+    with paddle.no_grad():
+        return model(paddle.to_tensor(batch["input_ids"])).logits.numpy()
+
+
+def eval_batches(model_dir: Path, path: Path, n: int = 8) -> list[dict]:
+    data = build_train_data(
+        {"train_dataset_path": str(path)},
+        engine.load_tokenizer(model_dir),
+        stage="SFT",
+        max_seq_len=256,
+        packing=False,
+        batch_size=n,
+        shuffle=False,
+    )
+    return list(data.one_pass())
+
+
+# ---- shared runs -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def eval_file(tmp_path_factory) -> Path:
+    """The first 48 demo records: enough for a stable perplexity, small enough to evaluate often."""
+    path = tmp_path_factory.mktemp("eval") / "sft_eval.jsonl"
+    lines = (DATA / "sft_demo.jsonl").read_text().splitlines()[:48]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def sft_run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft_full")
+    summary, rows = train(
+        out,
+        model_name_or_path=str(tiny_model_dir),
+        learning_rate=3e-3,
+        warmup_steps=10,
+        max_steps=100,
+        min_lr=3e-5,
+        weight_decay=0.01,
+        save_steps=50,
+    )
+    return out, summary, rows
+
+
+@pytest.fixture(scope="session")
+def lora_run(sft_run, tmp_path_factory):
+    base, _, _ = sft_run
+    out = tmp_path_factory.mktemp("sft_lora")
+    summary, rows = train(
+        out,
+        model_name_or_path=str(base),
+        fine_tuning="LoRA",
+        lora_rank=8,
+        lora_plus_scale=4.0,
+        learning_rate=5e-3,
+        max_steps=30,
+    )
+    return out, summary, rows
+
+
+# ---- SFT ---------------------------------------------------------------------------------------------------
+
+
+def test_sft_loss_halves_within_100_steps(sft_run, eval_file):
+    out, summary, rows = sft_run
+    assert summary.status == "succeeded"
+    assert [r["step"] for r in rows] == list(range(1, 101))
+    first, last = mean(rows, "loss", slice(0, 5)), mean(rows, "loss", slice(-10, None))
+    print(f"SFT loss {first:.3f} -> {last:.3f} ({100 * (1 - last / first):.0f}% lower)")
+    assert last <= 0.5 * first
+    for key in ("loss", "learning_rate", "tokens_per_second", "elapsed_s", "grad_norm"):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert rows[-1]["learning_rate"] < rows[20]["learning_rate"]  # cosine decay
+    # run directory: final model + tokenizer at the root, checkpoints, summary
+    assert {"config.json", "model.safetensors", "tokenizer.model", "run_summary.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert [Path(c).name for c in summary.checkpoints] == ["checkpoint-50", "checkpoint-100"]
+    saved = json.loads((out / "run_summary.json").read_text())
+    assert saved["status"] == "succeeded" and saved["final_metrics"]["step"] == 100
+    reloaded = engine.load_model(out)
+    ppl = evaluate_lm(reloaded, eval_batches(out, eval_file, 16))["eval_ppl"]
+    assert ppl < math.exp(0.5 * rows[0]["loss"])
+
+
+def test_recompute_gives_the_same_losses_and_ema_averages_the_weights(sft_run, tiny_model_dir, tmp_path):
+    _, _, reference = sft_run
+    out = tmp_path / "ema"
+    decay = 0.8
+    summary, rows = train(
+        out,
+        model_name_or_path=str(tiny_model_dir),
+        learning_rate=3e-3,
+        warmup_steps=10,
+        max_steps=4,
+        min_lr=3e-5,
+        weight_decay=0.01,
+        save_steps=1,
+        recompute=True,
+        ema_decay=decay,
+    )
+    assert summary.status == "succeeded"
+    # same seed, data and warmup as the SFT run: recomputation must not change a single loss
+    np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in reference[:4]], atol=1e-6)
+    # the final model is the EMA of the weights after each step (the checkpoints hold the raw weights)
+    name = "ernie.layers.1.mlp.down_proj.weight"
+    ema = load_model(tiny_model_dir).state_dict()[name].numpy()
+    for step in range(1, 5):
+        raw = paddle.load(str(out / f"checkpoint-{step}" / "model.pdparams"))[name].numpy()
+        ema = decay * ema + (1 - decay) * raw
+    final = engine.load_model(out).state_dict()[name].numpy()
+    np.testing.assert_allclose(final, ema, atol=1e-6)
+    assert not np.allclose(final, raw, atol=1e-5)
+
+
+def test_lora_trains_only_adapter_weights(sft_run):
+    base, _, _ = sft_run
+    cfg = config_from_dict(
+        TrainConfig,
+        dict(
+            model_name_or_path=str(base), train_dataset_path="x.jsonl", fine_tuning="LoRA", learning_rate=1e-2
+        ),
+    )
+    model, trainable = build_model(cfg)
+    assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)
+    before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+    opt = build_optimizer(cfg, model, trainable)
+    batch = demo_batch(base)
+    tokens = float((batch["labels"] != -100).sum())
+    for _ in range(3):
+        loss, _, _ = language_model_loss(model, batch, tokens, 1.0)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+    changed = {n for n, p in model.named_parameters() if not np.array_equal(p.numpy(), before[n])}
+    assert changed == {n for n in before if n.endswith("lora_B")} | {
+        n for n in before if n.endswith("lora_A")
+    }
+    # the expert-free tiny model has 4 targets per layer; every one got an adapter
+    assert (
+        len([m for m in model.sublayers() if isinstance(m, LoRALinear)]) == 4 * model.config.num_hidden_layers
+    )
+
+
+def test_lora_run_dir_and_merged_export_match_adapter_model(lora_run, sft_run):
+    out, summary, rows = lora_run
+    base, _, _ = sft_run
+    assert summary.status == "succeeded"
+    assert mean(rows, "loss", slice(-5, None)) < mean(rows, "loss", slice(0, 5))
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert Path(cfg["base_model"]) == base.resolve() and cfg["r"] == 8 and cfg["lora_alpha"] == 16
+    # the adapter model: base + LoRA layers holding the trained adapter (not merged)
+    adapter_model = load_model(base)
+    apply_lora(adapter_model, 8, 16.0, False, cfg["target_modules"])
+    load_adapter_weights(adapter_model, out)
+    adapter_model.eval()
+    batch = demo_batch(base)
+    want = logits(adapter_model, batch)
+    assert not np.allclose(want, logits(load_model(base), batch), atol=1e-4)  # the adapter does something
+
+    # engine.load_model on the run dir = base + merged adapter
+    np.testing.assert_allclose(logits(engine.load_model(out), batch), want, atol=1e-5, rtol=0)
+    # ERNIEKit-style export: <output_dir>/export with base config and tokenizer files
+    summary = run_export(ExportConfig(output_dir=str(out), lora=True))
+    export = out / "export"
+    assert summary.merged_lora and Path(summary.export_dir) == export
+    assert {"config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"} <= set(
+        summary.files
+    )
+    np.testing.assert_allclose(logits(engine.load_model(export), batch), want, atol=1e-5, rtol=0)
+
+
+def test_hf_layout_export_with_shards_reloads_identically(sft_run, tmp_path):
+    model_dir, _, _ = sft_run
+    out = tmp_path / "hf"
+    run_export(
+        ExportConfig(
+            model_name_or_path=str(model_dir), export_dir=str(out), layout="hf", max_shard_size="200KB"
+        )
+    )
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1 and all((out / s).exists() for s in shards)
+    keys = set(index["weight_map"])
+    assert "model.embed_tokens.weight" in keys and "model.layers.0.self_attn.q_proj.weight" in keys
+    assert "model.layers.0.mlp.gate_proj.weight" in keys and not any("qkv_proj" in k for k in keys)
+    hf_cfg = json.loads((out / "config.json").read_text())
+    assert hf_cfg["model_type"] == "ernie4_5" and hf_cfg["architectures"] == ["Ernie4_5ForCausalLM"]
+    assert (out / "tokenizer.model").exists()
+    batch = demo_batch(model_dir)
+    np.testing.assert_array_equal(
+        logits(engine.load_model(out), batch), logits(engine.load_model(model_dir), batch)
+    )
+
+
+@pytest.mark.parametrize(("method", "limit"), [("wint8", 0.02), ("wint4", 0.10), ("fp8", 0.05)])
+def test_ptq_perplexity_close_to_fp32(sft_run, eval_file, tmp_path, method, limit):
+    model_dir, _, _ = sft_run
+    out = tmp_path / method
+    cfg = ExportConfig(
+        model_name_or_path=str(model_dir),
+        export_dir=str(out),
+        quantization=method,
+        weight_quant_group_size=32,
+        eval_dataset_path=str(eval_file),
+        max_seq_len=256,
+        batch_size=16,
+    )
+    ppl = run_export(cfg).perplexity
+    print(
+        f"PTQ {method}: perplexity {ppl['fp32']:.4f} -> {ppl[method]:.4f} ({100 * ppl['relative_change']:+.2f}%)"
+    )
+    assert abs(ppl["relative_change"]) <= limit
+    # the export reloads quantized and gives the reported perplexity
+    reloaded = engine.load_model(out)
+    again = evaluate_lm(reloaded, eval_batches(model_dir, eval_file, 16))["eval_ppl"]
+    assert again == pytest.approx(ppl[method], rel=1e-5)
+    cfg_json = json.loads((out / "config.json").read_text())
+    assert cfg_json["quantization_config"]["quant_method"] in ("weight_only_int8", "weight_only_int4", "fp8")
+
+
+# ---- DPO ---------------------------------------------------------------------------------------------------
+
+
+def test_dpo_learns_preferences(sft_run, tmp_path):
+    base, _, _ = sft_run
+    dpo = str(DATA / "dpo_demo.jsonl")
+    summary, rows = train(
+        tmp_path / "dpo",
+        model_name_or_path=str(base),
+        stage="DPO",
+        train_dataset_path=dpo,
+        eval_dataset_path=dpo,
+        learning_rate=1e-3,
+        warmup_steps=3,
+        max_steps=30,
+        beta=0.1,
+    )
+    assert summary.status == "succeeded"
+    # step 1 is computed before any update: policy == frozen reference, so rewards are 0 and loss ln 2
+    assert rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-4)
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    early, late = mean(rows, "rewards/margins", slice(0, 5)), mean(rows, "rewards/margins", slice(-5, None))
+    acc = summary.final_metrics["eval_rewards/accuracy"]
+    print(
+        f"DPO margin {early:.3f} -> {late:.3f}; accuracy on the {summary.final_metrics['eval_pairs']} training pairs {acc:.2f}"
+    )
+    assert late > early + 0.5
+    assert acc >= 0.9
+
+
+def test_dpo_lora_reference_is_the_adapter_free_model(sft_run, tmp_path):
+    base, _, _ = sft_run
+    summary, rows = train(
+        tmp_path / "dpo_lora",
+        model_name_or_path=str(base),
+        stage="DPO",
+        fine_tuning="LoRA",
+        loss_type="ipo",
+        train_dataset_path=str(DATA / "dpo_demo.jsonl"),
+        learning_rate=5e-3,
+        max_steps=8,
+    )
+    assert summary.status == "succeeded"
+    # LoRA B starts at zero: the adapter-free reference equals the policy at step 1 (IPO loss = (1/2beta)^2)
+    assert rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+    assert rows[0]["dpo_loss"] == pytest.approx((1 / (2 * 0.1)) ** 2, rel=1e-4)
+    assert rows[-1]["rewards/margins"] > rows[0]["rewards/margins"]
+
+
+# ---- pretraining the MoE -------------------------------------------------------------------------------------
+
+
+def test_pretrain_moe_balances_experts_and_orthogonalises_router(tiny_moe_model_dir, tmp_path):
+    out = tmp_path / "pt_moe"
+    summary, rows = train(
+        out,
+        model_name_or_path=str(tiny_moe_model_dir),
+        stage="PT",
+        train_dataset_path=str(DATA / "pt_demo.jsonl"),
+        max_seq_len=64,
+        packing=True,
+        batch_size=2,
+        learning_rate=3e-3,
+        warmup_steps=10,
+        max_steps=200,
+        logging_steps=10,
+        save_steps=200,
+        moe_use_aux_free=True,
+        moe_correction_bias_rate=0.01,
+        moe_orthogonal_loss_lambda=0.1,
+    )
+    assert summary.status == "succeeded"
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    for key in ("aux_loss", "z_loss", "orthogonal_loss", "experts_without_tokens"):
+        assert key in rows[-1]
+    print(
+        f"MoE PT: loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, orthogonal loss "
+        f"{rows[0]['orthogonal_loss']:.4f} -> {rows[-1]['orthogonal_loss']:.4f}"
+    )
+    assert rows[-1]["orthogonal_loss"] < 0.5 * rows[0]["orthogonal_loss"]
+    # every expert of every MoE layer receives tokens from the trained model on the demo corpus
+    model = engine.load_model(out)
+    biases = [
+        m.moe_statics.e_score_correction_bias.numpy() for m in model.sublayers() if hasattr(m, "moe_statics")
+    ]
+    assert any(np.abs(b).max() > 0 for b in biases)  # aux-free balancing moved the biases
+    data = build_train_data(
+        {"train_dataset_path": str(DATA / "pt_demo.jsonl")},
+        engine.load_tokenizer(out),
+        stage="PT",
+        max_seq_len=64,
+        packing=True,
+        batch_size=8,
+        shuffle=False,
+    )
+    totals = None
+    with paddle.no_grad():
+        for batch in data.one_pass():
+            t = paddle.to_tensor(batch["input_ids"])
+            stats = model(t, segment_ids=paddle.to_tensor(batch["segment_ids"])).router_stats
+            counts = expert_counts(stats, model.config.expert_counts, present_groups(batch, model.config))
+            flat = np.concatenate([c for layer in counts for c in layer])
+            totals = flat if totals is None else totals + flat
+    print(f"MoE expert loads (tokens per expert, all layers): {totals.tolist()}")
+    assert (totals > 0).all()
+
+
+# ---- multimodal SFT -----------------------------------------------------------------------------------------
+
+
+def test_vl_sft_trains_on_images(tiny_vl_model_dir, tmp_path):
+    summary, rows = train(
+        tmp_path / "vl",
+        model_name_or_path=str(tiny_vl_model_dir),
+        stage="VL-SFT",
+        train_dataset_path=str(DATA / "vl_demo.jsonl"),
+        learning_rate=2e-3,
+        max_steps=20,
+    )
+    assert summary.status == "succeeded"
+    assert mean(rows, "loss", slice(-5, None)) < 0.8 * mean(rows, "loss", slice(0, 3))
+    vision = engine.load_model(tmp_path / "vl").vision_model.state_dict()
+    initial = load_model(tiny_vl_model_dir).vision_model.state_dict()
+    assert any(not np.array_equal(vision[k].numpy(), initial[k].numpy()) for k in vision)
+
+
+# ---- quantized training ---------------------------------------------------------------------------------------
+
+
+def test_fp8_qat_trains(tiny_model_dir, tmp_path):
+    out = tmp_path / "fp8"
+    summary, rows = train(
+        out,
+        model_name_or_path=str(tiny_model_dir),
+        compute_type="fp8",
+        learning_rate=3e-3,
+        max_steps=40,
+        save_steps=40,
+    )
+    assert summary.status == "succeeded"
+    first, last = mean(rows, "loss", slice(0, 3)), mean(rows, "loss", slice(-5, None))
+    print(f"FP8 QAT loss {first:.3f} -> {last:.3f}")
+    assert last < 0.7 * first
+    state = paddle.load(str(out / "checkpoint-40" / "model.pdparams"))
+    scales = [float(v.numpy()[0]) for k, v in state.items() if k.endswith("act_scale")]
+    assert len(scales) == 8 and all(s > 0 for s in scales)  # EMA activation scales are checkpointed
+    # the final model at the root is a plain checkpoint (no QAT buffers)
+    assert not any("act_scale" in k for k in engine.load_model(out).state_dict())
+
+
+def test_wint8_lora_trains_on_frozen_int8_base(sft_run, eval_file, tmp_path):
+    base, _, _ = sft_run
+    out = tmp_path / "wint8"
+    values = dict(
+        model_name_or_path=str(base),
+        fine_tuning="LoRA",
+        compute_type="wint8",
+        learning_rate=1e-2,
+        max_steps=20,
+        eval_dataset_path=str(eval_file),
+    )
+    # the int8 base before training, measured on the data the run trains on
+    model, trainable = build_model(config_from_dict(TrainConfig, dict(values, train_dataset_path="x.jsonl")))
+    assert all(n.endswith(("lora_A", "lora_B")) for n in trainable)
+    model.eval()
+    before = evaluate_lm(model, eval_batches(base, eval_file))["eval_loss"]
+    summary, _ = train(out, **values)
+    assert summary.status == "succeeded"
+    after = summary.final_metrics["eval_loss"]
+    print(f"wint8 LoRA eval loss {before:.4f} -> {after:.4f}")
+    assert after < before - 0.01
+    # the run dir loads as int8 base + merged adapter, and gives the same loss
+    reloaded = evaluate_lm(engine.load_model(out), eval_batches(base, eval_file))["eval_loss"]
+    assert reloaded == pytest.approx(after, rel=1e-4)
