@@ -189,11 +189,13 @@ class SequenceState:
 
 # ---- KV cache -------------------------------------------------------------------------------------
 class SlotKVCache:
-    """Preallocated per-layer K/V buffers [slots, capacity, kv_heads, head_dim]; one row per sequence.
+    """Preallocated per-layer K/V buffers, one row (slot) per running sequence, grown by doubling.
 
-    ``update`` writes the new keys in place (a slice or an in-place scatter) instead of concatenating, and
-    returns a view of the active rows up to the longest sequence. Running rows are kept compact at the
-    front (0..B-1) so that view is a plain slice. Capacity grows by doubling up to ``max_len``.
+    Stored as [slots, kv_heads, capacity, head_dim]: ``update`` scatters the new keys in place instead of
+    concatenating, and returns the active rows up to the longest sequence as a [B, S, kv_heads, head_dim]
+    *view* of a [B, kv_heads, S, head_dim] gather. The model's attention transposes K/V back to heads-first;
+    on this layout that transpose is free, while Paddle's CPU transpose of a real [B, S, H, D] tensor is
+    ~10x slower than the whole attention once B > 1. Running rows are kept compact at the front (0..B-1).
     """
 
     def __init__(
@@ -213,6 +215,7 @@ class SlotKVCache:
         self._rows: tuple[int, int] = (0, 0)
         self._new = 0
         self._write_index: paddle.Tensor | None = None
+        self._read_index: paddle.Tensor | None = None
         self._read_len = 0
         self.reserve(min(256, max_len))
 
@@ -223,32 +226,37 @@ class SlotKVCache:
         if length > self.max_len:
             raise ValueError(f"sequence of {length} tokens exceeds the cache limit of {self.max_len}")
         cap = min(self.max_len, max(length, 2 * self.capacity))
-        shape = [self.num_slots, cap, self.kv_heads, self.head_dim]
+        shape = [self.num_slots, self.kv_heads, cap, self.head_dim]
         keys = [paddle.zeros(shape, dtype=self.dtype) for _ in range(self.num_layers)]
         values = [paddle.zeros(shape, dtype=self.dtype) for _ in range(self.num_layers)]
         if self.capacity:
             for new, old in zip(keys + values, self.keys + self.values, strict=True):
-                new[:, : self.capacity] = old
+                new[:, :, : self.capacity] = old
         self.keys, self.values, self.capacity = keys, values, cap
 
     def move_row(self, src: int, dst: int) -> None:
         """Copy a sequence's cache row (used to keep the running rows compact)."""
         n = int(self.lengths[src])
         for buf in self.keys + self.values:
-            buf[dst, :n] = buf[src, :n]
+            buf[dst, :, :n] = buf[src, :, :n]
         self.lengths[dst] = n
         self.lengths[src] = 0
 
     def prepare(self, first_row: int, num_rows: int, new_tokens: int) -> None:
         """Say which rows the next forward covers and how many tokens each adds (1 when decoding)."""
-        self.reserve(int(self.lengths[first_row : first_row + num_rows].max()) + new_tokens)
+        rows = np.arange(first_row, first_row + num_rows, dtype=np.int64)
+        self._read_len = int(self.lengths[rows].max()) + new_tokens
+        self.reserve(self._read_len)
         self._rows, self._new = (first_row, num_rows), new_tokens
-        self._read_len = int(self.lengths[first_row : first_row + num_rows].max()) + new_tokens
-        if new_tokens == 1:
-            rows = np.arange(first_row, first_row + num_rows, dtype=np.int64)
-            self._write_index = paddle.to_tensor(rows * self.capacity + self.lengths[rows])
-        else:
-            self._write_index = None
+        heads = np.arange(self.kv_heads, dtype=np.int64)
+        base = (
+            rows[:, None] * self.kv_heads + heads[None, :]
+        ) * self.capacity  # [B, H] start of each (row, head)
+        self._write_index = (
+            paddle.to_tensor((base + self.lengths[rows][:, None]).reshape(-1)) if new_tokens == 1 else None
+        )
+        cols = np.arange(self._read_len, dtype=np.int64)
+        self._read_index = paddle.to_tensor((base[:, :, None] + cols[None, None, :]).reshape(-1))
 
     def commit(self) -> None:
         first, n = self._rows
@@ -260,18 +268,20 @@ class SlotKVCache:
 
     def update(self, layer: int, k: paddle.Tensor, v: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         first, n = self._rows
+        h, d = self.kv_heads, self.head_dim
+        flat = [self.num_slots * h * self.capacity, d]
         kbuf, vbuf = self.keys[layer], self.values[layer]
-        if self._write_index is not None:
-            flat = [self.num_slots * self.capacity, self.kv_heads, self.head_dim]
-            kbuf.reshape(flat).scatter_(self._write_index, k.reshape([n, self.kv_heads, self.head_dim]))
-            vbuf.reshape(flat).scatter_(self._write_index, v.reshape([n, self.kv_heads, self.head_dim]))
-        else:
-            # Prefill writes one row (n == 1) starting at its current length.
+        if self._write_index is not None:  # decode: one token per row, each at its own length
+            kbuf.reshape(flat).scatter_(self._write_index, k.reshape([n * h, d]))
+            vbuf.reshape(flat).scatter_(self._write_index, v.reshape([n * h, d]))
+        else:  # prefill: one row, T tokens from its current length
             start = int(self.lengths[first])
-            kbuf[first, start : start + self._new] = k[0]
-            vbuf[first, start : start + self._new] = v[0]
-        s = self._read_len
-        return kbuf[first : first + n, :s], vbuf[first : first + n, :s]
+            kbuf[first, :, start : start + self._new] = k[0].transpose([1, 0, 2])
+            vbuf[first, :, start : start + self._new] = v[0].transpose([1, 0, 2])
+        shape = [n, h, self._read_len, d]
+        k_all = paddle.index_select(kbuf.reshape(flat), self._read_index).reshape(shape)
+        v_all = paddle.index_select(vbuf.reshape(flat), self._read_index).reshape(shape)
+        return k_all.transpose([0, 2, 1, 3]), v_all.transpose([0, 2, 1, 3])
 
 
 # ---- requests and outputs -------------------------------------------------------------------------
