@@ -27,18 +27,24 @@ class MetricsLog:
         self.steps: set[int] = set()
         self.last: dict[str, Any] = {}
         if path.exists():
-            good = []
-            for line in path.read_text(encoding="utf-8").splitlines():
+            text = path.read_text(encoding="utf-8")
+            good, bad = [], 0 if not text or text.endswith("\n") else 1
+            for line in text.splitlines():
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
-                    log.warning("%s: dropping a partly written line from an interrupted run", path)
-                    continue
+                    row = None
                 if isinstance(row, dict) and "step" in row and row["step"] not in self.steps:
                     self.steps.add(row["step"])
                     good.append(line)
                     self.last = row
-            path.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+                else:
+                    bad += 1
+            if bad:
+                # Only a run killed mid-write leaves such a line; readers tail the file by byte offset,
+                # so it is rewritten only then, keeping every complete line where it was.
+                log.warning("%s: repairing %d partly written line(s) left by an interrupted run", path, bad)
+                path.write_text("".join(g + "\n" for g in good), encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> bool:
         if row["step"] in self.steps:

@@ -16,6 +16,7 @@ import yaml
 
 from engine.train import run_training
 from engine.train.config import load_config
+from engine.train.run_dir import MetricsLog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +73,19 @@ def wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float =
         time.sleep(0.01)
     proc.kill()
     pytest.fail(f"no step {step} within {timeout} s")
+
+
+def test_metrics_log_repairs_a_cut_line_and_never_repeats_a_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    log = MetricsLog(path)
+    assert log.steps == {1, 2}
+    assert not log.write({"step": 2, "loss": 9.0})
+    assert log.write({"step": 3, "loss": 1.0})
+    assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [2.0, 1.5, 1.0]
+    path.write_text('{"step": 1, "loss": 2.0}')  # complete JSON but the newline never made it
+    MetricsLog(path).write({"step": 2, "loss": 1.0})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
 def test_sigkill_at_step_50_then_rerun_matches_uninterrupted_run(tiny_model_dir, tmp_path):
