@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import paddle
 import pytest
 from paddle import nn
 
+import engine
 from engine.models.checkpoint import load_model
+from engine.models.safetensors_io import SafetensorsFile
+from engine.train import run_training
+from engine.train.config import TrainConfig, config_from_dict
+from engine.train.lora import LoRALinear
 from engine.train.quant import (
     FP8_MAX,
     FP8Linear,
@@ -88,3 +96,36 @@ def test_wint4_8_puts_experts_in_int4_and_the_rest_in_int8(tiny_moe_model_dir):
     assert counts[4] == sum(1 for n in kinds if ".experts." in n) > 0
     assert all(bits == (4 if ".experts." in n else 8) for n, bits in kinds.items())
     assert not [n for n, p in model.named_parameters() if n.endswith("proj.weight")]  # no fp32 copies left
+
+
+def test_wint4_8_lora_run_on_the_moe_trains_expert_adapters_and_reloads(tiny_moe_model_dir, tmp_path):
+    data = Path(__file__).resolve().parents[2] / "examples/data/sft_demo.jsonl"
+    out = tmp_path / "w48"
+    cfg = config_from_dict(
+        TrainConfig,
+        dict(
+            model_name_or_path=str(tiny_moe_model_dir),
+            train_dataset_path=str(data),
+            fine_tuning="LoRA",
+            compute_type="wint4/8",
+            weight_quant_group_size=32,
+            max_seq_len=128,
+            batch_size=2,
+            learning_rate=1e-2,
+            max_steps=3,
+            output_dir=str(out),
+            disable_tqdm=True,
+        ),
+    )
+    assert run_training(cfg).status == "succeeded"
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["compute_type"] == "wint4/8"
+    keys = SafetensorsFile(out / "adapter_model.safetensors").keys()
+    assert any(".mlp.experts.3.up_gate_proj.lora_B" in k for k in keys)  # experts carry adapters too
+    assert any(".mlp.shared_experts.down_proj.lora_A" in k for k in keys)
+    assert all(k.endswith(("lora_A", "lora_B")) for k in keys)
+    merged = engine.load_model(out)  # int4/int8 base re-applied, adapter merged into it
+    assert not [m for m in merged.sublayers() if isinstance(m, LoRALinear)]
+    ids = paddle.to_tensor(np.arange(1, 17, dtype=np.int64).reshape(1, 16))
+    with paddle.no_grad():
+        assert np.isfinite(merged(ids).logits.numpy()).all()
