@@ -25,13 +25,15 @@ def reconcile(settings: Settings, worker: str | None) -> dict[str, int]:
     None for the periodic pass, which only trusts stale heartbeats."""
     requeued = dispatched = stopped = 0
     with session_factory(settings)() as session:
-        for run in runs_svc.orphaned_runs(session, worker or "\x00", settings.stale_after_s):
+        for run in runs_svc.orphaned_runs(session, worker, settings.stale_after_s):
             if run.node == settings.node_name:
                 kill_stale_group(run.pid, str(runs_svc.run_dir(settings, run.id)))
             reason = f"worker {run.worker} is gone; resuming from the newest checkpoint"
             if runs_svc.requeue_run(session, run.id, reason):
                 requeued += 1
                 log.warning("run %s: %s", run.id, reason)
+                session.refresh(run)
+                runs_svc.dispatch_run(session, settings, run)
         # Give the API a moment to publish what it just created before treating it as lost.
         for run in runs_svc.undispatched_runs(session, older_than=utcnow() - timedelta(seconds=2)):
             runs_svc.dispatch_run(session, settings, run)
@@ -39,11 +41,12 @@ def reconcile(settings: Settings, worker: str | None) -> dict[str, int]:
                 dispatched += 1
         cutoff = utcnow() - timedelta(seconds=settings.stale_after_s)
         active = [DeploymentStatus.RUNNING, DeploymentStatus.STARTING, DeploymentStatus.STOPPING]
+        lost = Deployment.heartbeat_at < cutoff
+        if worker is not None:
+            lost = lost | (Deployment.worker == worker)
         deps = session.scalars(
             select(Deployment).where(
-                Deployment.status.in_([s.value for s in active]),
-                Deployment.worker.is_not(None),
-                (Deployment.worker == (worker or "\x00")) | (Deployment.heartbeat_at < cutoff),
+                Deployment.status.in_([s.value for s in active]), Deployment.worker.is_not(None), lost
             )
         ).all()
         for dep in deps:

@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -42,7 +43,7 @@ def _is_lora_dir(model_dir: Path) -> bool:
     return is_lora_dir(model_dir)
 
 
-def merge_lora(settings: Settings, run: Run, log_file: Path) -> Path:
+def merge_lora(settings: Settings, run: Run, log_file: Path, beat: Callable[[], object]) -> Path:
     """`ernie-studio export <run config> lora=True`: the merged model FastDeploy can load."""
     export_dir = Path(run.output_dir) / "export"
     if (export_dir / "config.json").exists():
@@ -50,7 +51,10 @@ def merge_lora(settings: Settings, run: Run, log_file: Path) -> Path:
     config_file = Path(run.output_dir).parent / "export.yaml"
     config_file.write_text(yaml.safe_dump({**run.config, "lora": True, "export_dir": str(export_dir)}))
     proc = spawn(engine_command("export", str(config_file)), log_file)
-    code = proc.wait()
+    while proc.poll() is None:
+        beat()  # keep the deployment alive for the reconciler while a large merge runs
+        time.sleep(POLL_S * 4)
+    code = proc.returncode
     if code != 0 or not (export_dir / "config.json").exists():
         raise RuntimeError(f"merging the LoRA adapter failed (exit code {code}):\n{tail(log_file, 2000)}")
     return export_dir
@@ -71,7 +75,9 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
         backend = resolve_backend(dep.backend)
         try:
             if run is not None and backend == "fastdeploy" and _is_lora_dir(model_dir):
-                model_dir = merge_lora(settings, run, log_file)
+                model_dir = merge_lora(
+                    settings, run, log_file, lambda: dep_svc.deployment_heartbeat(session, deployment_id)
+                )
         except Exception as e:
             dep_svc.mark_deployment(session, deployment_id, status=DeploymentStatus.FAILED, error=str(e))
             return DeploymentStatus.FAILED.value

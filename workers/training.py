@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from workers.process import engine_command, spawn, stop_group, tail
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
+HEARTBEAT_S = 1.0
 
 
 class MetricsTail:
@@ -65,6 +66,33 @@ def _checkpoints(output_dir: Path) -> list[tuple[int, str]]:
     return [(int(p.name.split("-")[1]), str(p)) for p in list_checkpoints(output_dir)]
 
 
+class Heartbeat(threading.Thread):
+    """Beats for a claimed run every second from claim to finish, also while the base model is built."""
+
+    def __init__(self, settings: Settings, run_id: int) -> None:
+        super().__init__(name=f"heartbeat-{run_id}", daemon=True)
+        self.factory = session_factory(settings)
+        self.run_id = run_id
+        self.pid: int | None = None
+        self.state = "ok"
+        self.changed = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with self.factory() as session:
+            while not self.done.is_set():
+                try:
+                    state = runs_svc.heartbeat(session, self.run_id, pid=self.pid)
+                except Exception:  # a database blip: try again next beat
+                    log.exception("heartbeat of run %s failed", self.run_id)
+                    session.rollback()
+                    state = self.state
+                if state != self.state:
+                    self.state = state
+                    self.changed.set()
+                self.done.wait(HEARTBEAT_S)
+
+
 def execute_run(settings: Settings, run_id: int, worker: str) -> str | None:
     """Run one attempt of `run_id` on this worker; returns the final status (None if not claimed)."""
     factory = session_factory(settings)
@@ -76,6 +104,16 @@ def execute_run(settings: Settings, run_id: int, worker: str) -> str | None:
         attempt, config, base_model = run.attempt, dict(run.config), run.base_model
         output_dir = Path(run.output_dir)
         log_file = runs_svc.log_path(settings, run)
+    beat = Heartbeat(settings, run_id)
+    beat.start()
+    try:
+        return _attempt(settings, run_id, worker, attempt, config, base_model, output_dir, log_file, beat)
+    finally:
+        beat.done.set()
+
+
+def _attempt(settings, run_id, worker, attempt, config, base_model, output_dir: Path, log_file: Path, beat):
+    factory = session_factory(settings)
     directory = runs_svc.run_dir(settings, run_id)
     directory.mkdir(parents=True, exist_ok=True)
     config_file = directory / "config.yaml"
@@ -96,24 +134,30 @@ def execute_run(settings: Settings, run_id: int, worker: str) -> str | None:
         where = f", resuming from {resume.name}" if resume else ""
         f.write(f"=== {stamp} attempt {attempt} on {worker}{where} ===\n")
     proc = spawn(engine_command("train", str(config_file)), log_file, cwd=directory)
+    beat.pid = proc.pid
     log.info("run %s attempt %d: started trainer pid %d", run_id, attempt, proc.pid)
 
     metrics = MetricsTail(output_dir / "metrics.jsonl")
     cancelled = False
     with factory() as session:
-        runs_svc.heartbeat(session, run_id, pid=proc.pid)
         while True:
             code = proc.poll()
             runs_svc.record_metrics(session, run_id, metrics.read())
             runs_svc.record_checkpoints(session, run_id, _checkpoints(output_dir))
             if code is not None:
                 break
-            if runs_svc.heartbeat(session, run_id) and not cancelled:
+            if beat.state == "lost":
+                # The reconciler gave the run to another worker: two trainers must never share a directory.
+                log.warning("run %s was requeued elsewhere; stopping this attempt", run_id)
+                stop_group(proc, settings.kill_grace_s)
+                return None
+            if beat.state == "cancel" and not cancelled:
                 cancelled = True
                 log.info("run %s: cancel requested, stopping process group %d", run_id, proc.pid)
                 code = stop_group(proc, settings.kill_grace_s)
                 continue
-            time.sleep(POLL_S)
+            beat.changed.wait(POLL_S)
+            beat.changed.clear()
         return _finish(session, settings, run_id, code, cancelled, output_dir, log_file)
 
 

@@ -426,14 +426,19 @@ def claim_run(session: Session, run_id: int, worker: str, node: str) -> Run | No
     return run
 
 
-def heartbeat(session: Session, run_id: int, *, pid: int | None = None) -> bool:
-    """Record liveness; returns True when a cancel was requested."""
+def heartbeat(session: Session, run_id: int, *, pid: int | None = None) -> str:
+    """Record liveness. Returns "ok", "cancel" (a cancel was requested) or "lost" (the run is no longer
+    running here: the reconciler gave it to another worker)."""
     values: dict[str, Any] = {"heartbeat_at": utcnow()}
     if pid is not None:
         values["pid"] = pid
-    session.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING).values(**values))
+    n = session.execute(
+        update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING).values(**values)
+    ).rowcount
     session.commit()
-    return bool(session.scalar(select(Run.cancel_requested).where(Run.id == run_id)))
+    if not n:
+        return "lost"
+    return "cancel" if session.scalar(select(Run.cancel_requested).where(Run.id == run_id)) else "ok"
 
 
 def _insert_ignore(session: Session, table, rows: list[dict[str, Any]], keys: list[str]) -> int:
@@ -520,13 +525,14 @@ def requeue_run(session: Session, run_id: int, reason: str) -> bool:
     return bool(n)
 
 
-def orphaned_runs(session: Session, worker: str, stale_after_s: float) -> list[Run]:
-    """Runs marked running whose worker is this (restarted) one or has not heartbeated for a while."""
+def orphaned_runs(session: Session, worker: str | None, stale_after_s: float) -> list[Run]:
+    """Runs marked running that have not heartbeated for a while, or (at start-up) that `worker`, a
+    restarted worker of the same name, was running when it died."""
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    q = select(Run).where(
-        Run.status == RunStatus.RUNNING, (Run.worker == worker) | (Run.heartbeat_at < cutoff)
-    )
-    return list(session.scalars(q).all())
+    lost = Run.heartbeat_at < cutoff
+    if worker is not None:
+        lost = lost | (Run.worker == worker)
+    return list(session.scalars(select(Run).where(Run.status == RunStatus.RUNNING, lost)).all())
 
 
 def undispatched_runs(session: Session, older_than: datetime | None = None) -> list[Run]:

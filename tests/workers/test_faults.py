@@ -1,0 +1,99 @@
+"""Faults on Redis + PostgreSQL with real processes: a worker SIGKILLed mid-run (the run resumes on a new
+worker from its checkpoint with no duplicated metric steps), the API restarted mid-run (nothing lost),
+Redis stopped with runs queued (none lost), and 20 runs queued on one worker run in order."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime
+
+from worker_helpers import pid_alive, wait_for
+
+from studio.db import session_factory
+from studio.models import Run
+
+
+def _trainer_pid(studio, run_id: int) -> int | None:
+    with session_factory(studio.settings)() as s:
+        return s.get(Run, run_id).pid
+
+
+def test_worker_sigkill_and_api_restart_mid_run(studio_factory, pg_url, redis_server):
+    studio = studio_factory(database_url=pg_url, broker_url=redis_server.url)
+    studio.start_api()
+    studio.start_worker("train@testnode")
+    api = studio.client()
+    ds = studio.upload_demo(api)
+    run = studio.create_run(api, ds["id"], max_steps=80, save_steps=10, logging_steps=1)
+    rid = run["id"]
+
+    def steps() -> list[int]:
+        return [m["step"] for m in api.get(f"/runs/{rid}/metrics").json()]
+
+    wait_for(
+        lambda: any(c["step"] >= 10 for c in api.get(f"/runs/{rid}/checkpoints").json()), 120, "checkpoint-10"
+    )
+    trainer = _trainer_pid(studio, rid)
+    assert trainer and pid_alive(trainer), repr((trainer, api.get(f"/runs/{rid}").json()))
+    killed_at_step = max(steps())
+    studio.stop("train@testnode", signal.SIGKILL)
+    # The trainer dies with its worker (PR_SET_PDEATHSIG), so it cannot keep writing the run directory.
+    wait_for(lambda: not pid_alive(trainer), 10, "the orphaned trainer to die")
+    assert api.get(f"/runs/{rid}").json()["status"] == "running"  # nobody has noticed yet
+
+    studio.start_worker("train2@testnode")
+    wait_for(lambda: api.get(f"/runs/{rid}").json()["attempt"] == 2, 60, "the second attempt")
+    wait_for(lambda: max(steps()) > killed_at_step, 60, "the second attempt to log a step")
+    # Restart the API while the second attempt trains: state lives in the store, the worker keeps writing.
+    before_restart = steps()
+    studio.stop_api()
+    studio.start_api()
+    api = studio.client()
+    assert steps()[: len(before_restart)] == before_restart
+
+    final = studio.wait_status(api, rid, {"succeeded", "failed", "cancelled"}, 180)
+    assert final["status"] == "succeeded", final["error"]
+    assert final["attempt"] == 2 and final["worker"] == "train2@testnode"
+    all_steps = steps()
+    assert all_steps == list(range(1, 81)), all_steps  # every step once: no gaps, no duplicates
+    events = [e["kind"] for e in api.get(f"/runs/{rid}/events").json()]
+    assert events == ["run.queued", "run.running", "run.requeued", "run.running", "run.succeeded"]
+    log_text = api.get(f"/runs/{rid}/logs", params={"limit": 1_000_000}).json()["text"]
+    resumed = [line for line in log_text.splitlines() if "attempt 2 on train2@testnode" in line]
+    assert resumed and "resuming from checkpoint-" in resumed[0]
+    resumed_step = int(resumed[0].split("resuming from checkpoint-")[1].split()[0])
+    assert 10 <= resumed_step <= killed_at_step + 1 < 80
+    assert [c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json()] == list(range(10, 81, 10))
+
+
+def test_redis_outage_loses_no_run_and_twenty_runs_run_in_order(studio_factory, pg_url, redis_server):
+    studio = studio_factory(database_url=pg_url, broker_url=redis_server.url)
+    studio.start_api()
+    api = studio.client()
+    ds = studio.upload_demo(api)
+    runs = [studio.create_run(api, ds["id"], max_steps=1, save_steps=100) for _ in range(19)]
+    assert all(r["dispatched_at"] for r in runs)
+
+    redis_server.stop()
+    down = studio.create_run(api, ds["id"], max_steps=1, save_steps=100)
+    assert down["status"] == "queued" and down["dispatched_at"] is None  # accepted, sent later
+    assert api.get("/runs", params={"status": "queued"}).status_code == 200
+    redis_server.start()
+
+    studio.start_worker("train@testnode")
+    runs.append(down)
+    ids = [r["id"] for r in runs]
+    wait_for(
+        lambda: all(api.get(f"/runs/{i}").json()["status"] in ("succeeded", "failed") for i in ids[-1:]),
+        400,
+        "the last run to finish",
+        interval=0.5,
+    )
+    done = [api.get(f"/runs/{i}").json() for i in ids]
+    assert [r["status"] for r in done] == ["succeeded"] * 20, [(r["id"], r["error"]) for r in done]
+    assert all(r["attempt"] == 1 for r in done)  # each ran exactly once
+    started = [datetime.fromisoformat(r["started_at"]) for r in done]
+    ended = [datetime.fromisoformat(r["ended_at"]) for r in done]
+    assert started == sorted(started)  # in the order they were queued
+    assert all(ended[i] <= started[i + 1] for i in range(19))  # one at a time on the single worker
+    assert api.get(f"/runs/{down['id']}").json()["dispatched_at"] is not None
