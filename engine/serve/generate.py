@@ -166,6 +166,7 @@ class SequenceState:
         self.counts[token_id] = self.counts.get(token_id, 0) + 1
         if token_id in self.stop_ids:
             self.finish_reason = FINISH_STOP
+            self.text += self.detok.flush()
         else:
             before = len(self.text)
             self.text += self.detok.add(token_id)
@@ -338,7 +339,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)
-    ttft: list[float] = field(default_factory=list)  # drained by the metrics exporter
+    ttft: deque = field(default_factory=lambda: deque(maxlen=100_000))  # drained by the metrics exporter
     recent_tokens: deque = field(default_factory=lambda: deque(maxlen=4096))  # (time, n_tokens)
 
     def tokens_per_second(self, window: float = 10.0) -> float:
@@ -456,13 +457,18 @@ class GenerationEngine:
             while not self._stop.is_set():
                 self._drain_incoming(block=not self._running and not self._waiting)
                 self._drop_cancelled()
+                while self._waiting and len(self._running) < self.max_num_seqs:
+                    req = self._waiting.popleft()
+                    try:
+                        self._prefill(req)
+                    except Exception as e:  # a prompt the model rejects fails that request only
+                        log.exception("prefill failed")
+                        self._finish(req, FINISH_ERROR, f"generation failed: {e}")
                 try:
-                    while self._waiting and len(self._running) < self.max_num_seqs:
-                        self._prefill(self._waiting.popleft())
                     if self._running:
                         self._decode_step()
                 except Exception as e:  # a failed step fails its requests, never the server
-                    log.exception("generation step failed")
+                    log.exception("decode step failed")
                     for req in list(self._running):
                         self._finish(req, FINISH_ERROR, f"generation failed: {e}")
                 self.stats.running, self.stats.waiting = len(self._running), len(self._waiting)
@@ -539,7 +545,7 @@ class GenerationEngine:
         if st.finish_reason is not None:
             self._finish(req, st.finish_reason, last_text=delta, last_ids=[token])
         else:
-            req.sink(GenerationOutput(delta, [token], None, len(st.prompt_ids), len(st.output_ids)))
+            _send(req, GenerationOutput(delta, [token], None, len(st.prompt_ids), len(st.output_ids)))
 
     def _finish(
         self,
@@ -570,16 +576,21 @@ class GenerationEngine:
     ) -> None:
         st = req.state
         self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
-        req.sink(
+        _send(
+            req,
             GenerationOutput(
-                text,
-                ids or [],
-                reason,
-                len(req.prompt_ids),
-                len(st.output_ids) if st else 0,
-                error,
-            )
+                text, ids or [], reason, len(req.prompt_ids), len(st.output_ids) if st else 0, error
+            ),
         )
+
+
+def _send(req: Request, out: GenerationOutput) -> None:
+    """Hand an output to the request's consumer; a consumer that is gone (closed event loop) is ignored."""
+    try:
+        req.sink(out)
+    except RuntimeError as e:
+        log.debug("request %d: dropping output, consumer gone: %s", req.id, e)
+        req.cancel()
 
 
 # ---- single-sequence reference loops (benchmarks, tests, scripts) -----------------------------------

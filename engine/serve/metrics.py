@@ -57,7 +57,7 @@ class ServerMetrics:
     def render(self) -> str:
         s = self.stats
         while s.ttft:  # the engine thread appends; we move observations into the histogram here
-            self.ttft.observe(s.ttft.pop(0))
+            self.ttft.observe(s.ttft.popleft())
         lbl = f'model_name="{self.model_name}"'
         lines = [
             "# HELP ernie_num_requests_running Requests in the running decode batch.",

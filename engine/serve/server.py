@@ -7,6 +7,7 @@ cannot tell which backend answers: /v1/chat/completions, /v1/completions, /v1/mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -289,8 +290,10 @@ async def _collect(stream: AsyncIterator[GenerationOutput], request: Request) ->
             last.text = "".join(parts)
             return last
         if await request.is_disconnected():
+            # Cancelling the task raises inside the stream's await, whose finally cancels the request.
             task.cancel()
-            await stream.aclose()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
             return None
 
 

@@ -251,6 +251,17 @@ def test_concurrency_limit_answers_429(sharp_dir):
                 break
             time.sleep(0.05)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        # a non-streaming client that gives up cancels its generation as well
+        stats = app.state.serving.engine.stats
+        aborted = stats.requests_finished.get("abort", 0)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json={**long, "stream": False}, timeout=0.5)
+        for _ in range(100):
+            if stats.requests_finished.get("abort", 0) > aborted:
+                break
+            time.sleep(0.05)
+        assert stats.requests_finished.get("abort", 0) == aborted + 1
+        assert stats.generation_tokens_total < 3000 + 300 + 2
     finally:
         server.should_exit = True
         thread.join(timeout=20)
