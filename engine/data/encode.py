@@ -93,11 +93,14 @@ class SampleEncoder:
         self.max_pixels = max_pixels
         self.cls_id = tokenizer.convert_tokens_to_ids(tokenizer.cls_token)
         self.sep_id = tokenizer.sep_token_id
+        self._image_tokens: dict[Path, int] = {}
 
     # ---- text pieces ------------------------------------------------------------------------------
     def image_tokens(self, path: Path) -> int:
-        w, h = image_size(path, self.factor, self.max_pixels)
-        return (h // self.factor) * (w // self.factor)
+        if path not in self._image_tokens:
+            w, h = image_size(path, self.factor, self.max_pixels)
+            self._image_tokens[path] = (h // self.factor) * (w // self.factor)
+        return self._image_tokens[path]
 
     def expand_images(self, text: str, images: list[Path]) -> str:
         """Replace each image mark with ``<|IMAGE_START|>`` + N placeholders + ``<|IMAGE_END|>``."""
@@ -130,22 +133,26 @@ class SampleEncoder:
     def encode_conversation(self, conv: Conversation) -> EncodedSample | None:
         """Ids and labels; overlong conversations lose their oldest turns first, then get cut at the end."""
         n = len(conv.turns)
-        prompts = [len(self.tok.encode(self.prompt_text(t))) for t in conv.turns]
-        answers = [len(self.tok.encode(self.answer_text(t.assistant))) for t in conv.turns]
+        prompts = [self.tok.encode(self.prompt_text(t)) for t in conv.turns]
+        answers = [self.tok.encode(self.answer_text(t.assistant)) for t in conv.turns]
         head = len(self.tok.encode(self.head_text(conv.system)))
-        full = head + sum(prompts) + sum(answers)
+        sizes = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
+        full = head + sum(sizes)
         first = 0
         # Keep dropping while too long and a later turn that trains is left.
-        while first < n - 1 and head + sum(prompts[first:]) + sum(answers[first:]) > self.max_seq_len:
+        while first < n - 1 and head + sum(sizes[first:]) > self.max_seq_len:
             if not any(t.trained for t in conv.turns[first + 1 :]):
                 break
             first += 1
-        pieces = self._turn_ids(conv.system, conv.turns, first)
-        ids: list[int] = []
-        trained: list[bool] = []
-        for piece, t in pieces:
-            ids.extend(piece)
-            trained.extend([t] * len(piece))
+        # The head shares its piece with the first kept prompt (no special token between them).
+        ids: list[int] = self.tok.encode(self.head_text(conv.system) + self.prompt_text(conv.turns[first]))
+        trained: list[bool] = [False] * len(ids)
+        for i in range(first, n):
+            if i > first:
+                ids.extend(prompts[i])
+                trained.extend([False] * len(prompts[i]))
+            ids.extend(answers[i])
+            trained.extend([conv.turns[i].trained] * len(answers[i]))
         images = [p for turn in conv.turns[first:] for p in turn.images]
         truncated = len(ids) > self.max_seq_len
         if truncated:
