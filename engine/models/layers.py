@@ -18,9 +18,12 @@ class RMSNorm(nn.Layer):
         self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        # Normalise in fp32 as the reference implementations do, whatever the activation dtype.
+        # Normalise in fp32 as the reference implementations do, whatever the activation dtype. In fp32
+        # the casts are skipped: each is a copy plus a backward node, and this runs 2 x layers times.
+        if x.dtype == paddle.float32:
+            return x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight
         h = x.astype("float32")
-        h = h * paddle.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = h * paddle.rsqrt((h * h).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.astype(x.dtype)
 
 
@@ -69,6 +72,7 @@ class Attention(nn.Layer):
         attn_mask: paddle.Tensor | None,
         cache=None,
         layer_idx: int = 0,
+        causal: bool = False,
     ) -> paddle.Tensor:
         b, t, _ = x.shape
         qkv = self.qkv_proj(x)
@@ -79,35 +83,66 @@ class Attention(nn.Layer):
         v = v.reshape([b, t, nkv, hd])
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
-        out = attention(q, k, v, attn_mask)
+        out = attention(q, k, v, attn_mask, causal)
         return self.o_proj(out.reshape([b, t, nq * hd]))
 
 
+# Causal attention over long sequences runs in query blocks of this many rows, each against only the keys
+# it can see: about 40% less score / softmax work at 512 tokens than masking a full T x S square.
+ATTENTION_BLOCK = 128
+
+
 def attention(
-    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None
+    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None, causal: bool = False
 ) -> paddle.Tensor:
     """Softmax attention. q [B, T, H, D], k/v [B, S, Hkv, D]; mask additive fp32 [B|1, 1, T, S] or None.
 
     With mask None the attention is causal with the query block aligned to the end of the keys.
+    ``causal=True`` promises that ``mask`` hides every key after the query (our padding and packing masks
+    do), so key blocks after a query block are skipped instead of masked.
     """
     b, t, nq, hd = q.shape
     s, nkv = k.shape[1], k.shape[2]
     group = nq // nkv
-    # [B, Hkv, group, T, D] so that each KV head serves its group of query heads without copying K/V.
-    qh = q.transpose([0, 2, 1, 3]).reshape([b, nkv, group * t, hd])
-    kh = k.transpose([0, 2, 3, 1])  # [B, Hkv, D, S]
-    vh = v.transpose([0, 2, 1, 3])  # [B, Hkv, S, D]
-    scores = paddle.matmul(qh, kh) * (1.0 / math.sqrt(hd))  # [B, Hkv, group*T, S]
-    scores = scores.reshape([b, nkv, group, t, s]).astype("float32")
-    if mask is None:
-        if t > 1:
-            causal = paddle.triu(paddle.full([t, s], float("-inf"), dtype="float32"), diagonal=s - t + 1)
-            scores = scores + causal
+    # [B, Hkv, group, T, D] so that each KV head serves its group of query heads without copying K/V;
+    # the 1/sqrt(D) scale goes on q, which is group*T*D elements instead of group*T*S scores.
+    qh = (q * (1.0 / math.sqrt(hd))).reshape([b, t, nkv, group, hd]).transpose([0, 2, 3, 1, 4])
+    kh = k.transpose([0, 2, 1, 3])  # [B, Hkv, S, D]
+    vh = v.transpose([0, 2, 1, 3])
+    if mask is not None:
+        mask = mask.astype("float32").unsqueeze(2)  # [B|1, 1, 1, T, S]
+    if (mask is None or causal) and t == s and t > ATTENTION_BLOCK:
+        outs = []
+        for start in range(0, t, ATTENTION_BLOCK):
+            end = min(start + ATTENTION_BLOCK, t)
+            if mask is None:
+                m = paddle.triu(
+                    paddle.full([end - start, end], float("-inf"), dtype="float32"), diagonal=start + 1
+                )
+            else:
+                m = mask[..., start:end, :end]
+            outs.append(_attend(qh[:, :, :, start:end], kh[:, :, :end], vh[:, :, :end], m))
+        out = paddle.concat(outs, axis=3)
     else:
-        scores = scores + mask.astype("float32").unsqueeze(2)  # [B, 1, 1, T, S]
-    probs = F.softmax(scores, axis=-1).astype(q.dtype).reshape([b, nkv, group * t, s])
-    out = paddle.matmul(probs, vh).reshape([b, nkv, group, t, hd])  # [B, Hkv, g, T, D]
+        if mask is None and t > 1:
+            mask = paddle.triu(paddle.full([t, s], float("-inf"), dtype="float32"), diagonal=s - t + 1)
+        out = _attend(qh, kh, vh, mask)
     return out.transpose([0, 3, 1, 2, 4]).reshape([b, t, nq, hd])
+
+
+def _attend(
+    qh: paddle.Tensor, kh: paddle.Tensor, vh: paddle.Tensor, mask: paddle.Tensor | None
+) -> paddle.Tensor:
+    """qh [B, Hkv, g, T, D] (already scaled), kh / vh [B, Hkv, S, D], additive mask -> [B, Hkv, g, T, D]."""
+    b, nkv, g, t, hd = qh.shape
+    s = kh.shape[2]
+    scores = paddle.matmul(qh.reshape([b, nkv, g * t, hd]), kh, transpose_y=True).reshape([b, nkv, g, t, s])
+    if scores.dtype != paddle.float32:
+        scores = scores.astype("float32")
+    if mask is not None:
+        scores = scores + mask
+    probs = F.softmax(scores, axis=-1).astype(qh.dtype).reshape([b, nkv, g * t, s])
+    return paddle.matmul(probs, vh).reshape([b, nkv, g, t, hd])
 
 
 class MLP(nn.Layer):
@@ -120,5 +155,5 @@ class MLP(nn.Layer):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias_attr=use_bias or False)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        gate, up = paddle.chunk(self.up_gate_proj(x), 2, axis=-1)
-        return self.down_proj(F.silu(gate) * up)
+        # F.swiglu(x) = silu(first half) * second half: one kernel instead of chunk + silu + multiply.
+        return self.down_proj(F.swiglu(self.up_gate_proj(x)))

@@ -182,3 +182,26 @@ def test_recompute_gives_the_same_loss_and_gradients() -> None:
         grads.append((float(loss), model.ernie.layers[0].self_attn.qkv_proj.weight.grad.numpy().copy()))
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
     np.testing.assert_allclose(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-7)
+
+
+def test_blocked_causal_attention_equals_full_square() -> None:
+    """Beyond ATTENTION_BLOCK tokens causal attention runs in query blocks; same values as the masked square."""
+    from engine.models.layers import ATTENTION_BLOCK, attention
+
+    t = 2 * ATTENTION_BLOCK + 37
+    q = _t(RNG.normal(size=(2, t, 4, 8)).astype(np.float32))
+    k = _t(RNG.normal(size=(2, t, 2, 8)).astype(np.float32))
+    v = _t(RNG.normal(size=(2, t, 2, 8)).astype(np.float32))
+    square = np.triu(np.full((t, t), -np.inf, np.float32), 1)[None, None]
+    full = attention(q, k, v, _t(np.broadcast_to(square, (2, 1, t, t)).copy()), causal=False).numpy()
+    np.testing.assert_allclose(attention(q, k, v, None).numpy(), full, rtol=1e-5, atol=1e-6)
+    seg = np.array([[0] * 100 + [1] * (t - 100)] * 2)
+    from engine.models.ernie import packed_causal_mask
+
+    mask = packed_causal_mask(_t(seg))
+    np.testing.assert_allclose(
+        attention(q, k, v, mask, causal=True).numpy(),
+        attention(q, k, v, mask, causal=False).numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
