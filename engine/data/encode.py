@@ -188,7 +188,11 @@ class SampleEncoder:
                 break
             history.pop(0)
         dropped = len(pref.history) - len(history)
-        budget = self.max_prompt_len or self.max_seq_len // 2
+        # The prompt keeps what the longest answer leaves, but at most max_prompt_len and never so much that
+        # an answer gets less than half the window.
+        budget = self.max_seq_len - min(longest, self.max_seq_len // 2)
+        if self.max_prompt_len:
+            budget = min(budget, self.max_prompt_len)
         truncated = len(prompt) + longest > self.max_seq_len
         if truncated and len(prompt) > budget:
             prompt = [prompt[0], *prompt[len(prompt) - budget + 1 :]]  # keep cls, cut the oldest prompt text

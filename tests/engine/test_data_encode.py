@@ -120,6 +120,18 @@ def test_dpo_pairs_share_the_prompt_and_sort_picks_the_chosen(tok):
     assert trained_text(tok, alp.chosen) == f"2{tok.sep_token}"
 
 
+def test_dpo_truncation_keeps_the_end_of_the_prompt_and_room_for_answers(tok):
+    rec = {"question": "word " * 100 + "Which colour?", "chosen": "Red is the answer.", "rejected": "No."}
+    ex = parse_record(rec, "alpaca", "dpo")
+    (pair,) = SampleEncoder(tok, 64, max_prompt_len=1024).encode(ex)
+    assert len(pair.chosen) <= 64 and pair.chosen.truncated
+    assert trained_text(tok, pair.chosen) == f"Red is the answer.{tok.sep_token}"
+    prompt = tok.decode(pair.chosen.input_ids[: pair.prompt_length].tolist(), skip_special_tokens=False)
+    assert prompt.startswith(tok.cls_token) and prompt.endswith("Which colour?\nAssistant: ")
+    (short,) = SampleEncoder(tok, 64, max_prompt_len=20).encode(ex)
+    assert short.prompt_length == 20
+
+
 def test_pretraining_text_trains_every_token_and_splits_long_documents(tok):
     ex = parse_record({"text": "The capital of France is Paris. " * 20}, "text", "pt")
     samples = SampleEncoder(tok, 64).encode(ex)
