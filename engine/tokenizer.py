@@ -103,19 +103,18 @@ class ErnieTokenizer:
 
     @property
     def cls_token(self) -> str:
-        return (
-            self.config.get("cls_token", CLS_TOKEN)
-            if isinstance(self.config.get("cls_token", CLS_TOKEN), str)
-            else CLS_TOKEN
-        )
+        return self._named_token("cls_token", CLS_TOKEN)
 
     @property
     def sep_token(self) -> str:
-        return (
-            self.config.get("sep_token", SEP_TOKEN)
-            if isinstance(self.config.get("sep_token", SEP_TOKEN), str)
-            else SEP_TOKEN
-        )
+        return self._named_token("sep_token", SEP_TOKEN)
+
+    def _named_token(self, key: str, default: str) -> str:
+        """A token named in tokenizer_config.json, written either as a string or as {"content": ...}."""
+        value = self.config.get(key, default)
+        if isinstance(value, dict):
+            value = value.get("content", default)
+        return value if isinstance(value, str) and value else default
 
     @property
     def sep_token_id(self) -> int:

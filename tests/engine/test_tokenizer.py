@@ -97,3 +97,15 @@ def test_missing_or_broken_files_are_explained(tiny_model_dir, tmp_path) -> None
     (d / "tokenizer_config.json").write_text('{"chat_template": "x",\n}')
     with pytest.raises(ValueError, match=r"tokenizer_config\.json:2: invalid JSON"):
         engine.load_tokenizer(str(d))
+
+
+def test_hf_style_token_objects_in_tokenizer_config(tiny_model_dir, tmp_path) -> None:
+    d = tmp_path / "tok"
+    copy_tokenizer_files(tiny_model_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["sep_token"] = {"content": SEP_TOKEN, "lstrip": False, "normalized": False, "special": True}
+    cfg["cls_token"] = {"content": CLS_TOKEN, "special": True}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = engine.load_tokenizer(str(d))
+    assert (tok.cls_token, tok.sep_token) == (CLS_TOKEN, SEP_TOKEN)
+    assert tok.apply_chat_template(MESSAGES[1:3], add_generation_prompt=False).endswith("Hello!" + SEP_TOKEN)
