@@ -140,3 +140,19 @@ def test_detect_format_of_each_demo_file():
         assert report.num_valid == report.num_records > 0
     with pytest.raises(ValueError, match="unknown dataset format"):
         detect_format(CASES / "unknown_format.jsonl")
+
+
+def test_data_cli_validates_and_previews(capsys, tiny_model_dir):
+    from engine.cli import main
+
+    assert main(["data", "validate", str(CASES / "multi_problem.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert f"{CASES / 'multi_problem.jsonl'}:5: label values must be 0 or 1: label[0]=3" in out
+    demo = Path(__file__).resolve().parents[2] / "examples" / "data"
+    assert main(["data", "validate", str(demo / "dpo_demo.jsonl")]) == 0
+    assert main(["data", "preview", str(demo / "sft_demo.jsonl"), "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "--- line 1" in out and "[loss] '13 - 1 = 12.<|end_of_sentence|>'" not in out
+    assert "[loss] '1, 2, 3, 4, 5, 6.<|end_of_sentence|>'" in out  # the label-0 first turn has no loss
+    assert main(["data", "stats", str(demo / "pt_demo.jsonl"), "--model", str(tiny_model_dir)]) == 0
+    assert '"num_records": 120' in capsys.readouterr().out
