@@ -121,9 +121,11 @@ class Studio:
         self.procs[name] = proc
         return proc
 
-    def start_api(self, *extra: str) -> None:
-        self._spawn("api", [CLI, "up", "--no-worker", "--no-ui", "--port", str(self.port), *extra])
-        wait_for(self._healthy, 60, "the API to answer /api/v1/health")
+    def start_api(self, *extra: str, full: bool = False) -> None:
+        """`ernie-studio up` serving the API only, or (`full`) with its UI and local workers."""
+        flags = [] if full else ["--no-worker", "--no-ui"]
+        self._spawn("api", [CLI, "up", *flags, "--port", str(self.port), *extra])
+        wait_for(self._healthy, 90, "the API to answer /api/v1/health")
 
     def stop_api(self) -> None:
         self.stop("api")

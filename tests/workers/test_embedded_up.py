@@ -1,0 +1,76 @@
+"""`ernie-studio up` with the embedded defaults (SQLite + kombu's filesystem broker, local workers, the UI):
+a run is cancelled within 5 s of the request and resumes from the checkpoint the trainer saved on SIGTERM.
+And binding beyond loopback makes up generate a token the API then requires."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+from worker_helpers import pid_alive, wait_for
+
+from studio.db import session_factory
+from studio.models import Run
+
+
+def test_cancel_within_five_seconds_then_resume(studio_factory):
+    studio = studio_factory()  # no database or broker configured: the embedded defaults
+    studio.start_api(full=True)
+    assert (
+        studio.settings.database_url.startswith("sqlite:") and studio.settings.broker_url == "filesystem://"
+    )
+    page = httpx.get(studio.url + "/", timeout=30)
+    assert page.status_code == 200 and "<html" in page.text.lower()  # the Gradio UI is mounted at "/"
+    api = studio.client()
+    ds = studio.upload_demo(api)
+    run = studio.create_run(api, ds["id"], max_steps=40, save_steps=100, logging_steps=1)
+    rid = run["id"]
+
+    wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= 3, 120, "three logged steps")
+    with session_factory(studio.settings)() as s:
+        trainer = s.get(Run, rid).pid
+    assert trainer and pid_alive(trainer)
+    requested = api.post(f"/runs/{rid}/cancel").json()
+    assert requested["cancel_requested"] and requested["status"] == "running"
+    final = studio.wait_status(api, rid, {"cancelled", "succeeded", "failed"}, 30)
+    assert final["status"] == "cancelled", final["error"]
+    took = datetime.fromisoformat(final["ended_at"]) - datetime.fromisoformat(final["cancel_requested_at"])
+    assert took.total_seconds() < 5.0, took
+    assert not pid_alive(trainer)
+    summary = json.loads((Path(final["output_dir"]) / "run_summary.json").read_text())
+    assert summary["status"] == "cancelled"
+    stopped_at = summary["steps"]
+    assert 3 <= stopped_at < 40
+    # The trainer saved a checkpoint on SIGTERM; the studio lists it.
+    assert [c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json()] == [stopped_at]
+
+    resumed = api.post(f"/runs/{rid}/resume").json()
+    assert resumed["status"] == "queued" and resumed["resume_from"].endswith(f"checkpoint-{stopped_at}")
+    final = studio.wait_status(api, rid, {"cancelled", "succeeded", "failed"}, 120)
+    assert final["status"] == "succeeded", final["error"]
+    assert final["attempt"] == 2
+    assert [m["step"] for m in api.get(f"/runs/{rid}/metrics").json()] == list(range(1, 41))
+    text = api.get(f"/runs/{rid}/logs", params={"limit": 1_000_000}).json()["text"]
+    assert f"attempt 2 on train@testnode, resuming from checkpoint-{stopped_at}" in text
+    kinds = [e["kind"] for e in api.get(f"/runs/{rid}/events").json()]
+    assert kinds == [
+        "run.queued", "run.running", "run.cancel_requested", "run.cancelled",
+        "run.resumed", "run.running", "run.succeeded",
+    ]  # fmt: skip
+
+
+def test_non_loopback_bind_requires_a_generated_token(studio_factory):
+    studio = studio_factory()
+    studio.start_api("--host", "0.0.0.0")
+    printed = wait_for(lambda: re.search(r"\?token=(\S+)", studio.log("api")), 30, "the printed URL")
+    token = printed.group(1)
+    assert len(token) >= 24
+    r = httpx.get(f"{studio.url}/api/v1/runs", timeout=10)
+    assert r.status_code == 401 and "token" in r.json()["message"]
+    r = httpx.get(f"{studio.url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert r.status_code == 200 and r.json() == []
+    login = httpx.get(f"{studio.url}/docs?token={token}", timeout=10)
+    assert login.status_code == 303 and "ernie_studio_token" in login.headers["set-cookie"]
