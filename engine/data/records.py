@@ -114,7 +114,7 @@ def _iter_array(path: str | Path) -> Iterator[RawRecord]:
         if buf[pos] == "\ufeff":
             pos += 1
         pos = _skip_ws(buf, pos) + 1  # the '['
-        expect_value = True
+        expect_value, seen_comma = True, False
         while True:
             new_pos = _skip_ws(buf, pos)
             line += buf.count("\n", pos, new_pos)
@@ -130,10 +130,12 @@ def _iter_array(path: str | Path) -> Iterator[RawRecord]:
                 return
             ch = buf[pos]
             if ch == "]":
+                if expect_value and seen_comma:
+                    yield RawRecord(line, error="invalid JSON: a trailing ',' before ']'")
                 return
             if ch == "," and not expect_value:
                 pos += 1
-                expect_value = True
+                expect_value = seen_comma = True
                 continue
             if not expect_value:
                 yield RawRecord(

@@ -36,6 +36,7 @@ EXPECTED: dict[str, list[tuple[int, str]]] = {
     "array_bad_element.json": [(4, "invalid JSON: Expecting ',' delimiter")],
     "array_unclosed.json": [(4, "the array is not closed with ']'")],
     "array_non_utf8.json": [(3, "not valid UTF-8")],
+    "array_trailing_comma.json": [(4, "a trailing ',' before ']'")],
     "chatml_bad_role.jsonl": [(2, 'messages[1].role is "bot"')],
     "chatml_assistant_first.jsonl": [
         (1, "messages[0] is an assistant message that does not follow a user message")
