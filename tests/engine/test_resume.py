@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.train import run_training
-from engine.train.config import load_config
 from engine.train.run_dir import MetricsLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +60,16 @@ def start(config: Path) -> subprocess.Popen:
     )
 
 
+def run_cli(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", "train", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -89,8 +97,9 @@ def test_metrics_log_repairs_a_cut_line_and_never_repeats_a_step(tmp_path):
 
 
 def test_sigkill_at_step_50_then_rerun_matches_uninterrupted_run(tiny_model_dir, tmp_path):
-    reference = run_training(load_config(write_config(tmp_path, tiny_model_dir, "reference", max_steps=70)))
-    assert reference.status == "succeeded"
+    # the uninterrupted run is the same command in its own process, as the resumed one is
+    reference = run_cli(write_config(tmp_path, tiny_model_dir, "reference", max_steps=70))
+    assert reference.returncode == 0, reference.stderr[-2000:]
     expected = {r["step"]: r["loss"] for r in metric_rows(tmp_path / "reference")}
 
     config = write_config(tmp_path, tiny_model_dir, "killed", max_steps=70)
@@ -103,20 +112,23 @@ def test_sigkill_at_step_50_then_rerun_matches_uninterrupted_run(tiny_model_dir,
     assert 50 <= killed_at < 70, killed_at
     assert not (out / "run_summary.json").exists()  # it really died mid-run
 
-    rerun = subprocess.run(
-        [sys.executable, "-m", "engine", "train", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    resumed_from = max(
+        int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if not p.name.endswith(".tmp")
     )
+    rerun = run_cli(config)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     rows = metric_rows(out)
     steps = [r["step"] for r in rows]
     assert steps == list(range(1, 71)), "metrics.jsonl must hold every step exactly once"
-    worst = max(abs(r["loss"] - expected[r["step"]]) for r in rows)
-    print(f"killed at step {killed_at}; resumed curve vs uninterrupted: max |diff| = {worst:.2e}")
-    assert worst <= 1e-6
+    diffs = [abs(r["loss"] - expected[r["step"]]) for r in rows]
+    worst = max(diffs)
+    first_bad = next((r["step"] for r, d in zip(rows, diffs, strict=True) if d > 1e-6), None)
+    print(
+        f"killed at step {killed_at}, resumed from checkpoint-{resumed_from}: max |loss diff| = {worst:.2e}"
+    )
+    assert worst <= 1e-6, (
+        f"curves part at step {first_bad} (killed at {killed_at}, resumed from {resumed_from})"
+    )
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["status"] == "succeeded"
     assert summary["final_metrics"]["loss"] == pytest.approx(expected[70], abs=1e-6)
@@ -134,13 +146,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_130(tiny_model_dir, tmp_path):
     last = metric_rows(out)[-1]["step"]
     assert (out / f"checkpoint-{last}" / "trainer_state.json").exists()
     assert summary["checkpoints"] == [str(out / f"checkpoint-{last}")]
-    rerun = subprocess.run(
-        [sys.executable, "-m", "engine", "train", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    rerun = run_cli(config)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert [r["step"] for r in metric_rows(out)] == list(range(1, 41))
     assert json.loads((out / "run_summary.json").read_text())["status"] == "succeeded"
