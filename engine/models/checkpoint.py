@@ -336,10 +336,11 @@ def cast_model(model: ErnieForCausalLM, dtype: str) -> ErnieForCausalLM:
     """Cast to ``dtype`` but keep router gates and correction biases in fp32, as the reference does."""
     if dtype == "float32":
         return model
-    for name, p in model.named_parameters():
-        if ".mlp.gate." in name or "moe_statics" in name:
+    for name, layer in model.named_sublayers(include_self=True):
+        if name.endswith("mlp.gate") or name.endswith("moe_statics"):
             continue
-        p.set_value(p.astype(dtype))
+        # Layer by layer: ``Parameter.set_value`` refuses another dtype, ``_to_impl`` swaps the storage.
+        layer._to_impl(dtype=dtype, include_sublayers=False, floating_only=True)
     return model
 
 

@@ -206,3 +206,14 @@ def test_unknown_layout_is_explained(tiny_model_dir, tmp_path) -> None:
     save_file({"transformer.wte.weight": np.zeros((2, 2), np.float32)}, d / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"neither with 'ernie\.' .* nor 'model\.'"):
         engine.load_model(str(d))
+
+
+def test_cast_model_keeps_router_in_fp32(tiny_moe_model_dir) -> None:
+    from engine.models.checkpoint import cast_model
+
+    model = cast_model(engine.load_model(str(tiny_moe_model_dir)), "bfloat16")
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
+    assert dtypes["ernie.layers.1.mlp.gate.weight"] == paddle.float32
+    assert dtypes["ernie.layers.1.mlp.moe_statics.e_score_correction_bias"] == paddle.float32
+    assert dtypes["ernie.layers.1.mlp.experts.0.up_gate_proj.weight"] == paddle.bfloat16
+    assert dtypes["ernie.embed_tokens.weight"] == paddle.bfloat16
