@@ -9,10 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import paddle
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +98,92 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+# ---- checkpoint contents ----------------------------------------------------------------------------
+
+
+def _state_by_name(optimizer, params: dict[str, paddle.Tensor]) -> dict:
+    """Optimizer state keyed by parameter *path* (auto-generated tensor names differ between processes)."""
+    state = optimizer.state_dict()
+    by_internal = sorted(((p.name, n) for n, p in params.items()), key=lambda x: -len(x[0]))
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if key == "master_weights":
+            continue
+        if key == "LR_Scheduler":
+            out[key] = value
+            continue
+        for internal, path in by_internal:
+            if key.startswith(internal + "_"):
+                out[f"{path}::{key[len(internal) :]}"] = value
+                break
+        else:
+            out[key] = value
+    return out
+
+
+def _state_from_names(state: dict, params: dict[str, paddle.Tensor]) -> dict:
+    out = {}
+    for key, value in state.items():
+        if "::" in key:
+            path, suffix = key.split("::", 1)
+            if path not in params:
+                raise ValueError(f"checkpoint optimizer state names parameter {path}, which this model lacks")
+            out[params[path].name + suffix] = value
+        else:
+            out[key] = value
+    return out
+
+
+def persistent_state(model) -> dict[str, paddle.Tensor]:
+    """What a checkpoint must hold besides the optimizer: trainable weights, biases and QAT scales."""
+    keep = {}
+    for name, t in model.state_dict().items():
+        p = t
+        if (not getattr(p, "stop_gradient", True)) or "moe_statics" in name or name.endswith("act_scale"):
+            keep[name] = t
+    return keep
+
+
+def save_checkpoint(
+    out_dir: Path, step: int, model, optimizer, trainable: dict, data, ema, elapsed: float
+) -> Path:
+    """Model (trainable part), optimizer, RNG, data position and EMA as ``checkpoint-<step>``."""
+    tmp = begin_checkpoint(out_dir, step)
+    paddle.save(persistent_state(model), str(tmp / "model.pdparams"))
+    paddle.save(_state_by_name(optimizer, trainable), str(tmp / "optimizer.pdopt"))
+    rng = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "paddle": list(paddle.get_rng_state()),
+        "data": data.state_dict(),
+        "ema": ema.shadow if ema is not None else None,
+    }
+    with open(tmp / "rng_state.pkl", "wb") as f:
+        pickle.dump(rng, f)
+    write_json(tmp / "trainer_state.json", {"global_step": step, "elapsed_s": elapsed})
+    final = commit_checkpoint(tmp)
+    log.info("saved %s", final)
+    return final
+
+
+def load_checkpoint(ckpt: Path, model, optimizer, trainable: dict, data, ema) -> tuple[int, float]:
+    """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds)."""
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    weights = paddle.load(str(ckpt / "model.pdparams"))
+    current = model.state_dict()
+    for name, value in weights.items():
+        if name not in current:
+            raise ValueError(f"{ckpt}/model.pdparams: tensor {name} does not fit this run's model")
+        current[name].set_value(value)
+    optimizer.set_state_dict(_state_from_names(paddle.load(str(ckpt / "optimizer.pdopt")), trainable))
+    with open(ckpt / "rng_state.pkl", "rb") as f:
+        rng = pickle.load(f)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    paddle.set_rng_state(rng["paddle"])
+    data.load_state_dict(rng["data"])
+    if ema is not None and rng.get("ema") is not None:
+        ema.shadow = rng["ema"]
+    return int(state["global_step"]), float(state.get("elapsed_s", 0.0))

@@ -9,14 +9,10 @@ the weight EMA, log, evaluate, checkpoint. A run directory with checkpoints is r
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
-import pickle
 import random
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,14 +25,16 @@ import paddle
 
 from engine.train import lora as lora_mod
 from engine.train import pretrain, quant
+from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import TrainConfig
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
+from engine.train.parallel import DataParallel
 from engine.train.run_dir import (
     MetricsLog,
-    begin_checkpoint,
-    commit_checkpoint,
     latest_checkpoint,
     list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
     write_json,
 )
 from engine.train.sft import evaluate_lm, labelled_tokens, language_model_loss
@@ -86,121 +84,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     paddle.seed(seed)
-
-
-class WeightEMA:
-    """Exponential moving average of the trainable weights (ERNIE 4.5 uses it in place of LR decay)."""
-
-    def __init__(self, params: dict[str, paddle.Tensor], decay: float):
-        self.decay = decay
-        self.shadow = {k: p.numpy().copy() for k, p in params.items()}
-
-    def update(self, params: dict[str, paddle.Tensor]) -> None:
-        for k, p in params.items():
-            self.shadow[k] = self.decay * self.shadow[k] + (1 - self.decay) * p.numpy()
-
-    def copy_to(self, params: dict[str, paddle.Tensor]) -> None:
-        for k, p in params.items():
-            p.set_value(paddle.to_tensor(self.shadow[k], dtype=p.dtype))
-
-
-class DataParallel:
-    """Rank and world size under ``paddle.distributed.launch``; one process means no communication."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-        self.rank = 0
-        if self.world > 1:
-            import paddle.distributed as dist
-
-            dist.init_parallel_env()
-            self.rank = dist.get_rank()
-            self.world = dist.get_world_size()
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def sum(self, values: np.ndarray) -> np.ndarray:
-        if self.world == 1:
-            return values
-        import paddle.distributed as dist
-
-        t = paddle.to_tensor(np.asarray(values, dtype=np.float64))
-        dist.all_reduce(t)
-        return t.numpy()
-
-    def sum_grads(self, params: list[paddle.Tensor]) -> None:
-        if self.world == 1:
-            return
-        import paddle.distributed as dist
-
-        grads = [p.grad for p in params]
-        flat = paddle.concat([g.reshape([-1]) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            n = int(np.prod(g.shape))
-            g.set_value(flat[offset : offset + n].reshape(g.shape))
-            offset += n
-
-    def slice(self, batch: dict, config) -> dict:
-        """This rank's rows of a global batch (the data is built for batch_size x world rows)."""
-        if self.world == 1:
-            return batch
-        out = {}
-        for k, v in batch.items():
-            if isinstance(v, np.ndarray) and v.ndim >= 1:
-                rows = v.shape[0] // self.world
-                out[k] = v[self.rank * rows : (self.rank + 1) * rows]
-        if batch.get("images"):
-            # images are one flat list in row order; each fills its row's placeholder tokens
-            ids = np.asarray(batch["input_ids"])
-            rows = ids.shape[0] // self.world
-            before = int((ids[: self.rank * rows] == config.im_patch_id).sum())
-            mine = int((out["input_ids"] == config.im_patch_id).sum())
-            g = config.vision_config.patch_size * config.vision_config.spatial_merge_size
-            seen, picked = 0, []
-            for img in batch["images"]:
-                n = (img.shape[-2] // g) * (img.shape[-1] // g)
-                if before <= seen < before + mine:
-                    picked.append(img)
-                seen += n
-            out["images"] = picked
-        return out
-
-
-class Progress:
-    """tqdm bar with loss and ETA on a terminal; plain progress lines otherwise (logs, workers)."""
-
-    def __init__(self, total: int, start: int, enabled: bool, use_tqdm: bool):
-        self.total, self.enabled = total, enabled
-        self.bar = None
-        if enabled and use_tqdm and sys.stdout.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
-        self.t0, self.s0 = time.time(), start
-
-    def update(self, step: int, metrics: dict, log_line: bool) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['learning_rate']:.2e}")
-            return
-        if log_line:
-            done = step - self.s0
-            eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
-            print(
-                f"step {step}/{self.total} loss {metrics['loss']:.4f} lr {metrics['learning_rate']:.3e} "
-                f"tok/s {metrics['tokens_per_second']:.0f} eta {int(eta) // 60}:{int(eta) % 60:02d}",
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # ---- building the run ----------------------------------------------------------------------------------
@@ -278,49 +161,6 @@ def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, vision_config
         vision_config=vision_config,
         shuffle=split == "train",
     )
-
-
-def _state_by_name(optimizer, params: dict[str, paddle.Tensor]) -> dict:
-    """Optimizer state keyed by parameter *path* (auto-generated tensor names differ between processes)."""
-    state = optimizer.state_dict()
-    by_internal = sorted(((p.name, n) for n, p in params.items()), key=lambda x: -len(x[0]))
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if key == "master_weights":
-            continue
-        if key == "LR_Scheduler":
-            out[key] = value
-            continue
-        for internal, path in by_internal:
-            if key.startswith(internal + "_"):
-                out[f"{path}::{key[len(internal) :]}"] = value
-                break
-        else:
-            out[key] = value
-    return out
-
-
-def _state_from_names(state: dict, params: dict[str, paddle.Tensor]) -> dict:
-    out = {}
-    for key, value in state.items():
-        if "::" in key:
-            path, suffix = key.split("::", 1)
-            if path not in params:
-                raise ValueError(f"checkpoint optimizer state names parameter {path}, which this model lacks")
-            out[params[path].name + suffix] = value
-        else:
-            out[key] = value
-    return out
-
-
-def _persistent_state(model) -> dict[str, paddle.Tensor]:
-    """What a checkpoint must hold besides the optimizer: trainable weights, biases and QAT scales."""
-    keep = {}
-    for name, t in model.state_dict().items():
-        p = t
-        if (not getattr(p, "stop_gradient", True)) or "moe_statics" in name or name.endswith("act_scale"):
-            keep[name] = t
-    return keep
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
@@ -404,13 +244,14 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
     step, elapsed_before = 0, 0.0
     ckpt = latest_checkpoint(out_dir)
     if ckpt is not None:
-        step, elapsed_before = _load_checkpoint(ckpt, model, optimizer, trainable, data, ema)
+        step, elapsed_before = load_checkpoint(ckpt, model, optimizer, trainable, data, ema)
         log.info("resuming from %s (step %d)", ckpt, step)
         emit({"type": "resume", "step": step, "checkpoint": str(ckpt)})
     metrics_log = MetricsLog(out_dir / "metrics.jsonl") if dp.main else None
 
     moe_groups = mc.expert_counts if mc.is_moe else []
-    aux_free = mc.is_moe and mc.moe_use_aux_free
+    # a LoRA run leaves the base untouched, correction biases included (the adapter file would lose them)
+    aux_free = mc.is_moe and mc.moe_use_aux_free and not cfg.lora
     progress = Progress(total, step, dp.main, not cfg.disable_tqdm)
     t_start = time.time() - elapsed_before
     it = iter(data)
@@ -418,31 +259,9 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
     while step < total:
         t0 = time.time()
         micro = [dp.slice(next(it), mc) for _ in range(cfg.gradient_accumulation_steps)]
-        share = 1.0 / (len(micro) * dp.world)
-        if stage is None:
-            token_norm = float(dp.sum(np.array([sum(labelled_tokens(b) for b in micro)]))[0])
-        else:
-            token_norm = float(dp.sum(np.array([sum(labelled_tokens(b, "chosen_") for b in micro)]))[0])
-            pair_norm = float(dp.sum(np.array([sum(count_pairs(b) for b in micro)]))[0])
-        token_norm = max(token_norm, 1.0)
         lr = lr_at(step, cfg, total)
         optimizer.set_lr(lr)
-        sums: dict[str, float] = {}
-        counts = None
-        tokens = 0
-        for batch in micro:
-            if stage is None:
-                loss, m, routed = language_model_loss(model, batch, token_norm, share)
-            else:
-                loss, m, routed = stage(model, batch, pair_norm, token_norm, share)
-            for stats, prefix in routed:
-                tokens += int(np.asarray(batch[prefix + "input_ids"]).size)
-                if moe_groups:
-                    present = pretrain.present_groups(batch, mc, prefix)
-                    counts = pretrain.add_counts(counts, pretrain.expert_counts(stats, moe_groups, present))
-            loss.backward()
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v
+        sums, tokens, counts = accumulate_gradients(model, stage, micro, dp, moe_groups)
         # Every trainable weight gets a gradient (zero when unused, e.g. an idle expert) so that ranks
         # all-reduce the same tensors and AdamW treats them the same with 1 or N ranks.
         for p in ordered:
@@ -475,7 +294,6 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
             elapsed_s=now - t_start,
             epoch=float(data.epoch),
         )
-        metrics = {k: v for k, v in metrics.items() if v is not None}
         last_metrics = metrics
         logged = step % cfg.logging_steps == 0 or step == total
         if cfg.eval_dataset_path and cfg.eval_steps and (step % cfg.eval_steps == 0 or step == total):
@@ -487,8 +305,8 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
         progress.update(step, metrics, logged)
 
         cancelled = stop["signal"] is not None
-        if step % cfg.save_steps == 0 or cancelled:
-            path = _save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, now - t_start, dp)
+        if (step % cfg.save_steps == 0 or cancelled) and dp.main:
+            path = save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, now - t_start)
             emit({"type": "checkpoint", "step": step, "path": str(path)})
         if cancelled:
             progress.close()
@@ -505,6 +323,39 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
         summary.model_dir = str(_save_final(cfg, model, out_dir))
         copy_tokenizer_files(cfg.model_name_or_path, out_dir)
     summary.status, summary.steps, summary.final_metrics = "succeeded", step, last_metrics
+
+
+def accumulate_gradients(model, stage, micro: list[dict], dp: DataParallel, moe_groups: list[int]):
+    """Forward and backward every micro-batch of one optimiser step.
+
+    Losses are normalised by the labelled tokens (DPO: pairs) of the whole step on all ranks, so the
+    summed gradients equal those of one big batch. Returns metric sums, tokens seen and expert counts.
+    """
+    mc = model.config
+    share = 1.0 / (len(micro) * dp.world)
+    if stage is None:
+        token_norm = float(dp.sum(np.array([sum(labelled_tokens(b) for b in micro)]))[0])
+    else:
+        token_norm = float(dp.sum(np.array([sum(labelled_tokens(b, "chosen_") for b in micro)]))[0])
+        pair_norm = float(dp.sum(np.array([sum(count_pairs(b) for b in micro)]))[0])
+    token_norm = max(token_norm, 1.0)
+    sums: dict[str, float] = {}
+    counts = None
+    tokens = 0
+    for batch in micro:
+        if stage is None:
+            loss, m, routed = language_model_loss(model, batch, token_norm, share)
+        else:
+            loss, m, routed = stage(model, batch, pair_norm, token_norm, share)
+        for stats, prefix in routed:
+            tokens += int(np.asarray(batch[prefix + "input_ids"]).size)
+            if moe_groups:
+                present = pretrain.present_groups(batch, mc, prefix)
+                counts = pretrain.add_counts(counts, pretrain.expert_counts(stats, moe_groups, present))
+        loss.backward()
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    return sums, tokens, counts
 
 
 def _metric_order(metrics: dict) -> list[str]:
@@ -538,47 +389,6 @@ def _evaluate(cfg: TrainConfig, model, tokenizer, stage) -> dict:
         return evaluate_lm(model, batches) if stage is None else evaluate_dpo(model, batches, stage)
     finally:
         model.train()
-
-
-def _save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, elapsed, dp) -> Path:
-    if not dp.main:
-        return out_dir / f"checkpoint-{step}"
-    tmp = begin_checkpoint(out_dir, step)
-    paddle.save(_persistent_state(model), str(tmp / "model.pdparams"))
-    paddle.save(_state_by_name(optimizer, trainable), str(tmp / "optimizer.pdopt"))
-    rng = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "paddle": [s for s in paddle.get_rng_state()],
-        "data": data.state_dict(),
-        "ema": ema.shadow if ema is not None else None,
-    }
-    with open(tmp / "rng_state.pkl", "wb") as f:
-        pickle.dump(rng, f)
-    write_json(tmp / "trainer_state.json", {"global_step": step, "elapsed_s": elapsed})
-    final = commit_checkpoint(tmp)
-    log.info("saved %s", final)
-    return final
-
-
-def _load_checkpoint(ckpt: Path, model, optimizer, trainable, data, ema) -> tuple[int, float]:
-    state = json.loads((ckpt / "trainer_state.json").read_text())
-    weights = paddle.load(str(ckpt / "model.pdparams"))
-    current = model.state_dict()
-    for name, value in weights.items():
-        if name not in current:
-            raise ValueError(f"{ckpt}/model.pdparams: tensor {name} does not fit this run's model")
-        current[name].set_value(value)
-    optimizer.set_state_dict(_state_from_names(paddle.load(str(ckpt / "optimizer.pdopt")), trainable))
-    with open(ckpt / "rng_state.pkl", "rb") as f:
-        rng = pickle.load(f)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    paddle.set_rng_state(rng["paddle"])
-    data.load_state_dict(rng["data"])
-    if ema is not None and rng.get("ema") is not None:
-        ema.shadow = rng["ema"]
-    return int(state["global_step"]), float(state.get("elapsed_s", 0.0))
 
 
 def _save_final(cfg: TrainConfig, model, out_dir: Path) -> Path:

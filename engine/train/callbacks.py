@@ -1,0 +1,57 @@
+"""What the loop does around each step: progress output for humans and the weight EMA."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import paddle
+
+
+class Progress:
+    """tqdm bar with loss and ETA on a terminal; plain progress lines otherwise (logs, workers)."""
+
+    def __init__(self, total: int, start: int, enabled: bool, use_tqdm: bool):
+        self.total, self.enabled = total, enabled
+        self.bar = None
+        if enabled and use_tqdm and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+        self.t0, self.s0 = time.time(), start
+
+    def update(self, step: int, metrics: dict, log_line: bool) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['learning_rate']:.2e}")
+            return
+        if log_line:
+            done = step - self.s0
+            eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
+            print(
+                f"step {step}/{self.total} loss {metrics['loss']:.4f} lr {metrics['learning_rate']:.3e} "
+                f"tok/s {metrics['tokens_per_second']:.0f} eta {int(eta) // 60}:{int(eta) % 60:02d}",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class WeightEMA:
+    """Exponential moving average of the trainable weights (ERNIE 4.5 uses it in place of LR decay)."""
+
+    def __init__(self, params: dict[str, paddle.Tensor], decay: float):
+        self.decay = decay
+        self.shadow = {k: p.numpy().copy() for k, p in params.items()}
+
+    def update(self, params: dict[str, paddle.Tensor]) -> None:
+        for k, p in params.items():
+            self.shadow[k] = self.decay * self.shadow[k] + (1 - self.decay) * p.numpy()
+
+    def copy_to(self, params: dict[str, paddle.Tensor]) -> None:
+        for k, p in params.items():
+            p.set_value(paddle.to_tensor(self.shadow[k], dtype=p.dtype))
