@@ -105,6 +105,7 @@ def step_table(
     long_rows = max(1, 2048 // max_seq_len)
     packed_batches, items = packed(max_seq_len, long_rows)
     short_batches, _ = packed(256, 8)
+    shortest_batches, _ = packed(128, 16)
     samples = list(items)
     order = np.random.default_rng(0).permutation(len(samples))
     shuffled = [samples[i] for i in order]
@@ -122,6 +123,7 @@ def step_table(
         (f"padded, batch {padded_batch}, length-sorted", grouped_batches),
         (f"packed, {long_rows} rows of {max_seq_len}", packed_batches),
         ("packed, 8 rows of 256", short_batches),
+        ("packed, 16 rows of 128", shortest_batches),
     ]
     run(packed_batches[:2])  # warm-up
     # The machine is shared: time every layout in interleaved rounds and keep each one's best round.
