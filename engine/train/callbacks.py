@@ -17,15 +17,17 @@ class Progress:
         if enabled and use_tqdm and sys.stdout.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=start, unit="step")
         self.t0, self.s0 = time.time(), start
 
     def update(self, step: int, metrics: dict, log_line: bool) -> None:
         if not self.enabled:
             return
         if self.bar is not None:
+            self.bar.set_postfix(
+                loss=f"{metrics['loss']:.4f}", lr=f"{metrics['learning_rate']:.2e}", refresh=False
+            )
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['learning_rate']:.2e}")
             return
         if log_line:
             done = step - self.s0
