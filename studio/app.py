@@ -41,6 +41,13 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
     return app
 
 
+def app_from_env() -> FastAPI:
+    """Factory for multi-process serving (`ernie-studio up --workers N`): settings from the environment."""
+    import os
+
+    return create_app(get_settings(), with_ui=not os.environ.get("ERNIE_STUDIO_API_ONLY"))
+
+
 def _mount_ui(app: FastAPI, settings: Settings) -> None:
     try:
         import gradio as gr

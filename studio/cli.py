@@ -36,6 +36,8 @@ def register(subparsers) -> None:
         "--no-worker", action="store_true", help="serve the API and UI only (workers run elsewhere)"
     )
     p.add_argument("--no-ui", action="store_true", help="serve the REST API without the browser UI")
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("--workers", type=int, default=1, help="API server processes (the UI needs 1)")
     p.set_defaults(func=cmd_up)
 
     p = subparsers.add_parser("worker", help="run a Celery worker for training (one per GPU) or serving")
@@ -152,9 +154,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     if settings.token:
         print("API clients send: Authorization: Bearer <token>", flush=True)
     try:
-        uvicorn.run(
-            create_app(settings, with_ui=not args.no_ui), host=args.host, port=args.port, log_level="info"
-        )
+        if args.workers > 1:
+            # Several processes need an import string; each builds the app from the environment set above.
+            os.environ["ERNIE_STUDIO_API_ONLY"] = "1" if args.no_ui else ""
+            uvicorn.run("studio.app:app_from_env", factory=True, host=args.host, port=args.port,
+                        workers=args.workers, log_level="info", access_log=args.access_log)  # fmt: skip
+        else:
+            uvicorn.run(create_app(settings, with_ui=not args.no_ui), host=args.host, port=args.port,
+                        log_level="info", access_log=args.access_log)  # fmt: skip
     finally:
         _stop(children)
     return 0

@@ -212,6 +212,19 @@ def queue_position(session: Session, run: Run) -> int | None:
     return int(ahead or 0) + 1
 
 
+def queue_positions(session: Session) -> dict[int, int]:
+    """{run id: position} for every queued run, in one query (for lists)."""
+    rows = session.execute(
+        select(Run.id, Run.queue).where(Run.status == RunStatus.QUEUED).order_by(Run.queued_at, Run.id)
+    ).all()
+    seen: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for run_id, queue in rows:
+        seen[queue] = seen.get(queue, 0) + 1
+        out[run_id] = seen[queue]
+    return out
+
+
 def get_metrics(
     session: Session, run_id: int, *, after_step: int | None = None, limit: int = 10000
 ) -> list[RunMetric]:
@@ -220,6 +233,25 @@ def get_metrics(
     if after_step is not None:
         q = q.where(RunMetric.step > after_step)
     return list(session.scalars(q).all())
+
+
+def metric_rows(
+    session: Session, run_id: int, *, after_step: int | None = None, limit: int = 10000
+) -> list[dict[str, Any]]:
+    """Like `get_metrics` as plain dicts, read with one Core query (the hot path of a polling UI)."""
+    get_run(session, run_id)
+    q = (
+        select(RunMetric.step, RunMetric.loss, RunMetric.learning_rate, RunMetric.values)
+        .where(RunMetric.run_id == run_id)
+        .order_by(RunMetric.step)
+        .limit(limit)
+    )
+    if after_step is not None:
+        q = q.where(RunMetric.step > after_step)
+    return [
+        {"step": step, "loss": loss, "learning_rate": lr, "values": values}
+        for step, loss, lr, values in session.execute(q)
+    ]
 
 
 def list_checkpoints(session: Session, run_id: int) -> list[Checkpoint]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from studio.api.deps import ID, SessionDep, SettingsDep
 from studio.models import Run
@@ -42,7 +42,9 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
 ) -> list[RunOut]:
-    return [_out(session, r) for r in svc.list_runs(session, status=status, limit=limit, offset=offset)]
+    runs = svc.list_runs(session, status=status, limit=limit, offset=offset)
+    positions = svc.queue_positions(session)
+    return [RunOut.model_validate(r).model_copy(update={"queue_position": positions.get(r.id)}) for r in runs]
 
 
 @router.get("/{run_id}", response_model=RunOut, responses=ERRORS)
@@ -56,12 +58,10 @@ def run_metrics(
     session: SessionDep,
     after_step: Annotated[int | None, Query(ge=-1, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=100000)] = 10000,
-) -> list[MetricOut]:
+) -> JSONResponse:
     """Logged points in step order; pass the last step seen as `after_step` to poll for new ones."""
-    return [
-        MetricOut.model_validate(m)
-        for m in svc.get_metrics(session, run_id, after_step=after_step, limit=limit)
-    ]
+    # Returned as is (no per-row model validation): the rows already have MetricOut's shape.
+    return JSONResponse(svc.metric_rows(session, run_id, after_step=after_step, limit=limit))
 
 
 @router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], responses=ERRORS)
