@@ -6,6 +6,7 @@ checks return *all* problems of a record as readable messages; parsing refuses a
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,10 +185,13 @@ def _flag(rec: dict, key: str, problems: list[str]) -> int:
 
 
 def _unknown_keys(rec: dict, allowed: set[str], problems: list[str]) -> None:
-    # Unknown keys are usually typos of optional fields (e.g. 'lable'): silently ignoring them loses data.
-    extra = sorted(k for k in rec if k not in allowed and not k.startswith("_"))
-    if extra:
-        problems.append(f"unknown field(s) {extra}; allowed: {sorted(allowed)}")
+    """Flag keys that look like typos of a known field ('lable'); other extra keys (metadata) are fine."""
+    for key in sorted(k for k in rec if k not in allowed and isinstance(k, str)):
+        close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.75)
+        if close:
+            problems.append(
+                f"unknown field '{key}'; did you mean '{close[0]}'? (the value is ignored otherwise)"
+            )
 
 
 # ---- erniekit ----------------------------------------------------------------------------------------

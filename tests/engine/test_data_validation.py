@@ -58,7 +58,7 @@ EXPECTED: dict[str, list[tuple[int, str]]] = {
     "unknown_format.jsonl": [(1, "unknown dataset format (line 1: keys ['bar', 'foo'])")],
     "not_an_object.jsonl": [(2, "a record must be a JSON object, got a list")],
     "reserved_token.jsonl": [(1, "tgt[0] contains the reserved token(s) ['<|end_of_sentence|>']")],
-    "unknown_field.jsonl": [(1, "unknown field(s) ['lable']")],
+    "unknown_field.jsonl": [(1, "unknown field 'lable'; did you mean 'label'?")],
     "text_empty.jsonl": [(2, "'text' is empty")],
 }
 
@@ -117,6 +117,12 @@ def test_missing_file_and_wrong_kind_are_reported_not_raised(tmp_path):
     assert "format 'chatml' holds sft data, not 'dpo'" in report.problems[0].message
     report = validate_file(CASES / "text_empty.jsonl", format="nonsense")
     assert "unknown dataset format 'nonsense'" in report.problems[0].message
+
+
+def test_metadata_fields_are_allowed(tmp_path):
+    path = tmp_path / "meta.jsonl"
+    path.write_text('{"src": ["q"], "tgt": ["a"], "category": "math", "difficulty": 2}\n')
+    assert validate_file(path).ok
 
 
 def test_a_record_of_another_format_says_what_it_looks_like(tmp_path):
