@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
 import re
 import threading
 from collections.abc import Iterator
@@ -182,12 +181,21 @@ def _skip_ws(buf: str, pos: int) -> int:
 
 # ---- paging ------------------------------------------------------------------------------------------
 _index_lock = threading.Lock()
-_line_index: dict[tuple[str, int, float], list[tuple[int, int]]] = {}
+# Per file version (path, size, mtime, stride): byte offsets of every INDEX_STRIDE-th record, record count.
+_line_index: dict[tuple, list[tuple[int, int]]] = {}
+_counts: dict[tuple, int] = {}
+MAX_INDEXED_FILES = 64
 
 
-def _file_key(path: Path) -> tuple[str, int, float]:
+def _file_key(path: Path) -> tuple:
     st = path.stat()
-    return (str(path.resolve()), st.st_size, st.st_mtime)
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, INDEX_STRIDE)
+
+
+def _remember(table: dict, key: tuple, value: object) -> None:
+    if key not in table and len(table) >= MAX_INDEXED_FILES:
+        table.pop(next(iter(table)))
+    table[key] = value
 
 
 def count_records(path: str | Path) -> int:
@@ -205,13 +213,21 @@ def count_records(path: str | Path) -> int:
 def read_page(path: str | Path, offset: int = 0, limit: int = 20) -> Page:
     """Records ``offset .. offset+limit`` of a dataset file, read without loading the file whole.
 
+    JSONL pages seek through a sparse line index; JSON arrays are streamed from the start each time.
     Unreadable records appear as ``{"__error__": "line N: ..."}`` so a preview shows them in place.
     """
     path = Path(path)
     if offset < 0 or limit < 0:
         raise ValueError(f"offset and limit must be >= 0 (got offset={offset}, limit={limit})")
-    size = path.stat().st_size
-    total = count_records(path) if size <= COUNT_LIMIT else None
+    total = None
+    if path.stat().st_size <= COUNT_LIMIT:
+        key = _file_key(path)
+        with _index_lock:
+            total = _counts.get(key)
+        if total is None:
+            total = count_records(path)
+            with _index_lock:
+                _remember(_counts, key, total)
     if is_json_array(path):
         records, lines, more = _page_from(iter_raw(path), offset, limit)
     else:
@@ -237,10 +253,7 @@ def _page_jsonl(path: Path, offset: int, limit: int) -> tuple[list[dict], list[i
     """Seek to the nearest remembered record offset, then skip lines without decoding them."""
     key = _file_key(path)
     with _index_lock:
-        index = _line_index.setdefault(
-            key, [(0, 0)]
-        )  # [(byte offset, line index)] every INDEX_STRIDE records
-        known = list(index)
+        known = list(_line_index.get(key, [(0, 0)]))  # [(byte offset, lines before)] per INDEX_STRIDE records
     k = min(offset // INDEX_STRIDE, len(known) - 1)
     byte, line0 = known[k]
     record_i = k * INDEX_STRIDE
@@ -274,12 +287,9 @@ def _page_jsonl(path: Path, offset: int, limit: int) -> tuple[list[dict], list[i
             record_i += 1
     if new_marks:
         with _index_lock:
-            index = _line_index.setdefault(key, [(0, 0)])
+            index = _line_index.get(key) or [(0, 0)]
+            _remember(_line_index, key, index)
             for rec_i, mark_byte, mark_line in new_marks:
                 if rec_i == len(index) * INDEX_STRIDE:
                     index.append((mark_byte, mark_line))
     return records, lines, bool(raw)
-
-
-def file_size(path: str | Path) -> int:
-    return os.path.getsize(path)
