@@ -97,6 +97,27 @@ def concurrent(eng: GenerationEngine, tok, streams: int, n: int, prompt_len: int
     }
 
 
+def matmul_ceiling(model: ErnieForCausalLM, rows: int, reps: int = 5) -> float:
+    """How much faster per token one step over ``rows`` sequences can be than ``rows`` single steps,
+    counting only the weight matmuls (the bulk of a decode step): ``rows * T(1 row) / T(rows)``."""
+    import paddle.nn.functional as F
+
+    weights = [p for name, p in model.named_parameters() if p.ndim == 2 and "embed" not in name]
+
+    def one_pass(m: int) -> float:
+        xs = [paddle.randn([m, w.shape[0]]) for w in weights]
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for x, w in zip(xs, weights, strict=True):
+                F.linear(x, w)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    one_pass(1)
+    return rows * one_pass(1) / one_pass(rows)
+
+
 # ---- PaddleFormers baseline ------------------------------------------------------------------------
 def paddleformers_model(model: ErnieForCausalLM):
     """PaddleFormers' Ernie4_5ForCausalLM holding exactly our weights (its fused QKV is grouped per KV head)."""
@@ -230,6 +251,7 @@ def main() -> int:
     pf = bench_paddleformers(model, prompt, n, ours_ids)
 
     conc = {s: concurrent(eng, tok, s, args.stream_tokens, args.prompt_len) for s in (1, 4, 8)}
+    ceiling = {s: matmul_ceiling(model, s) for s in (4, 8)}
     eng.shutdown()
 
     rows = [
@@ -277,6 +299,10 @@ def main() -> int:
             f"| {s} | {r['aggregate_tps']:.1f} | {r['aggregate_tps'] / base:.2f}x | "
             f"{r['ttft_mean'] * 1e3:.0f} | {r['ttft_max'] * 1e3:.0f} |"
         )
+    print(
+        f"\nceiling from the weight matmuls alone (rows x T(1 row) / T(rows), same run): "
+        f"4 rows {ceiling[4]:.2f}x, 8 rows {ceiling[8]:.2f}x"
+    )
     print(f"\nsingle-request time to first token ({len(prompt)}-token prompt): {cached['ttft'] * 1e3:.1f} ms")
     return 0
 
