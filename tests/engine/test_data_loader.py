@@ -178,13 +178,10 @@ def test_pretraining_and_vl_streams_run_through_the_models(tok, tiny_vl_model_di
     assert ((pt["labels"] != -100) | ~real).sum() >= real.sum() - 2 * pt["segment_ids"].max(axis=1).sum() - 2
     vl_tok = load_tokenizer(str(tiny_vl_model_dir))
     model = load_model(str(tiny_vl_model_dir))
+    # ERNIEKit configs call VL data "erniekit" as well; the records decide.
+    spec = {"train_dataset_type": "erniekit", "train_dataset_path": str(DEMO / "vl_demo.jsonl")}
     data = build_train_data(
-        str(DEMO / "vl_demo.jsonl"),
-        vl_tok,
-        "VL-SFT",
-        256,
-        batch_size=1,
-        vision_config=model.config.vision_config,
+        spec, vl_tok, "VL-SFT", 256, batch_size=1, vision_config=model.config.vision_config
     )
     b = next(data)
     n_img = len(b["images"])
