@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import load_model, load_tokenizer
 from engine.data import (
@@ -16,6 +18,7 @@ from engine.data import (
     DataSpec,
     EncodedSample,
     build_train_data,
+    collate_packed,
     collate_padded,
     pack_sequences,
 )
@@ -210,3 +213,25 @@ def test_bad_data_and_bad_specs_fail_with_located_messages(tmp_path, tok):
         build_train_data(SFT, tok, "RLHF", 128)
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl: dataset file not found"):
         build_train_data(str(tmp_path / "nope.jsonl"), tok, "SFT", 128)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=40), st.integers(64, 200))
+def test_packing_round_trips_any_lengths(lengths, max_seq_len):
+    samples = [
+        EncodedSample(np.full(n, i, dtype=np.int64), np.arange(n, dtype=np.int64))
+        for i, n in enumerate(lengths)
+    ]
+    rows = pack_sequences(lengths, max_seq_len)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= max_seq_len for r in rows)
+    # First fit: no two rows could have been merged (a later row's first sample did not fit earlier rows).
+    fills = sorted(sum(lengths[i] for i in r) for r in rows)
+    assert len(fills) < 2 or fills[0] + fills[1] > max_seq_len
+    batch = collate_packed([[samples[i] for i in r] for r in rows], pad_id=0)
+    back = unpack(batch)
+    assert sorted((s.input_ids.tobytes(), s.labels.tobytes()) for s in back) == sorted(
+        (s.input_ids.tobytes(), s.labels.tobytes()) for s in samples
+    )
+    seg, pos = batch["segment_ids"], batch["position_ids"]
+    assert (pos[seg < 0] == 0).all() and (batch["labels"][seg < 0] == -100).all()
