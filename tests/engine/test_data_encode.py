@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import load_tokenizer
 from engine.data import IGNORE_INDEX, SampleEncoder, collate_padded, parse_record, render_record
@@ -215,3 +217,29 @@ def test_vl_images_are_resized_to_the_grid(tmp_path, tok):
     Image.new("RGB", (2000, 1000), (0, 0, 255)).save(tmp_path / "big.png")
     big = load_image(tmp_path / "big.png")
     assert big.shape[1] * big.shape[2] <= 448 * 448 and big.shape[2] > big.shape[1]
+
+
+TEXT = st.text(alphabet="abcdefgh xyz 0123456789+=?.,你好世界", min_size=1, max_size=20).filter(str.strip)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(TEXT, TEXT, st.booleans()), min_size=1, max_size=4), st.one_of(st.none(), TEXT))
+def test_any_conversation_trains_exactly_its_labelled_answers(tok, turns, system):
+    if not any(t for _, _, t in turns):
+        turns = [*turns[:-1], (turns[-1][0], turns[-1][1], True)]
+    rec = {
+        "src": [q for q, _, _ in turns],
+        "tgt": [a for _, a, _ in turns],
+        "label": [int(t) for *_, t in turns],
+    }
+    if system:
+        rec["system"] = system
+    s = encode(tok, rec, max_seq_len=4096)
+    expected = [i for _, a, t in turns if t for i in [*tok.encode(a), tok.sep_token_id]]
+    assert [int(x) for x in s.labels if x != IGNORE_INDEX] == expected
+    pos = np.nonzero(s.labels != IGNORE_INDEX)[0]
+    assert (s.labels[pos] == s.input_ids[pos + 1]).all()
+    spans = render_record(rec, "erniekit", "sft", tok)
+    assert "".join(x["text"] for x in spans if x["trained"]) == "".join(
+        a + tok.sep_token for _, a, t in turns if t
+    )
