@@ -296,7 +296,7 @@ def test_dpo_learns_preferences(sft_run, tmp_path):
         stage="DPO",
         train_dataset_path=dpo,
         eval_dataset_path=dpo,
-        learning_rate=1e-3,
+        learning_rate=2e-3,
         warmup_steps=3,
         max_steps=30,
         beta=0.1,
