@@ -32,6 +32,8 @@ from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START, ErnieTok
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+# Encoded datasets stay in memory for the whole run: int32 halves that; batches are int64.
+TOKEN_DTYPE = np.int32
 
 
 @dataclass
@@ -64,9 +66,9 @@ class EncodedPair:
 
 def aligned_labels(ids: list[int], trained: list[bool]) -> np.ndarray:
     """label[t] = ids[t+1] where token t+1 is trained, else -100 (the model does not shift)."""
-    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=TOKEN_DTYPE)
     if len(ids) > 1:
-        nxt = np.asarray(ids[1:], dtype=np.int64)
+        nxt = np.asarray(ids[1:], dtype=TOKEN_DTYPE)
         mask = np.asarray(trained[1:], dtype=bool)
         labels[:-1] = np.where(mask, nxt, IGNORE_INDEX)
     return labels
@@ -163,7 +165,7 @@ class SampleEncoder:
         if not (labels != IGNORE_INDEX).any():
             return None
         return EncodedSample(
-            input_ids=np.asarray(ids, dtype=np.int64),
+            input_ids=np.asarray(ids, dtype=TOKEN_DTYPE),
             labels=labels,
             images=images,
             num_turns=n - first,
@@ -206,7 +208,7 @@ class SampleEncoder:
             labels = aligned_labels(ids, [False] * len(prompt) + [True] * len(resp))
             pair.append(
                 EncodedSample(
-                    np.asarray(ids, dtype=np.int64),
+                    np.asarray(ids, dtype=TOKEN_DTYPE),
                     labels,
                     num_turns=len(history) + 1,
                     dropped_turns=dropped,
@@ -227,7 +229,7 @@ class SampleEncoder:
                 break
             out.append(
                 EncodedSample(
-                    np.asarray(chunk, dtype=np.int64),
+                    np.asarray(chunk, dtype=TOKEN_DTYPE),
                     aligned_labels(chunk, [True] * len(chunk)),
                     truncated=len(ids) > step,
                     full_length=len(ids),

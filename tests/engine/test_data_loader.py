@@ -95,7 +95,7 @@ def test_one_pass_holds_every_item_exactly_once(tok):
     assert len(samples) == data.num_items == 400
     assert sum(len(s) for s in samples) == data.num_tokens
     pieces = sorted(s.input_ids.tobytes() for s in samples)
-    expected = sorted(it.input_ids.tobytes() for it in data.items[0])
+    expected = sorted(it.input_ids.astype(np.int64).tobytes() for it in data.items[0])
     assert pieces == expected
 
 
