@@ -176,10 +176,14 @@ def run_training(cfg: TrainConfig, on_event: Callable[[dict], None] | None = Non
     summary = RunSummary(status="running", stage=cfg.stage, output_dir=str(out_dir), started_at=started)
     stop = {"signal": None}
 
-    def on_term(signum, frame):
+    def on_stop(signum, frame):
         stop["signal"] = signum
+        # a second Ctrl-C interrupts at once instead of waiting for the checkpoint
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    previous = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    previous = {}
+    if _main_thread():  # signal handlers can only be installed from the main thread
+        previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         _train(cfg, dp, out_dir, summary, emit, stop)
     except Exception as e:  # the summary records the failure for the studio; the caller still sees it
@@ -188,8 +192,8 @@ def run_training(cfg: TrainConfig, on_event: Callable[[dict], None] | None = Non
         _finish(summary, out_dir, dp)
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     _finish(summary, out_dir, dp)
     emit({"type": "status", "status": summary.status})
     return summary
