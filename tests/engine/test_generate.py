@@ -249,3 +249,34 @@ def test_cancel_and_prompt_limits(dense):
         eng.generate([], SamplingParams())
     with pytest.raises(ValueError, match="top_p"):
         eng.generate(p, SamplingParams(top_p=0))
+
+
+def test_lora_run_dir_generates_with_the_merged_adapter(sharp_dir, tmp_path):
+    """A LoRA run dir (adapter + base path, no tokenizer files) serves through engine.load_model's merge."""
+    from engine.serve.cli import tokenizer_dir
+    from engine.train.lora import apply_lora, lora_layers, save_adapter
+
+    model, tok = _load(sharp_dir)
+    targets = ["qkv_proj", "o_proj", "up_gate_proj", "down_proj"]
+    apply_lora(model, 4, 8.0, targets=targets)
+    rng = np.random.default_rng(0)
+    for _, layer in lora_layers(model):  # a "trained" adapter: B away from its zero init
+        layer.lora_B.set_value(paddle.to_tensor(rng.normal(0, 0.2, layer.lora_B.shape).astype("float32")))
+    run = tmp_path / "lora-run"
+    save_adapter(
+        model, run, {"base_model": str(sharp_dir), "r": 4, "lora_alpha": 8.0, "target_modules": targets}
+    )
+    prompt = _prompt(tok, QUESTIONS[0])
+    stops = set(tok.stop_token_ids)
+    with_adapter = generate_without_cache(model, prompt, 16, stops)
+    base = generate_without_cache(engine.load_model(str(sharp_dir)), prompt, 16, stops)
+    assert with_adapter != base, "the adapter must change the output for this test to mean anything"
+
+    assert tokenizer_dir(run).resolve() == sharp_dir.resolve()
+    eng = GenerationEngine(
+        engine.load_model(str(run)), engine.load_tokenizer(str(tokenizer_dir(run)))
+    ).start()
+    try:
+        assert eng.generate(prompt, SamplingParams(max_tokens=16)).token_ids == with_adapter
+    finally:
+        eng.shutdown()

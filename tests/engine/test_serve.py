@@ -220,9 +220,22 @@ def test_metrics_and_client_disconnect_stops_generation(server):
     assert _metric(base, "ernie_generation_tokens_total") - generated_at_close < 200
 
 
-def test_concurrency_limit_answers_429(sharp_dir):
+def check_sse_wire_format(url: str) -> None:
+    """Raw SSE: `data: {json}` events, blank-line separated, ending with `data: [DONE]`; served name used."""
+    body = {"model": "ernie-tiny", "messages": _msgs("hi"), "max_tokens": 3, "stream": True}
+    raw = httpx.post(url, json=body, timeout=30).text
+    events = [e for e in raw.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert {p["model"] for p in payloads} == {"ernie-tiny"}
+    assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    models = httpx.get(url.replace("/chat/completions", "/models")).json()
+    assert [m["id"] for m in models["data"]] == ["ernie-tiny"]
+
+
+def test_concurrency_limit_answers_429_and_custom_name(sharp_dir):
     model, tok = engine.load_model(str(sharp_dir)), engine.load_tokenizer(str(sharp_dir))
-    app = create_app(GenerationEngine(model, tok, max_num_seqs=2), max_concurrent_requests=1)
+    app = create_app(GenerationEngine(model, tok, max_num_seqs=2), "ernie-tiny", max_concurrent_requests=1)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -241,12 +254,12 @@ def test_concurrency_limit_answers_429(sharp_dir):
         with httpx.stream("POST", url, json=long, timeout=30) as r:
             lines = r.iter_lines()  # keep a reference: a collected iterator closes the response
             next(lines)
-            busy = httpx.post(url, json={"model": "default", "messages": _msgs("y"), "max_tokens": 2})
+            busy = httpx.post(url, json={"model": "ernie-tiny", "messages": _msgs("y"), "max_tokens": 2})
             assert busy.status_code == 429
             assert busy.json()["error"]["code"] == "rate_limit_exceeded"
             assert "limit of 1 concurrent" in busy.json()["error"]["message"]
         for _ in range(100):  # the closed stream frees its slot
-            ok = httpx.post(url, json={"model": "default", "messages": _msgs("y"), "max_tokens": 2})
+            ok = httpx.post(url, json={"model": "ernie-tiny", "messages": _msgs("y"), "max_tokens": 2})
             if ok.status_code != 429:
                 break
             time.sleep(0.05)
@@ -271,16 +284,3 @@ def test_sigterm_shuts_down_cleanly(server):
     _, proc = server
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
-
-
-def test_sse_wire_format(sharp_dir):
-    """Raw SSE lines: `data: {json}` events, blank-line separated, ending with `data: [DONE]`."""
-    with running_server(sharp_dir, "--served-model-name", "ernie-tiny") as (base, _):
-        body = {"model": "ernie-tiny", "messages": _msgs("hi"), "max_tokens": 3, "stream": True}
-        raw = httpx.post(base + "/chat/completions", json=body, timeout=30).text
-        events = [e for e in raw.split("\n\n") if e]
-        assert events[-1] == "data: [DONE]"
-        payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
-        assert {p["model"] for p in payloads} == {"ernie-tiny"}
-        assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
-        assert httpx.get(base + "/models").json()["data"][0]["id"] == "ernie-tiny"
