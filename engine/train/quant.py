@@ -257,6 +257,24 @@ def quantize_for_export(model: nn.Layer, method: str, group_size: int = 64) -> i
     return n
 
 
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """int8 values in [-8, 7], [in, out] with even ``in`` -> uint8 [in / 2, out], two's-complement nibbles."""
+    if q.shape[0] % 2:
+        raise ValueError(f"int4 packing needs an even input dimension, got {q.shape[0]}")
+    nib = (q.astype(np.int16) & 0xF).astype(np.uint8)
+    return (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:
+    """Inverse of ``pack_int4``."""
+    packed = packed.astype(np.uint8)
+    lo, hi = (packed & 0xF).astype(np.int8), (packed >> 4).astype(np.int8)
+    lo, hi = np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)
+    out = np.empty((packed.shape[0] * 2, packed.shape[1]), np.int8)
+    out[0::2], out[1::2] = lo, hi
+    return out
+
+
 def quantized_state(model: nn.Layer) -> dict[str, np.ndarray]:
     """Weights for saving: quantized linears as ``<name>.weight`` (int8 or e4m3 bytes) + ``weight_scale``."""
     out: dict[str, np.ndarray] = {}
@@ -266,6 +284,8 @@ def quantized_state(model: nn.Layer) -> dict[str, np.ndarray]:
             quant_prefixes.add(name)
             if isinstance(layer, FP8WeightLinear):
                 out[f"{name}.weight"] = layer.weight_quant.view(paddle.uint8).numpy()
+            elif layer.bits == 4:
+                out[f"{name}.weight"] = pack_int4(layer.weight_quant.numpy())
             else:
                 out[f"{name}.weight"] = layer.weight_quant.numpy()
             out[f"{name}.weight_scale"] = layer.weight_scale.numpy()
@@ -324,8 +344,10 @@ def load_quantized_model(directory: str | Path) -> nn.Layer:
         if method == "fp8":
             w8 = paddle.to_tensor(q.astype(np.uint8)).view(paddle.float8_e4m3fn)
             new = FP8WeightLinear(w8, float(scale.reshape(-1)[0]), bias)
+        elif qc.get("bits", 8) == 4:
+            new = WeightOnlyLinear(unpack_int4(q), scale.astype(np.float32), 4, bias)
         else:
-            new = WeightOnlyLinear(q.astype(np.int8), scale.astype(np.float32), qc.get("bits", 8), bias)
+            new = WeightOnlyLinear(q.astype(np.int8), scale.astype(np.float32), 8, bias)
         setattr(parent, attr, new)
     params = dict(model.named_parameters())
     for name, p in params.items():

@@ -24,7 +24,9 @@ from engine.train.quant import (
     fake_quant_fp8,
     fp8_round,
     hadamard,
+    pack_int4,
     quantize_weight,
+    unpack_int4,
 )
 
 
@@ -87,6 +89,13 @@ def test_weight_only_quantization_error_is_bounded_by_half_a_step(bits, group, t
     assert np.abs(deq - w).max() <= np.abs(w).max() * tol
     x = paddle.to_tensor(rng.normal(size=(2, 64)).astype(np.float32))
     np.testing.assert_allclose(lin(x).numpy(), x.numpy() @ deq, rtol=1e-5, atol=1e-6)
+
+
+def test_int4_packing_round_trips_and_halves_the_bytes():
+    q = np.random.default_rng(0).integers(-8, 8, size=(64, 10)).astype(np.int8)
+    packed = pack_int4(q)
+    assert packed.dtype == np.uint8 and packed.shape == (32, 10)
+    np.testing.assert_array_equal(unpack_int4(packed), q)
 
 
 def test_wint4_8_puts_experts_in_int4_and_the_rest_in_int8(tiny_moe_model_dir):

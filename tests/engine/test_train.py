@@ -280,6 +280,10 @@ def test_ptq_perplexity_close_to_fp32(sft_run, eval_file, tmp_path, method, limi
     reloaded = engine.load_model(out)
     again = evaluate_lm(reloaded, eval_batches(model_dir, eval_file, 16))["eval_ppl"]
     assert again == pytest.approx(ppl[method], rel=1e-5)
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    fp32 = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    print(f"PTQ {method}: weights {fp32 / 1e6:.2f} MB -> {size / 1e6:.2f} MB (embeddings stay fp32)")
+    assert size < 0.5 * fp32
     cfg_json = json.loads((out / "config.json").read_text())
     assert cfg_json["quantization_config"]["quant_method"] in ("weight_only_int8", "weight_only_int4", "fp8")
 
