@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -16,7 +16,9 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    # Async so FastAPI does not spend a threadpool hop on it: making a Session does no I/O; the route
+    # (a sync def, in the threadpool) is the only code that uses it.
     session = session_factory(request.app.state.settings)()
     try:
         yield session

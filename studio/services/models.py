@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -174,24 +177,33 @@ def ensure_model_dir(session: Session, settings: Settings, ref: str) -> Path:
 
 
 def build_preset(settings: Settings, preset: str) -> Path:
-    """Build `preset` under home/models once; concurrent callers (API and workers) see a complete dir."""
-    from engine.models.initialize import init_model
-
+    """Build `preset` under home/models once with `ernie-studio init-model`, in a child process (Paddle's
+    execution mode is per thread, so building in an API thread is not safe) under a file lock, so the API
+    and several workers racing for it all see one complete directory."""
     target = settings.models_dir / preset
     if (target / "config.json").exists():
         return target
-    with _build_lock:
+    settings.models_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock, open(settings.models_dir / f".{preset}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "config.json").exists():
             return target
-        settings.models_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{preset}-", dir=settings.models_dir))
         try:
-            init_model(preset, tmp / "model", seed=0)
-            try:
-                os.rename(tmp / "model", target)  # atomic: another process may have won the race
-            except OSError:
-                if not (target / "config.json").exists():
-                    raise
+            cmd = [
+                sys.executable,
+                "-m",
+                "engine",
+                "init-model",
+                "--preset",
+                preset,
+                "--out",
+                str(tmp / "model"),
+            ]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"ernie-studio init-model --preset {preset} failed: {done.stderr[-2000:]}")
+            os.rename(tmp / "model", target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("built preset %s at %s", preset, target)
