@@ -136,9 +136,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not args.no_worker:
         logs = settings.home / "logs"
         logs.mkdir(exist_ok=True)
-        for serve in (False, True):
-            cmd, env = worker_command(settings, serve=serve)
-            out = open(logs / ("serve-worker.log" if serve else "worker.log"), "ab")  # noqa: SIM115
+        # One training worker per GPU of this node (ERNIE_STUDIO_GPUS), or one for the CPU; one serving worker.
+        plan = [dict(gpu=i) for i in settings.gpu_indices] or [{}]
+        for kwargs in [*plan, dict(serve=True)]:
+            cmd, env = worker_command(settings, **kwargs)
+            name = "serve-worker" if kwargs.get("serve") else f"worker{kwargs.get('gpu', '')}"
+            out = open(logs / f"{name}.log", "ab")  # noqa: SIM115
             children.append(
                 subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True, preexec_fn=die_with_parent)

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from studio.config import Settings
 from studio.models import Dataset
-from studio.services.errors import InvalidInput, NotFound, PayloadTooLarge
+from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
 from studio.services.paths import relative_to_home, safe_upload_name
 
@@ -252,7 +252,14 @@ def dataset_stats(
 
 
 def delete_dataset(session: Session, settings: Settings, dataset_id: int) -> None:
+    """Remove a dataset and its file; refused while a queued or running run trains on it."""
+    from studio.models import Run, RunStatus
+
     ds = get_dataset(session, dataset_id)
+    active = session.scalars(select(Run).where(Run.status.in_([RunStatus.QUEUED, RunStatus.RUNNING]))).all()
+    users = [r.id for r in active if dataset_id in (r.dataset_ids or [])]
+    if users:
+        raise Conflict(f"dataset {dataset_id} is used by queued or running run(s) {users}; cancel them first")
     folder = dataset_path(settings, ds).parent
     session.delete(ds)
     add_event(session, "dataset.deleted", f"dataset {ds.name} deleted")

@@ -47,3 +47,17 @@ def test_upgrade_is_idempotent(tmp_path):
     upgrade(s)
     upgrade(s)
     check(s)
+
+
+def test_db_upgrade_command(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cli = str(Path(sys.executable).parent / "ernie-studio")
+    env = {**os.environ, "ERNIE_STUDIO_HOME": str(tmp_path)}
+    done = subprocess.run([cli, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"sqlite:///{tmp_path}/studio.db" in done.stdout and "head" in done.stdout
+    check(Settings(home=tmp_path))

@@ -78,6 +78,8 @@ def test_queue_positions_cancel_resume_clone_delete(client, settings):
     kinds = [e["kind"] for e in client.get(f"/api/v1/runs/{runs[0]['id']}/events").json()]
     assert kinds == ["run.queued", "run.cancelled", "run.resumed"]
 
+    busy = client.delete(f"/api/v1/datasets/{ds['id']}")
+    assert busy.status_code == 409 and "cancel them first" in busy.json()["message"]
     assert client.delete(f"/api/v1/runs/{clone['id']}").status_code == 204
     assert client.get(f"/api/v1/runs/{clone['id']}").status_code == 404
     queued = client.get("/api/v1/runs", params={"status": "queued"}).json()
