@@ -237,7 +237,9 @@ class ExportConfig:
     """``ernie-studio export``: LoRA merge, output layout, sharding, tokenizer copy and PTQ."""
 
     model_name_or_path: str = ""
-    output_dir: str = "./output"
+    # A training run's output_dir: when it holds a trained model, that model is exported (for lora=True
+    # it must hold the LoRA run); otherwise model_name_or_path is.
+    output_dir: str = ""
     export_dir: str = ""
     lora: bool = False
     layout: str = "paddle"
@@ -256,8 +258,10 @@ class ExportConfig:
     seed: int = 42
 
     def __post_init__(self) -> None:
+        if self.lora and not self.output_dir:
+            self.output_dir = "./output"
         if not self.export_dir:
-            self.export_dir = str(Path(self.output_dir) / "export")
+            self.export_dir = str(Path(self.output_dir or "./output") / "export")
         self.layout = self.layout.lower()
         if self.quantization.lower() in ("none", "false"):
             self.quantization = ""
@@ -267,8 +271,10 @@ class ExportConfig:
         _choice(problems, "layout", self.layout, LAYOUTS)
         _choice(problems, "quantization", self.quantization, PTQ_METHODS)
         _choice(problems, "dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        if not self.lora and not self.model_name_or_path:
-            problems.append("model_name_or_path is required (the model to export)")
+        if not self.lora and not self.model_name_or_path and not self.output_dir:
+            problems.append(
+                "set output_dir (a training run) or model_name_or_path (a model directory) to export"
+            )
         if self.quantization and not self.eval_dataset_path:
             log.info("no eval_dataset_path: PTQ perplexity will not be reported")
         return problems

@@ -32,23 +32,29 @@ class ExportSummary:
 
 
 def source_model(cfg: ExportConfig):
-    """The model to export: a LoRA run (adapter merged into its base) or a plain model directory."""
+    """The model to export and where its tokenizer is: the trained model of the run in ``output_dir``
+    (a LoRA run comes back merged into its base), else ``model_name_or_path``."""
     from engine.models.checkpoint import load_model
 
-    run_dir = Path(cfg.output_dir)
-    if cfg.lora or (not cfg.model_name_or_path and (run_dir / ADAPTER_CONFIG).exists()):
-        if not (run_dir / ADAPTER_CONFIG).exists():
-            raise FileNotFoundError(
-                f"{run_dir}: no {ADAPTER_CONFIG}; lora=True exports the LoRA run in output_dir "
-                "(train with fine_tuning: LoRA first)"
-            )
-        base = json.loads((run_dir / ADAPTER_CONFIG).read_text())["base_model"]
-        return load_lora_model(run_dir), base, True
-    src = cfg.model_name_or_path
-    if (Path(src) / ADAPTER_CONFIG).exists() and not (Path(src) / "config.json").exists():
-        base = json.loads((Path(src) / ADAPTER_CONFIG).read_text())["base_model"]
-        return load_lora_model(src), base, True
-    return load_model(src, "float32"), src, False
+    run_dir = Path(cfg.output_dir) if cfg.output_dir else None
+    if cfg.lora and not (run_dir / ADAPTER_CONFIG).exists():
+        raise FileNotFoundError(
+            f"{run_dir}: no {ADAPTER_CONFIG}; lora=True exports the LoRA run in output_dir "
+            "(train with fine_tuning: LoRA first)"
+        )
+    for src in (run_dir, Path(cfg.model_name_or_path) if cfg.model_name_or_path else None):
+        if src is None:
+            continue
+        if (src / ADAPTER_CONFIG).exists() and not (src / "config.json").exists():
+            log.info("exporting the LoRA run %s merged into its base", src)
+            return load_lora_model(src), src, True
+        if (src / "config.json").exists():
+            log.info("exporting %s", src)
+            return load_model(src, "float32"), src, False
+    raise FileNotFoundError(
+        f"nothing to export: output_dir {cfg.output_dir!r} holds no trained model and model_name_or_path "
+        f"{cfg.model_name_or_path!r} is not a model directory"
+    )
 
 
 def perplexity(model, batches: list[dict]) -> float:

@@ -17,7 +17,7 @@ import engine
 from engine.data import build_train_data
 from engine.models.checkpoint import load_model
 from engine.train import run_export, run_training
-from engine.train.config import ExportConfig, TrainConfig, config_from_dict
+from engine.train.config import ExportConfig, TrainConfig, config_from_dict, load_export_config
 from engine.train.lora import LoRALinear, apply_lora, load_adapter_weights
 from engine.train.pretrain import expert_counts, present_groups
 from engine.train.sft import evaluate_lm, language_model_loss
@@ -235,14 +235,24 @@ def test_lora_run_dir_and_merged_export_match_adapter_model(lora_run, sft_run):
     np.testing.assert_allclose(logits(engine.load_model(export), batch), want, atol=1e-5, rtol=0)
 
 
-def test_hf_layout_export_with_shards_reloads_identically(sft_run, tmp_path):
+def test_hf_layout_export_with_shards_reloads_identically(sft_run, tiny_model_dir, tmp_path):
     model_dir, _, _ = sft_run
     out = tmp_path / "hf"
-    run_export(
-        ExportConfig(
-            model_name_or_path=str(model_dir), export_dir=str(out), layout="hf", max_shard_size="200KB"
-        )
+    # the training config's keys, as `ernie-studio export sft.yaml layout=hf` passes them: the trained
+    # model in output_dir is exported, not the base in model_name_or_path
+    cfg = load_export_config(
+        None,
+        [
+            f"model_name_or_path={tiny_model_dir}",
+            f"output_dir={model_dir}",
+            "stage=SFT",
+            "learning_rate=0.003",
+            f"export_dir={out}",
+            "layout=hf",
+            "max_shard_size=200KB",
+        ],
     )
+    assert not run_export(cfg).merged_lora
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = set(index["weight_map"].values())
     assert len(shards) > 1 and all((out / s).exists() for s in shards)
