@@ -127,7 +127,7 @@ def adapters_disabled(model: nn.Layer):
             m.enabled = True
 
 
-def lora_parameter_groups(model: nn.Layer, lr: float, plus_scale: float) -> list[dict]:
+def lora_parameter_groups(model: nn.Layer, plus_scale: float) -> list[dict]:
     """LoRA+: B matrices learn ``plus_scale`` times faster than A matrices."""
     a = [m.lora_A for _, m in lora_layers(model)]
     b = [m.lora_B for _, m in lora_layers(model)]

@@ -125,7 +125,7 @@ def build_model(cfg: TrainConfig):
 
 def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]):
     if cfg.lora:
-        params = lora_mod.lora_parameter_groups(model, cfg.learning_rate, cfg.lora_plus_scale)
+        params = lora_mod.lora_parameter_groups(model, cfg.lora_plus_scale)
     else:
         params = list(trainable.values())
     no_decay = {p.name for n, p in trainable.items() if p.ndim < 2 or "norm" in n}
@@ -243,6 +243,15 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
     ema = WeightEMA(trainable, cfg.ema_decay) if cfg.ema_decay else None
     data = build_data(cfg, tokenizer, "train", cfg.batch_size * dp.world, mc.vision_config)
     total = cfg.max_steps if cfg.max_steps > 0 else _epoch_steps(cfg, data)
+    if dp.main:
+        n_train = sum(int(np.prod(p.shape)) for p in ordered)
+        n_all = sum(int(np.prod(p.shape)) for p in model.parameters())
+        print(
+            f"{cfg.stage} ({cfg.fine_tuning}, {cfg.compute_type}) on {cfg.model_name_or_path}: {total} steps x "
+            f"{cfg.batch_size * cfg.gradient_accumulation_steps * dp.world} samples, "
+            f"{n_train:,} of {n_all:,} weights train; run dir {out_dir}",
+            flush=True,
+        )
 
     # ---- resume --------------------------------------------------------------------------------
     step, elapsed_before = 0, 0.0
