@@ -21,7 +21,7 @@ from engine.train.config import ExportConfig, TrainConfig, config_from_dict, loa
 from engine.train.lora import LoRALinear, apply_lora, load_adapter_weights
 from engine.train.pretrain import expert_counts, present_groups
 from engine.train.sft import evaluate_lm, language_model_loss
-from engine.train.trainer import build_model, build_optimizer
+from engine.train.trainer import build_model, build_optimizer, lr_at
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 
@@ -472,3 +472,45 @@ def test_wint8_lora_trains_on_frozen_int8_base(sft_run, eval_file, tmp_path):
     # the run dir loads as int8 base + merged adapter, and gives the same loss
     reloaded = evaluate_lm(engine.load_model(out), eval_batches(base, eval_file))["eval_loss"]
     assert reloaded == pytest.approx(after, rel=1e-4)
+
+
+# ---- small pieces ---------------------------------------------------------------------------------------------
+
+
+def test_lr_schedules_warm_up_then_decay_to_min_lr():
+    def cfg(kind):
+        return config_from_dict(
+            TrainConfig,
+            dict(
+                model_name_or_path="m",
+                train_dataset_path="d.jsonl",
+                learning_rate=1e-3,
+                min_lr=1e-4,
+                warmup_steps=10,
+                lr_scheduler_type=kind,
+            ),
+        )
+
+    for kind in ("cosine", "linear", "constant"):
+        c = cfg(kind)
+        assert lr_at(0, c, 110) == pytest.approx(1e-4) and lr_at(9, c, 110) == pytest.approx(1e-3)
+    assert lr_at(60, cfg("cosine"), 110) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert lr_at(60, cfg("linear"), 110) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert lr_at(35, cfg("cosine"), 110) > lr_at(35, cfg("linear"), 110)
+    assert lr_at(110, cfg("cosine"), 110) == pytest.approx(1e-4)
+    assert lr_at(109, cfg("constant"), 110) == 1e-3
+
+
+def test_lora_scales_rslora_and_lora_plus(tiny_model_dir):
+    base = dict(model_name_or_path=str(tiny_model_dir), train_dataset_path="d.jsonl", fine_tuning="LoRA")
+    cfg = config_from_dict(TrainConfig, dict(base, lora_rank=4, lora_alpha=-1, lora_plus_scale=8.0))
+    model, trainable = build_model(cfg)
+    layer = next(m for m in model.sublayers() if isinstance(m, LoRALinear))
+    assert layer.scale == 2.0  # alpha -1 means 2 * rank, scale alpha / rank
+    assert not layer.lora_B.numpy().any()  # B starts at zero: the run starts at the base model
+    opt = build_optimizer(cfg, model, trainable)
+    rates = {p.name: p.optimize_attr["learning_rate"] for g in opt._param_groups for p in g["params"]}
+    assert rates[layer.lora_B.name] == 8.0 and rates[layer.lora_A.name] == 1.0
+    rs = config_from_dict(TrainConfig, dict(base, lora_rank=16, lora_alpha=8, rslora=True))
+    rs_layer = next(m for m in build_model(rs)[0].sublayers() if isinstance(m, LoRALinear))
+    assert rs_layer.scale == pytest.approx(8 / 4)  # rsLoRA: alpha / sqrt(rank)
