@@ -317,7 +317,8 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
             emit({"type": "metrics", **metrics})
         progress.update(step, metrics, logged)
 
-        cancelled = stop["signal"] is not None
+        # every rank must stop at the same step, or the others would wait in all_reduce forever
+        cancelled = bool(dp.sum(np.array([stop["signal"] is not None], dtype=np.float64))[0])
         if (step % cfg.save_steps == 0 or cancelled) and dp.main:
             path = save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, now - t_start)
             emit({"type": "checkpoint", "step": step, "path": str(path)})
