@@ -10,12 +10,25 @@ import pandas as pd
 
 # The curves every stage logs (contract: metrics.jsonl) and the extras that only some stages log.
 CORE_METRICS = ("loss", "learning_rate", "tokens_per_second")
-EXTRA_METRIC_PREFIXES = ("rewards/", "logps/", "aux_loss", "z_loss", "orthogonal_loss", "eval_", "lm_loss")
+EXTRA_METRIC_PREFIXES = ("rewards/", "logps/", "aux_loss", "z_loss", "orthogonal_loss", "eval_")
+# Shown in the stage-metrics plot when a stage logs none of the above (dense SFT / PT).
+FALLBACK_EXTRA = ("grad_norm",)
 PLOT_COLUMNS = ["step", "value", "series"]
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def empty_frame() -> pd.DataFrame:
+    """No points, but typed columns: Gradio picks axis types from the dtypes of the first frame it draws."""
+    return pd.DataFrame(
+        {
+            "step": pd.Series(dtype="int64"),
+            "value": pd.Series(dtype="float64"),
+            "series": pd.Series(dtype="string"),
+        }
+    )
 
 
 def metric_frame(
@@ -31,12 +44,14 @@ def metric_frame(
             value = row.get(name)
             if _finite(value):
                 records.append({"step": int(step), "value": float(value), "series": label or name})
+    if not records:
+        return empty_frame()
     frame = pd.DataFrame(records, columns=PLOT_COLUMNS)
     return frame.sort_values(["series", "step"], kind="stable").reset_index(drop=True)
 
 
-def extra_metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Stage-specific metrics present in the rows (DPO rewards, MoE router losses, eval loss), in first-seen order."""
+def extra_metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Stage metrics in the rows (DPO rewards, MoE router losses, eval loss) in first-seen order, else grad_norm."""
     names: dict[str, None] = {}
     for row in rows:
         for key, value in row.items():
@@ -44,7 +59,9 @@ def extra_metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
                 continue
             if any(key.startswith(p) for p in EXTRA_METRIC_PREFIXES):
                 names.setdefault(key, None)
-    return list(names)
+    if names:
+        return list(names)
+    return [k for k in FALLBACK_EXTRA if any(_finite(row.get(k)) for row in rows)]
 
 
 def compare_frame(runs: Mapping[str, Iterable[Mapping[str, Any]]], metric: str) -> pd.DataFrame:
@@ -52,7 +69,7 @@ def compare_frame(runs: Mapping[str, Iterable[Mapping[str, Any]]], metric: str) 
     frames = [metric_frame(rows, [metric], label=label) for label, rows in runs.items()]
     frames = [f for f in frames if not f.empty]
     if not frames:
-        return pd.DataFrame(columns=PLOT_COLUMNS)
+        return empty_frame()
     return pd.concat(frames, ignore_index=True)
 
 
@@ -61,7 +78,7 @@ def histogram_frame(stats: Mapping[str, Any] | None) -> pd.DataFrame:
     hist = (stats or {}).get("histogram") or {}
     bins, counts = list(hist.get("bins") or []), list(hist.get("counts") or [])
     if not counts:
-        return pd.DataFrame(columns=["tokens", "samples"])
+        return empty_histogram()
     # bins are edges (len(counts) + 1) in numpy's convention; tolerate lower edges only.
     lows = bins[: len(counts)] if len(bins) >= len(counts) else list(range(len(counts)))
     highs = bins[1 : len(counts) + 1] if len(bins) > len(counts) else lows
@@ -69,6 +86,10 @@ def histogram_frame(stats: Mapping[str, Any] | None) -> pd.DataFrame:
         f"{int(lo)}-{int(hi)}" if hi != lo else f"{int(lo)}" for lo, hi in zip(lows, highs, strict=False)
     ]
     return pd.DataFrame({"tokens": labels, "samples": [int(c) for c in counts]})
+
+
+def empty_histogram() -> pd.DataFrame:
+    return pd.DataFrame({"tokens": pd.Series(dtype="string"), "samples": pd.Series(dtype="int64")})
 
 
 def last_value(rows: Sequence[Mapping[str, Any]], metric: str) -> float | None:

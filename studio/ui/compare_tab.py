@@ -17,7 +17,7 @@ from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
 from studio.ui import charts
 from studio.ui.context import UIContext, parse_id
-from studio.ui.deploy_tab import deployment_choices
+from studio.ui.deploy_tab import chat_messages, deployment_choices, message_text
 from studio.ui.runs_tab import run_choices
 
 FINAL_KEYS_FIRST = ("loss", "eval_loss", "rewards/accuracy", "tokens_per_second", "elapsed_s", "step")
@@ -132,7 +132,10 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
         da, db = parse_id(a), parse_id(b)
         if not text or da is None or db is None:
             raise gr.Error("Pick deployments A and B and type a prompt.")
-        histories = [list(hist_a or []), list(hist_b or [])]
+        histories = [
+            [{"role": m["role"], "content": message_text(m.get("content"))} for m in h or []]
+            for h in (hist_a, hist_b)
+        ]
         for h in histories:
             h.append({"role": "user", "content": text})
             h.append({"role": "assistant", "content": ""})
@@ -150,7 +153,7 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
             events.put((side, None, None))
 
         for side, dep_id in ((0, da), (1, db)):
-            msgs = [m for m in histories[side][:-1]]
+            msgs = chat_messages("", histories[side][:-1])
             threading.Thread(target=pump, args=(side, dep_id, msgs), daemon=True).start()
         done = 0
         yield "", histories[0], histories[1]
@@ -170,6 +173,6 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
     metric.input(compare, [runs, metric], [curves, metric, diff, final])
     send.click(ab_chat, [prompt, dep_a, dep_b, chat_a, chat_b], [prompt, chat_a, chat_b])
     prompt.submit(ab_chat, [prompt, dep_a, dep_b, chat_a, chat_b], [prompt, chat_a, chat_b])
-    tab.select(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b])
-    ctx.demo.load(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b])
+    tab.select(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b], show_progress="hidden")
+    ctx.demo.load(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b], show_progress="hidden")
     return CompareTab(tab=tab, runs=runs)

@@ -203,7 +203,7 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
     def show_dataset(dataset_id: Any) -> tuple[Any, ...]:
         did = parse_id(dataset_id)
         if did is None:
-            return "", problem_rows([]), 0, did, "", pd.DataFrame(columns=["tokens", "samples"])
+            return "", problem_rows([]), 0, did, "", charts.empty_histogram()
         d, err = ctx.attempt(datasets_svc.get_dataset, did)
         if err is not None:
             return (
@@ -212,7 +212,7 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
                 0,
                 None,
                 "",
-                pd.DataFrame(columns=["tokens", "samples"]),
+                charts.empty_histogram(),
             )
         return (
             summary_markdown(d),
@@ -220,7 +220,7 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
             0,
             did,
             "",
-            pd.DataFrame(columns=["tokens", "samples"]),
+            charts.empty_histogram(),
         )
 
     def show_record(dataset_id: Any, index: Any, model: str | None) -> tuple[Any, ...]:

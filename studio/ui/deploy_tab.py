@@ -59,13 +59,21 @@ def deployment_status(dep: Any) -> str:
     return text
 
 
+def message_text(content: Any) -> str:
+    """A Chatbot message's content as plain text (Gradio 6 hands back a list of ``{type, text}`` parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
 def chat_messages(system: str, history: list[dict[str, Any]]) -> list[dict[str, str]]:
     """Chatbot history -> OpenAI messages (system prompt first when given)."""
     msgs = [{"role": "system", "content": system}] if system and system.strip() else []
     for m in history:
-        content = m.get("content")
-        if isinstance(content, str) and m.get("role") in ("user", "assistant"):
-            msgs.append({"role": m["role"], "content": content})
+        if m.get("role") in ("user", "assistant"):
+            msgs.append({"role": m["role"], "content": message_text(m.get("content"))})
     return msgs
 
 
@@ -73,6 +81,7 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
     t = ctx.texts
     with t.make(gr.Tab, "tab.deploy", id="deploy") as tab:
         timer = gr.Timer(POLL_SECONDS, active=True)
+        shown = gr.State(None)
         with gr.Row(equal_height=True):
             run = t.make(gr.Dropdown, "dep.run", choices=[], elem_id="dep-run", scale=4)
             deploy = t.make(gr.Button, "dep.btn", prop="value", variant="primary", elem_id="dep-btn", scale=1)
@@ -151,6 +160,19 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
             deployment_status(dep) if dep else "",
         )
 
+    def tick(run_value: Any, current: Any, saved: Any, shown: list | None) -> tuple[Any, ...]:
+        # Dropdowns are only updated when their choices or values changed, so a tick never closes one
+        # mid-choice; an empty selection falls back to the stored one (a deploy may still be in flight).
+        run_u, rows, dep_u, md = refresh(run_value, parse_id(current) or parse_id(saved))
+        sig = [
+            [list(c) for c in run_u["choices"]],
+            run_u["value"],
+            [list(c) for c in dep_u["choices"]],
+            dep_u["value"],
+        ]
+        same = shown is not None and sig == shown
+        return (gr.skip() if same else run_u), rows, (gr.skip() if same else dep_u), md, sig
+
     def deploy_run(run_id: Any) -> tuple[Any, ...]:
         rid = parse_id(run_id)
         if rid is None:
@@ -198,12 +220,17 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
     clear.click(lambda: [], None, chatbot, cancels=[sent, submitted])
     deploy.click(deploy_run, run, [table, selected, status, selected_state])
     selected.input(lambda d: d, selected, selected_state).then(
-        refresh, [run, selected], [run, table, selected, status]
+        refresh, [run, selected], [run, table, selected, status], show_progress="hidden"
     )
     stop_dep.click(stop, selected, status)
-    timer.tick(refresh, [run, selected], [run, table, selected, status], show_progress="hidden")
-    tab.select(refresh, [run, selected], [run, table, selected, status])
-    ctx.demo.load(refresh, [run, selected_state], [run, table, selected, status])
+    timer.tick(
+        tick,
+        [run, selected, selected_state, shown],
+        [run, table, selected, status, shown],
+        show_progress="hidden",
+    )
+    tab.select(refresh, [run, selected], [run, table, selected, status], show_progress="hidden")
+    ctx.demo.load(refresh, [run, selected_state], [run, table, selected, status], show_progress="hidden")
     return DeployTab(
         tab=tab,
         run=run,

@@ -141,7 +141,10 @@ STRINGS: dict[str, tuple[str, str]] = {
     "runs.loss": ("Loss", "损失"),
     "runs.lr": ("Learning rate", "学习率"),
     "runs.throughput": ("Tokens per second", "每秒 Token 数"),
-    "runs.extra": ("Stage metrics (DPO / MoE / eval)", "阶段指标（DPO / MoE / 评估）"),
+    "runs.extra": (
+        "Stage metrics (DPO / MoE / eval) or gradient norm",
+        "阶段指标（DPO / MoE / 评估）或梯度范数",
+    ),
     "runs.logs": ("Log tail", "日志末尾"),
     "runs.checkpoints": ("Checkpoints", "检查点"),
     "runs.cancel": ("Cancel", "取消"),

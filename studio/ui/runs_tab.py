@@ -29,6 +29,7 @@ EXPORT_OPTIONS: dict[str, dict[str, Any]] = {
 }
 EXPORT_KINDS = list(EXPORT_OPTIONS)
 LOG_TAIL_BYTES = 16384
+LOG_TAIL_LINES = 20
 POLL_SECONDS = 2.0
 STATUS_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏹️"}
 
@@ -122,13 +123,16 @@ def _log_tail(session: Any, settings: Any, run_id: int) -> str:
     size = runs_svc.read_logs(session, settings, run_id, offset=0, limit=1)["size"]
     start = max(size - LOG_TAIL_BYTES, 0)
     text = runs_svc.read_logs(session, settings, run_id, offset=start, limit=LOG_TAIL_BYTES)["text"]
-    return text.split("\n", 1)[1] if start and "\n" in text else text
+    lines = text.splitlines()[1:] if start else text.splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
 def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
     t = ctx.texts
-    deployed = gr.State(None)
     with t.make(gr.Tab, "tab.runs", id="runs") as tab:
+        deployed = gr.State(None)  # inside the tab: see train_tab
+        shown_choices = gr.State(None)
+        current_run = gr.State(None)  # the run the last tick resolved (the dropdown may be skipped)
         timer = gr.Timer(POLL_SECONDS, active=True)
         table = t.make(
             gr.Dataframe,
@@ -148,19 +152,14 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             delete = t.make(gr.Button, "runs.delete", prop="value", size="sm", elem_id="runs-delete")
         status = gr.Markdown("", elem_id="runs-status")
         with gr.Row():
-            loss_plot = t.make(
-                gr.LinePlot, "runs.loss", x="step", y="value", color="series", height=260, elem_id="runs-loss"
-            )
-            lr_plot = t.make(
-                gr.LinePlot, "runs.lr", x="step", y="value", color="series", height=260, elem_id="runs-lr"
-            )
+            loss_plot = t.make(gr.LinePlot, "runs.loss", x="step", y="value", height=260, elem_id="runs-loss")
+            lr_plot = t.make(gr.LinePlot, "runs.lr", x="step", y="value", height=260, elem_id="runs-lr")
         with gr.Row():
             tps_plot = t.make(
                 gr.LinePlot,
                 "runs.throughput",
                 x="step",
                 y="value",
-                color="series",
                 height=260,
                 elem_id="runs-tps",
             )
@@ -175,13 +174,14 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             )
         with gr.Row():
             with gr.Column(scale=3):
+                # A Textbox (not Code) because it keeps the newest line in view as the tail grows.
                 logs = t.make(
-                    gr.Code,
+                    gr.Textbox,
                     "runs.logs",
-                    language="shell",
                     interactive=False,
-                    lines=12,
-                    max_lines=12,
+                    lines=LOG_TAIL_LINES,
+                    max_lines=LOG_TAIL_LINES,
+                    autoscroll=True,
                     elem_id="runs-logs",
                 )
             with gr.Column(scale=2):
@@ -219,33 +219,40 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
         value = keep if keep in ids else None
         return gr.update(choices=run_choices(runs), value=value), run_rows(runs, progress)
 
-    empty = pd.DataFrame(columns=charts.PLOT_COLUMNS)
+    def tick_table(current: Any, saved: Any, shown: list | None) -> tuple[Any, ...]:
+        # The dropdown is only touched when its choices or value changed: an update every tick would close
+        # it under the person's cursor. An empty selection falls back to the stored one (set by a launch
+        # or a restore that may still be in flight when this tick started).
+        update, rows = refresh_table(parse_id(current) or parse_id(saved))
+        sig = [[list(c) for c in update["choices"]], update["value"]]
+        return (update if sig != shown else gr.skip()), rows, sig, update["value"]
+
+    empty = charts.empty_frame()
+
+    def blank_view(message: str = "") -> tuple[Any, ...]:
+        no_points = gr.update(value=empty, visible=False)
+        off = gr.update(interactive=False)
+        return (
+            message,
+            empty,
+            empty,
+            empty,
+            no_points,
+            "",
+            pd.DataFrame(columns=CHECKPOINT_COLUMNS),
+            "",
+            off,
+            off,
+            off,
+        )
 
     def run_view(run_id: Any) -> tuple[Any, ...]:
         rid = parse_id(run_id)
         if rid is None:
-            return (
-                "",
-                empty,
-                empty,
-                empty,
-                gr.update(value=empty, visible=False),
-                "",
-                pd.DataFrame(columns=CHECKPOINT_COLUMNS),
-                "",
-            )
+            return blank_view()
         run = ctx.read(runs_svc.get_run, rid, default=None)
         if run is None:
-            return (
-                f"run #{rid} no longer exists",
-                empty,
-                empty,
-                empty,
-                gr.update(value=empty, visible=False),
-                "",
-                pd.DataFrame(columns=CHECKPOINT_COLUMNS),
-                "",
-            )
+            return blank_view(f"run #{rid} no longer exists")
         rows = [m.values for m in ctx.read(runs_svc.get_metrics, rid, default=[])]
         p = ctx.read(progress_svc.runs_progress, [rid], default={}).get(rid, {})
         position = ctx.read(_queue_position, rid, default=None) if run.status == "queued" else None
@@ -258,6 +265,7 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             ],
             columns=CHECKPOINT_COLUMNS,
         )
+        active = run.status in ("queued", "running")
         return (
             status_markdown(run, p, position),
             charts.metric_frame(rows, ["loss"]),
@@ -267,9 +275,24 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             tail,
             ckpts,
             json.dumps(run.config, indent=2, ensure_ascii=False),
+            gr.update(interactive=active),
+            gr.update(interactive=run.status in ("failed", "cancelled")),
+            gr.update(interactive=run.status == "succeeded"),
         )
 
-    view_outputs = [status, loss_plot, lr_plot, tps_plot, extra_plot, logs, checkpoints, config_view]
+    view_outputs = [
+        status,
+        loss_plot,
+        lr_plot,
+        tps_plot,
+        extra_plot,
+        logs,
+        checkpoints,
+        config_view,
+        cancel,
+        resume,
+        deploy,
+    ]
 
     def act(fn: Any, verb: str) -> Any:
         def handler(run_id: Any) -> str:
@@ -305,10 +328,15 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
         )
         return f"Deployment #{dep.id} starting; chat with it in Deploy & Chat.", dep.id
 
-    timer.tick(refresh_table, selected, [selected, table], show_progress="hidden").then(
-        run_view, selected, view_outputs, show_progress="hidden"
-    )
-    selected.input(run_view, selected, view_outputs).then(lambda r: r, selected, selected_state).then(
+    timer.tick(
+        tick_table,
+        [selected, selected_state, shown_choices],
+        [selected, table, shown_choices, current_run],
+        show_progress="hidden",
+    ).then(run_view, current_run, view_outputs, show_progress="hidden")
+    selected.input(run_view, selected, view_outputs)
+    # However the run got selected (a click, a launch, a restore), the URL and browser storage follow it.
+    selected.change(lambda r: r, selected, selected_state, show_progress="hidden").then(
         None, selected, None, js=URL_JS
     )
     cancel.click(act(runs_svc.cancel_run, "Cancelling"), selected, action)
@@ -321,10 +349,13 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
         wanted = request.query_params.get("run") if request else None
         return refresh_table(parse_id(wanted) or parse_id(saved))
 
-    ctx.demo.load(restore, selected_state, [selected, table]).then(run_view, selected, view_outputs).then(
-        lambda r: r, selected, selected_state
+    quiet = {"show_progress": "hidden"}
+    ctx.demo.load(restore, selected_state, [selected, table], **quiet).then(
+        run_view, selected, view_outputs, **quiet
     )
-    tab.select(refresh_table, selected, [selected, table]).then(run_view, selected, view_outputs)
+    tab.select(refresh_table, selected, [selected, table], **quiet).then(
+        run_view, selected, view_outputs, **quiet
+    )
 
     def show_run(run_id: Any) -> tuple[Any, ...]:
         return (*refresh_table(run_id), *run_view(run_id))

@@ -119,8 +119,9 @@ def form_values(spec: runs_svc.RunSpec, keys: list[str]) -> list[Any]:
 def build_train_tab(ctx: UIContext) -> TrainTab:
     t = ctx.texts
     fields: dict[str, gr.components.Component] = {}
-    launched_run = gr.State(None)
     with t.make(gr.Tab, "tab.train", id="train") as tab, gr.Row():
+        # Inside the tab: a bare State between two Tabs shifts Gradio's tab indices in the browser.
+        launched_run = gr.State(None)
         with gr.Column(scale=3):
             fields["base_model"] = t.make(
                 gr.Dropdown, "tr.base_model", choices=[], allow_custom_value=True, elem_id="tr-base-model"
@@ -154,15 +155,10 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
                 )
                 fields["name"] = t.make(gr.Textbox, "tr.run_name", elem_id="tr-run-name", scale=2)
             with t.make(gr.Accordion, "tr.hparams", open=True):
-                with gr.Row(equal_height=True):
-                    for key, kind, kwargs in HPARAMS[:5]:
-                        fields[key] = _field(ctx, key, kind, dict(kwargs))
-                with gr.Row(equal_height=True):
-                    for key, kind, kwargs in HPARAMS[5:10]:
-                        fields[key] = _field(ctx, key, kind, dict(kwargs))
-                with gr.Row(equal_height=True):
-                    for key, kind, kwargs in HPARAMS[10:]:
-                        fields[key] = _field(ctx, key, kind, dict(kwargs))
+                for start in range(0, len(HPARAMS), 4):
+                    with gr.Row(equal_height=True):
+                        for key, kind, kwargs in HPARAMS[start : start + 4]:
+                            fields[key] = _field(ctx, key, kind, dict(kwargs))
             with gr.Row():
                 with t.make(gr.Accordion, "tr.lora", open=True) as lora_box, gr.Row():
                     for key, kind, kwargs in LORA_PARAMS:
@@ -293,6 +289,8 @@ def format_estimate(est: dict[str, Any]) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.2g}s"
     seconds = round(seconds)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)

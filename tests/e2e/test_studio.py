@@ -1,0 +1,195 @@
+"""The studio in a real browser: data -> training -> live curves -> compare -> deploy -> streamed chat.
+
+One long scenario (the steps depend on each other) against ``ernie-studio up`` with a tiny model.
+Screenshots of each step go to test-artifacts/e2e/; the README's come from here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_page import StudioPage, plot_series_points
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "data" / "sft_demo.jsonl"
+MAX_STEPS = 40
+
+
+def first_record() -> dict:
+    return json.loads(DEMO.read_text(encoding="utf-8").splitlines()[0])
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def api(studio: str, path: str) -> dict | list:
+    r = httpx.get(f"{studio}/api/v1{path}", timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_malformed_upload_lists_problems_by_line(page, studio, artifacts, tmp_path):
+    ui = StudioPage(page, studio, artifacts / "validation")
+    bad = tmp_path / "broken_sft.jsonl"
+    bad.write_text(
+        '{"src": ["hi"], "tgt": ["hello"]}\n'
+        '{"src": ["two questions", "second"], "tgt": ["one answer"]}\n'
+        "{not json at all\n",
+        encoding="utf-8",
+    )
+    ui.open()
+    page.set_input_files("#ds-upload input[type=file]", str(bad))
+    ui.click("ds-upload-btn")
+    ui.expect_text("ds-upload-result", "was not added", timeout=60_000)
+    # Each bad line is its own row with its line number, next to the upload (not in a log).
+    ui.expect_text("ds-problems", re.compile(r"\b2\s+src has 2 turns but tgt has 1"))
+    ui.expect_text("ds-problems", re.compile(r"\b3\s+invalid JSON"))
+    assert "\n1\n" not in ui.el("ds-problems").inner_text()  # the valid first line is not listed
+    ui.shot("validation-error")
+    assert api(studio, "/datasets") == [] or all(d["name"] != "broken_sft" for d in api(studio, "/datasets"))
+
+
+def test_upload_train_compare_deploy_chat(page, studio, artifacts):
+    ui = StudioPage(page, studio, artifacts / "flow")
+    ui.open()
+
+    # 1. Upload the demo dataset: detected format, first record previewed raw and rendered.
+    page.set_input_files("#ds-upload input[type=file]", str(DEMO))
+    ui.click("ds-upload-btn")
+    ui.expect_text("ds-upload-result", "detected format erniekit", timeout=60_000)
+    record = first_record()
+    ui.expect_text("ds-position", "record 1 of 400")
+    ui.expect_text("ds-rendered", record["src"][0], timeout=60_000)
+    ui.expect_text("ds-rendered", record["tgt"][-1])
+    ui.click("ds-stats-btn")
+    ui.expect_text("ds-stats", "longer than max_seq_len", timeout=60_000)
+    ui.shot("dataset-preview")
+    page.click("button[role=tab][data-tab-id=raw]")
+    ui.expect_text("ds-raw", record["src"][0])
+
+    # 2. A tiny LoRA run from the Train tab; the YAML shows what will run.
+    ui.tab("train")
+    ui.choose("tr-datasets", "sft_demo")
+    ui.fill("tr-run-name", "lr-1e-3")
+    ui.fill("tr-max-steps", str(MAX_STEPS))
+    ui.fill("tr-learning-rate", "0.001")
+    ui.fill("tr-warmup-steps", "5")
+    ui.fill("tr-save-steps", "10")
+    ui.fill("tr-max-seq-len", "256")
+    ui.expect_text("tr-yaml", "learning_rate: 0.001")
+    ui.expect_text("tr-yaml", f"max_steps: {MAX_STEPS}")
+    ui.click("tr-estimate-btn")
+    ui.expect_text("tr-estimate", "trainable parameters")
+    ui.click("tr-launch")
+    ui.expect_text("tr-launch-status", "queued")
+    ui.shot("train-form")
+    run1 = api(studio, "/runs")[0]
+    assert run1["config"]["learning_rate"] == 0.001 and run1["fine_tuning"] == "LoRA"
+
+    # 3. Runs tab: the live loss curve gains points while the run trains.
+    ui.tab("runs")
+    ui.expect_text("runs-status", f"#{run1['id']} lr-1e-3", timeout=10_000)
+    wait_until(lambda: sum(plot_series_points(page, "runs-loss")) >= 2, 120, "the first loss points")
+    before = sum(plot_series_points(page, "runs-loss"))
+    assert api(studio, f"/runs/{run1['id']}")["status"] == "running"
+    ui.shot("run-live")
+
+    # 4. A refresh mid-run reopens the same run (URL + browser state) and the curve keeps growing.
+    assert f"run={run1['id']}" in page.url
+    page.reload()
+    page.wait_for_selector("#studio-tabs")
+    ui.expect_text("runs-status", f"#{run1['id']} lr-1e-3", timeout=20_000)
+    wait_until(
+        lambda: sum(plot_series_points(page, "runs-loss")) > before, 60, "more loss points after refresh"
+    )
+    ui.expect_text("runs-status", "succeeded", timeout=120_000)
+    wait_until(lambda: sum(plot_series_points(page, "runs-loss")) == MAX_STEPS, 20, "all loss points")
+    ui.expect_text("runs-checkpoints", "checkpoint-40")
+    ui.shot("run-finished")
+
+    # 5. Clone into the Train tab, change only the learning rate, launch the second run.
+    ui.click("runs-clone")
+    train_tab = page.locator("button[role=tab][data-tab-id=train]")
+    expect(train_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
+    ui.fill("tr-learning-rate", "0.0001")
+    ui.fill("tr-run-name", "lr-1e-4")
+    ui.expect_text("tr-yaml", "learning_rate: 0.0001")
+    ui.click("tr-launch")
+    ui.expect_text("tr-launch-status", "queued")
+    run2 = api(studio, "/runs")[0]
+    assert run2["id"] != run1["id"] and run2["config"]["learning_rate"] == 0.0001
+    assert run2["config"]["max_steps"] == MAX_STEPS
+    wait_until(lambda: api(studio, f"/runs/{run2['id']}")["status"] == "succeeded", 120, "the second run")
+
+    # 6. Compare: two curves aligned by step, and the learning rate is the only differing hyperparameter.
+    ui.tab("compare")
+    ui.choose("cmp-runs", "lr-1e-3")
+    ui.choose("cmp-runs", "lr-1e-4")
+    ui.click("cmp-btn")
+    wait_until(
+        lambda: plot_series_points(page, "cmp-curves") == [MAX_STEPS, MAX_STEPS], 30, "two full curves"
+    )
+    ui.expect_text("cmp-diff", re.compile(r"learning_rate\s+0\.001\s+0\.0001"))
+    diff_text = ui.el("cmp-diff").inner_text()
+    assert "max_steps" not in diff_text and "lora_rank" not in diff_text, diff_text
+    ui.expect_text("cmp-final", "loss")
+    ui.shot("compare")
+
+    # 7. Deploy the first run (LoRA, merged by the worker) and chat: the reply streams in.
+    ui.tab("runs")
+    ui.choose("runs-select", "lr-1e-3")
+    ui.click("runs-deploy")
+    deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
+    expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
+    ui.expect_text("dep-status", "running", timeout=120_000)
+    ui.fill("dep-system", "You are a concise assistant.")
+    # A 40-step tiny model ends its answer almost at once when greedy; sampling hot keeps it talking, so
+    # the reply has enough tokens to watch it stream.
+    ui.fill("dep-temperature", "2")
+    ui.fill("dep-top-p", "1")
+    ui.fill("dep-max-tokens", "48")
+    page.evaluate(
+        """() => {
+      window.__replyLengths = [];
+      const box = document.querySelector('#dep-chat');
+      new MutationObserver(() => {
+        const bots = box.querySelectorAll('[data-testid=bot]');
+        const last = bots[bots.length - 1];
+        if (last) window.__replyLengths.push(last.innerText.length);
+      }).observe(box, {subtree: true, childList: true, characterData: true});
+    }"""
+    )
+    box = ui.el("dep-message").locator("textarea, input").first
+    box.fill("What is 13 - 1?")
+    ui.click("dep-send")
+    wait_until(lambda: page.evaluate("() => window.__replyLengths.length") > 0, 60, "a reply")
+    ui.idle(timeout=120_000)
+    lengths = [n for n in page.evaluate("() => window.__replyLengths") if n > 0]
+    assert len(set(lengths)) >= 2, f"reply did not stream (lengths seen: {lengths})"
+    assert lengths[-1] == max(lengths)
+    ui.shot("chat")
+
+    # 8. The language switch relabels the UI and survives a refresh.
+    page.locator("#lang-switch label", has_text="中文").click()
+    expect(page.locator("button[role=tab][data-tab-id=datasets]")).to_have_text("数据集")
+    page.reload()
+    page.wait_for_selector("#studio-tabs")
+    expect(page.locator("button[role=tab][data-tab-id=train]")).to_have_text("训练", timeout=15_000)
+    ui.shot("chinese")
+    assert re.search(r"tab=deploy", page.url)
