@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from studio.api.auth import TokenAuthMiddleware
 from studio.api.errors import install_error_handlers
-from studio.api.routes import compare, datasets, deployments, models, runs
+from studio.api.routes import compare, datasets, deployments, exports, models, runs
 from studio.config import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,14 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
         """Liveness probe (open even when a token is required)."""
         return {"status": "ok"}
 
-    for r in (datasets.router, runs.router, compare.router, deployments.router, models.router):
+    for r in (
+        datasets.router,
+        runs.router,
+        exports.router,
+        compare.router,
+        deployments.router,
+        models.router,
+    ):
         app.include_router(r, prefix=API_PREFIX)
     if with_ui:
         _mount_ui(app, settings)

@@ -182,6 +182,27 @@ class Deployment(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
+class Export(Base):
+    """`ernie-studio export` of a finished run: LoRA merge, layout conversion, PTQ."""
+
+    __tablename__ = "exports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    layout: Mapped[str] = mapped_column(String(16), default="paddle")
+    quantization: Mapped[str] = mapped_column(String(16), default="")
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED, index=True)
+    export_dir: Mapped[str] = mapped_column(String(1024))
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    perplexity: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
 class Event(Base):
     __tablename__ = "events"
 

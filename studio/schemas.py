@@ -107,6 +107,26 @@ class DeploymentOut(ORM):
     stopped_at: datetime | None
 
 
+class ExportIn(BaseModel):
+    layout: str = Field(default="paddle", description="paddle or hf")
+    ptq: str | None = Field(default=None, description="wint8, wint4 or fp8 post-training quantization")
+
+
+class ExportOut(ORM):
+    id: int
+    run_id: int
+    layout: str
+    quantization: str
+    status: str
+    export_dir: str
+    worker: str | None
+    error: str | None
+    perplexity: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
 class ModelOut(BaseModel):
     name: str
     kind: str

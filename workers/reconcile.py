@@ -12,7 +12,8 @@ from sqlalchemy import select, update
 
 from studio.config import Settings
 from studio.db import session_factory
-from studio.models import Deployment, DeploymentStatus, utcnow
+from studio.models import Deployment, DeploymentStatus, Export, RunStatus, utcnow
+from studio.services import exports as exports_svc
 from studio.services import runs as runs_svc
 from studio.services.events import add_event
 from workers.process import kill_stale_group
@@ -61,6 +62,17 @@ def reconcile(settings: Settings, worker: str | None) -> dict[str, int]:
             )
             add_event(session, "deployment.stopped", "its worker stopped; deploy again", deployment_id=dep.id)
             stopped += 1
+        for export in session.scalars(
+            select(Export).where(Export.status == RunStatus.QUEUED, Export.dispatched_at.is_(None))
+        ).all():
+            exports_svc.dispatch_export(session, settings, export)
+        if worker is not None:
+            # An export this (restarted) worker was running died with it.
+            session.execute(
+                update(Export)
+                .where(Export.status == RunStatus.RUNNING, Export.worker == worker)
+                .values(status=RunStatus.FAILED, ended_at=utcnow(), error="its worker stopped; export again")
+            )
         session.commit()
     return {"requeued": requeued, "dispatched": dispatched, "deployments_stopped": stopped}
 

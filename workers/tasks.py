@@ -8,6 +8,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
 from studio.config import Settings, get_settings
+from workers.exporting import execute_export
 from workers.reconcile import Reconciler
 from workers.serving import execute_deployment
 from workers.training import execute_run
@@ -30,6 +31,12 @@ def run_training(self, run_id: int) -> str | None:
 def run_deployment(self, deployment_id: int) -> str | None:
     """Start a model server and hold it until the deployment is stopped."""
     return execute_deployment(_settings(self.app), int(deployment_id), self.request.hostname or "worker")
+
+
+@shared_task(name="workers.tasks.run_export", bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_export(self, export_id: int) -> str | None:
+    """`ernie-studio export` of a finished run (LoRA merge, layout, PTQ)."""
+    return execute_export(_settings(self.app), int(export_id), self.request.hostname or "worker")
 
 
 @worker_ready.connect

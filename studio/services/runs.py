@@ -371,6 +371,15 @@ def delete_run(session: Session, settings: Settings, run_id: int) -> None:
     shutil.rmtree(run_dir(settings, run_id), ignore_errors=True)
 
 
+def create_export(
+    session: Session, settings: Settings, run_id: int, *, layout: str = "paddle", ptq: str | None = None
+):
+    """Queue `ernie-studio export` of a finished run (see studio.services.exports)."""
+    from studio.services.exports import create_export as queue_export
+
+    return queue_export(session, settings, run_id, layout=layout, ptq=ptq)
+
+
 def erniekit_yaml(session: Session, run_id: int) -> str:
     """The run's config as the YAML a person would pass to `ernie-studio train` (or ERNIEKit)."""
     run = get_run(session, run_id)

@@ -52,6 +52,18 @@ def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
     logs = api.get(f"/runs/{run['id']}/logs").json()
     assert "training finished: 6 steps" in logs["text"] and logs["next_offset"] == logs["size"]
 
+    # Export (LoRA merge, Paddle layout): the merged model appears among the base models.
+    export = api.post(f"/runs/{run['id']}/export", json={"layout": "paddle"}).json()
+    export = wait_for(
+        lambda: (e := api.get(f"/exports/{export['id']}").json())["status"] in ("succeeded", "failed") and e,
+        120,
+        "the export",
+        interval=0.2,
+    )
+    assert export["status"] == "succeeded", export["error"]
+    merged = {m["name"]: m for m in api.get("/models").json()}[f"run-{run['id']}-paddle"]
+    assert merged["kind"] == "local" and merged["available"] and merged["model_type"] == "ernie4_5"
+
     dep = api.post("/deployments", json={"run_id": run["id"]}).json()
     assert dep["status"] == "starting"
     dep = wait_for(

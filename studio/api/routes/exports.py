@@ -1,0 +1,34 @@
+"""/api/v1/exports and /api/v1/runs/{id}/export: merge LoRA, convert the layout, quantize (PTQ)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from studio.api.deps import ID, SessionDep, SettingsDep
+from studio.schemas import ErrorOut, ExportIn, ExportOut
+from studio.services import exports as svc
+
+router = APIRouter(tags=["exports"])
+ERRORS = {404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+
+
+@router.post("/runs/{run_id}/export", status_code=201, response_model=ExportOut, responses=ERRORS)
+def export_run(run_id: ID, body: ExportIn, session: SessionDep, settings: SettingsDep) -> ExportOut:
+    """Queue an export of a succeeded run; the model appears under /models when it is done."""
+    return ExportOut.model_validate(
+        svc.create_export(session, settings, run_id, layout=body.layout, ptq=body.ptq)
+    )
+
+
+@router.get("/exports", response_model=list[ExportOut])
+def list_exports(
+    session: SessionDep, run_id: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None
+) -> list[ExportOut]:
+    return [ExportOut.model_validate(e) for e in svc.list_exports(session, run_id)]
+
+
+@router.get("/exports/{export_id}", response_model=ExportOut, responses=ERRORS)
+def get_export(export_id: ID, session: SessionDep) -> ExportOut:
+    return ExportOut.model_validate(svc.get_export(session, export_id))

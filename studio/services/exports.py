@@ -1,0 +1,130 @@
+"""Exports of finished runs (`ernie-studio export`): LoRA merge, Paddle or HF layout, PTQ. The result is a
+model directory under home/models, so it shows up among the base models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from studio.config import CPU_QUEUE, Settings
+from studio.models import Export, Run, RunStatus, utcnow
+from studio.services import dispatch
+from studio.services.errors import Conflict, InvalidInput, NotFound
+from studio.services.events import add_event
+
+LAYOUTS = ("paddle", "hf")
+PTQ = ("", "wint8", "wint4", "fp8")
+EXPORT_TASK = "workers.tasks.run_export"
+
+
+def create_export(
+    session: Session, settings: Settings, run_id: int, *, layout: str = "paddle", ptq: str | None = None
+) -> Export:
+    """Queue an export of a succeeded run into home/models/run-<id>-<layout>[-<ptq>]."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    if run.status != RunStatus.SUCCEEDED:
+        raise Conflict(f"run {run_id} is {run.status}; export it once it has succeeded")
+    ptq = ptq or ""
+    if layout not in LAYOUTS:
+        raise InvalidInput(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if ptq not in PTQ:
+        raise InvalidInput(f"ptq: {ptq!r} is not one of {', '.join(p for p in PTQ if p)}")
+    if ptq and layout != "paddle":
+        raise InvalidInput("ptq: quantized exports are written in the Paddle layout; choose layout paddle")
+    name = f"run-{run.id}-{layout}" + (f"-{ptq}" if ptq else "")
+    export = Export(
+        run_id=run.id,
+        layout=layout,
+        quantization=ptq,
+        status=RunStatus.QUEUED,
+        export_dir=str(settings.models_dir / name),
+    )
+    session.add(export)
+    session.flush()
+    add_event(session, "export.queued", f"export {name} queued", run_id=run.id, data={"export_id": export.id})
+    session.commit()
+    dispatch_export(session, settings, export)
+    return export
+
+
+def dispatch_export(session: Session, settings: Settings, export: Export) -> None:
+    if dispatch.send(settings, EXPORT_TASK, [export.id], CPU_QUEUE) is not None:
+        export.dispatched_at = utcnow()
+        session.commit()
+
+
+def list_exports(session: Session, run_id: int | None = None) -> list[Export]:
+    q = select(Export).order_by(Export.id.desc())
+    if run_id is not None:
+        q = q.where(Export.run_id == run_id)
+    return list(session.scalars(q).all())
+
+
+def get_export(session: Session, export_id: int) -> Export:
+    export = session.get(Export, export_id)
+    if export is None:
+        raise NotFound(f"export {export_id} does not exist")
+    return export
+
+
+def export_config(run: Run, export: Export) -> dict[str, Any]:
+    """The `ernie-studio export` config: the run's own config (export tolerates training keys) plus the
+    export choices; PTQ reports perplexity on the run's training data."""
+    cfg: dict[str, Any] = {
+        **run.config,
+        "lora": run.fine_tuning == "LoRA",
+        "layout": export.layout,
+        "quantization": export.quantization,
+        "export_dir": export.export_dir,
+    }
+    if run.fine_tuning != "LoRA":
+        cfg["model_name_or_path"] = run.model_dir or run.output_dir
+    if export.quantization:
+        cfg["eval_dataset_type"] = run.config.get("train_dataset_type", "erniekit")
+        cfg["eval_dataset_path"] = run.config.get("train_dataset_path", "")
+        cfg["eval_dataset_prob"] = run.config.get("train_dataset_prob", "1.0")
+    return cfg
+
+
+# ---- state transitions made by the worker ---------------------------------------------------------------
+
+
+def claim_export(session: Session, export_id: int, worker: str) -> Export | None:
+    now = utcnow()
+    n = session.execute(
+        update(Export)
+        .where(Export.id == export_id, Export.status == RunStatus.QUEUED)
+        .values(status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now)
+    ).rowcount
+    session.commit()
+    return session.get(Export, export_id) if n else None
+
+
+def finish_export(
+    session: Session,
+    export_id: int,
+    status: RunStatus,
+    *,
+    error: str | None = None,
+    perplexity: dict | None = None,
+) -> None:
+    now = utcnow()
+    session.execute(
+        update(Export)
+        .where(Export.id == export_id, Export.status == RunStatus.RUNNING)
+        .values(status=status, ended_at=now, error=error, perplexity=perplexity)
+    )
+    export = session.get(Export, export_id)
+    add_event(
+        session,
+        f"export.{status.value}",
+        error or f"exported to {Path(export.export_dir).name}",
+        run_id=export.run_id,
+        data={"export_id": export_id},
+    )
+    session.commit()
