@@ -140,6 +140,39 @@ def test_eight_concurrent_streams_match_alone(server, client):
     assert asyncio.run(all_of_them()) == alone
 
 
+def test_fastdeploy_extra_fields_and_stop_strings(client, reference):
+    text, *_ = reference(_msgs(QUESTIONS[3]), 20)
+    # top_k=1 is greedy whatever the temperature; the other FastDeploy extras are accepted
+    r = client.chat.completions.create(
+        model="default",
+        messages=_msgs(QUESTIONS[3]),
+        max_tokens=20,
+        temperature=1.3,
+        extra_body={
+            "top_k": 1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    assert r.choices[0].message.content == text
+    stop = text[4:7]
+    r = client.chat.completions.create(
+        model="default", messages=_msgs(QUESTIONS[3]), max_tokens=20, temperature=0, stop=[stop]
+    )
+    assert r.choices[0].message.content == text[: text.find(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    seeded = [
+        client.chat.completions.create(
+            model="default", messages=_msgs(QUESTIONS[4]), max_tokens=12, temperature=1.0, seed=7
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert seeded[0] == seeded[1]
+
+
 BAD_REQUESTS = [
     ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "'nope' does not exist", "model"),
     ({"model": "default", "messages": []}, 400, "messages", "messages"),
@@ -244,8 +277,9 @@ def test_concurrency_limit_answers_429_and_custom_name(sharp_dir):
         while not server.started:
             time.sleep(0.02)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        check_sse_wire_format(url)
         long = {
-            "model": "default",
+            "model": "ernie-tiny",
             "messages": _msgs("x"),
             "max_tokens": 3000,
             "ignore_eos": True,
