@@ -384,6 +384,9 @@ class GenerationEngine:
             self._thread.start()
         return self
 
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def shutdown(self) -> None:
         self._stop.set()
         self._incoming.put(None)

@@ -334,6 +334,8 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        if not engine.is_alive():  # the decode thread is gone: nothing would ever answer
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
