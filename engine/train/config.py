@@ -83,6 +83,23 @@ IGNORED_ERNIEKIT_KEYS = {
     "no_recompute_layers",
     "disable_ckpt_quant",
     "save_to_aistudio",
+    "layerwise_lr_decay_bound",
+    "recompute_use_reentrant",
+    "amp_custom_white_list",
+    "amp_custom_black_list",
+    "use_fused_head_and_loss_fn",
+    "use_attn_mask_start_row_indices",
+    "continue_training",
+    "pp_seg_method",
+    "ref_model_update_steps",
+    "offset_alpha",
+    "simpo_gamma",
+    "dpop_lambda",
+    "freeze_config",
+    "modality_ratio",
+    "min_pixels",
+    "max_pixels",
+    "dataset_name_or_path",
 }
 
 

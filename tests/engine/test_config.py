@@ -38,6 +38,79 @@ def test_erniekit_config_loads_with_its_keys(tmp_path):
     assert cfg.learning_rate == 1e-5 and cfg.train_dataset_prob == "1.0"
 
 
+# The shape of ERNIEKit's run_sft_8k.yaml for ERNIE-4.5-0.3B: GPU parallelism and kernel keys included.
+ERNIEKIT_SFT = """
+train_dataset_type: "erniekit"
+eval_dataset_type: "erniekit"
+train_dataset_path: "./examples/data/sft-train.jsonl"
+train_dataset_prob: "1.0"
+eval_dataset_path: "./examples/data/sft-eval.jsonl"
+eval_dataset_prob: "1.0"
+max_seq_len: 8192
+num_samples_each_epoch: 6000000
+model_name_or_path: baidu/ERNIE-4.5-0.3B-Paddle
+fine_tuning: Full
+fuse_rope: True
+use_sparse_head_and_loss_fn: True
+stage: SFT
+seed: 23
+do_train: True
+do_eval: True
+distributed_dataloader: False
+dataloader_num_workers: 1
+batch_size: 1
+num_train_epochs: 1
+max_steps: 100
+max_evaluate_steps: 10000
+eval_steps: 10000
+evaluation_strategy: steps
+save_steps: 10000000
+save_total_limit: 5
+save_strategy: steps
+logging_steps: 1
+release_grads: True
+gradient_accumulation_steps: 8
+logging_dir: ./vdl_log
+output_dir: ./output
+disable_tqdm: True
+warmup_steps: 20
+learning_rate: 1.0e-5
+lr_scheduler_type: cosine
+min_lr: 1.0e-6
+layerwise_lr_decay_bound: 1.0
+weight_decay: 0.1
+adam_epsilon: 1.0e-8
+adam_beta1: 0.9
+adam_beta2: 0.95
+tensor_parallel_degree: 1
+pipeline_parallel_degree: 1
+sharding_parallel_degree: 1
+sharding: stage1
+sequence_parallel: True
+pipeline_parallel_config: disable_partial_send_recv enable_clear_every_step_cache
+recompute: False
+recompute_use_reentrant: True
+compute_type: bf16
+fp16_opt_level: O2
+disable_ckpt_quant: True
+amp_master_grad: True
+amp_custom_white_list:
+  - lookup_table
+  - flash_attn
+amp_custom_black_list:
+  - reduce_sum
+unified_checkpoint: True
+unified_checkpoint_config: async_save
+"""
+
+
+def test_a_full_erniekit_sft_config_loads(tmp_path):
+    cfg = load_config(write(tmp_path, ERNIEKIT_SFT))
+    assert (cfg.stage, cfg.fine_tuning, cfg.compute_type) == ("SFT", "Full", "bf16")
+    assert cfg.gradient_accumulation_steps == 8 and cfg.adam_beta2 == 0.95 and cfg.min_lr == 1e-6
+    assert cfg.eval_dataset_path == "./examples/data/sft-eval.jsonl" and cfg.max_seq_len == 8192
+
+
 def test_overrides_are_typed(tmp_path):
     cfg = load_config(
         write(tmp_path, BASE),
