@@ -116,6 +116,26 @@ def test_text_completions(client, sharp_dir):
     assert "".join(c.choices[0].text for c in s) == tok.decode(ids)
 
 
+def test_langchain_chat_openai(server, client):
+    """LangChain's ChatOpenAI (invoke and stream) gets the same answer as the openai client."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        base_url=server[0], api_key="unused", model="default", temperature=0, max_tokens=12, max_retries=0
+    )
+    expected = (
+        client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Hello"}], max_tokens=12, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    reply = llm.invoke("Hello")
+    assert reply.content == expected
+    assert reply.usage_metadata["output_tokens"] >= 1
+    assert "".join(chunk.content for chunk in llm.stream("Hello")) == expected
+
+
 def test_eight_concurrent_streams_match_alone(server, client):
     alone = [
         client.chat.completions.create(model="default", messages=_msgs(q), max_tokens=16 + i, temperature=0)
