@@ -43,6 +43,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; N: the chosen token's log-probability plus the top N
 
     def validate(self) -> None:
         checks = [
@@ -54,6 +55,7 @@ class SamplingParams:
             (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "top_logprobs must be in [0, 20]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -139,6 +141,23 @@ class IncrementalDetokenizer:
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR = "stop", "length", "abort", "error"
 
 
+@dataclass
+class TokenLogprobs:
+    """The model's log-probability of a generated token and of the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+    """Log-softmax of the model's raw logits (before penalties and temperature), as OpenAI reports them."""
+    x = logits.astype(np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    top = np.argsort(-x, kind="stable")[:top_n] if top_n else []
+    return TokenLogprobs(token, float(x[token] - lse), [(int(i), float(x[i] - lse)) for i in top])
+
+
 class SequenceState:
     """One sequence's sampling state: output tokens, penalties, RNG, detokeniser and stop handling."""
 
@@ -155,10 +174,15 @@ class SequenceState:
         self.emitted = 0  # characters of self.text already handed out
         self.hold = max((len(s) for s in params.stop), default=1) - 1
         self.finish_reason: str | None = None
+        self.last_logprobs: TokenLogprobs | None = None
 
     def next_token(self, logits: np.ndarray) -> int:
+        raw = logits.copy() if self.params.logprobs is not None else None
         logits = apply_penalties(logits, self.params, self.prompt_array, self.counts)
-        return sample_token(logits, self.params, self.rng)
+        token = sample_token(logits, self.params, self.rng)
+        if raw is not None:
+            self.last_logprobs = token_logprobs(raw, token, self.params.logprobs)
+        return token
 
     def append(self, token_id: int, max_total_len: int) -> str:
         """Record a sampled token; return the text that may be shown now (held back near stop strings)."""
@@ -296,6 +320,7 @@ class GenerationOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass
@@ -305,6 +330,7 @@ class GenerationResult:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 _request_ids = itertools.count()
@@ -443,15 +469,16 @@ class GenerationEngine:
             req.cancel()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        text, ids, last = [], [], None
+        text, ids, logprobs, last = [], [], [], None
         for out in self.stream(prompt_ids, params):
             text.append(out.text)
             ids.extend(out.token_ids)
+            logprobs.extend(out.logprobs or [])
             last = out
         if last.error:
             raise RuntimeError(last.error)
         return GenerationResult(
-            "".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens
+            "".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens, logprobs
         )
 
     # -- the loop (engine thread) --
@@ -545,10 +572,14 @@ class GenerationEngine:
             self.stats.ttft.append(now - req.submitted)
         self.stats.generation_tokens_total += 1
         self.stats.recent_tokens.append((now, 1))
+        # logprobs of tokens that become text (a stop token does not)
+        lps = [st.last_logprobs] if st.last_logprobs is not None and token not in st.stop_ids else None
         if st.finish_reason is not None:
-            self._finish(req, st.finish_reason, last_text=delta, last_ids=[token])
+            self._finish(req, st.finish_reason, last_text=delta, last_ids=[token], logprobs=lps)
         else:
-            _send(req, GenerationOutput(delta, [token], None, len(st.prompt_ids), len(st.output_ids)))
+            _send(
+                req, GenerationOutput(delta, [token], None, len(st.prompt_ids), len(st.output_ids), None, lps)
+            )
 
     def _finish(
         self,
@@ -557,6 +588,7 @@ class GenerationEngine:
         error: str | None = None,
         last_text: str = "",
         last_ids: list[int] | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
         """Release the request's cache row (moving the last running row into it) and send its final event."""
         if req in self._running:
@@ -567,7 +599,7 @@ class GenerationEngine:
                 self._running[row] = self._running[last_row]
             self._running.pop()
             self.cache.lengths[last_row] = 0
-        self._emit_finish(req, reason, error, last_text, last_ids or [])
+        self._emit_finish(req, reason, error, last_text, last_ids or [], logprobs)
 
     def _emit_finish(
         self,
@@ -576,13 +608,14 @@ class GenerationEngine:
         error: str | None = None,
         text: str = "",
         ids: list[int] | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
         st = req.state
         self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
         _send(
             req,
             GenerationOutput(
-                text, ids or [], reason, len(req.prompt_ids), len(st.output_ids) if st else 0, error
+                text, ids or [], reason, len(req.prompt_ids), len(st.output_ids) if st else 0, error, logprobs
             ),
         )
 

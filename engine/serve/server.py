@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -102,6 +103,7 @@ class SamplingFields(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -158,8 +160,18 @@ class ServingState:
             raise APIError(
                 400, f"n={req.n} is not supported; ask for one choice per request (n=1)", param="n"
             )
-        if req.logprobs:
-            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+        if isinstance(req, ChatCompletionRequest):
+            if isinstance(req.logprobs, int) and not isinstance(req.logprobs, bool):
+                raise APIError(
+                    400,
+                    "logprobs: must be true or false for chat (use top_logprobs for a count)",
+                    param="logprobs",
+                )
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            logprobs = None if req.logprobs is None or req.logprobs is False else int(req.logprobs)
+            if logprobs is not None and not 0 <= logprobs <= 20:
+                raise APIError(400, "logprobs: must be between 0 and 20", param="logprobs")
         d = self.defaults
         limit = self.engine.max_model_len
         max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
@@ -207,6 +219,7 @@ class ServingState:
             stop=stop,
             stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
         )
         try:
             params.validate()
@@ -263,6 +276,43 @@ class ServingState:
         return list(p)
 
 
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _token_text(tokenizer, token_id: int) -> tuple[str, list[int]]:
+    """A token as OpenAI shows it: its text (SentencePiece's "▁" as a space) and its UTF-8 bytes."""
+    piece = tokenizer.convert_ids_to_tokens([token_id])[0]
+    m = _BYTE_PIECE.match(piece)
+    if m:  # a byte-fallback piece: one byte of a character split across tokens
+        return f"bytes:\\x{m.group(1).lower()}", [int(m.group(1), 16)]
+    text = piece.replace("\u2581", " ")
+    return text, list(text.encode("utf-8"))
+
+
+def chat_logprobs(tokenizer, items) -> dict:
+    content = []
+    for it in items:
+        text, raw = _token_text(tokenizer, it.token_id)
+        top = []
+        for tid, lp in it.top:
+            t, b = _token_text(tokenizer, tid)
+            top.append({"token": t, "logprob": lp, "bytes": b})
+        content.append({"token": text, "logprob": it.logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer, items, offset: int = 0) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    for it in items:
+        text, _ = _token_text(tokenizer, it.token_id)
+        tokens.append(text)
+        lps.append(it.logprob)
+        tops.append({_token_text(tokenizer, tid)[0]: lp for tid, lp in it.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -274,11 +324,13 @@ def _sse(obj: Any) -> str:
 async def _collect(stream: AsyncIterator[GenerationOutput], request: Request) -> GenerationOutput | None:
     """Gather a whole generation; return None (and cancel it) when the client disconnects first."""
     parts: list[str] = []
+    logprobs: list = []
 
     async def run() -> GenerationOutput:
         last = None
         async for out in stream:
             parts.append(out.text)
+            logprobs.extend(out.logprobs or [])
             last = out
         return last
 
@@ -288,6 +340,7 @@ async def _collect(stream: AsyncIterator[GenerationOutput], request: Request) ->
         if done:
             last = task.result()
             last.text = "".join(parts)
+            last.logprobs = logprobs if last.logprobs is not None or logprobs else None
             return last
         if await request.is_disconnected():
             # Cancelling the task raises inside the stream's await, whose finally cancels the request.
@@ -408,12 +461,15 @@ def create_app(
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": out.text},
-                "logprobs": None,
+                "logprobs": chat_logprobs(state.tokenizer, out.logprobs)
+                if out.logprobs is not None
+                else None,
                 "finish_reason": out.finish_reason,
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+            lp = completion_logprobs(state.tokenizer, out.logprobs) if out.logprobs is not None else None
+            choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
             obj = "text_completion"
         return {
             "id": rid,
@@ -429,14 +485,20 @@ def create_app(
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> dict:
+        offset = 0
+
+        def chunk(delta_text: str | None, finish: str | None, role: bool = False, logprobs=None) -> dict:
+            nonlocal offset
             if chat:
                 delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
                 if delta_text:
                     delta["content"] = delta_text
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                lp = chat_logprobs(state.tokenizer, logprobs) if logprobs else None
+                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
+                lp = completion_logprobs(state.tokenizer, logprobs, offset) if logprobs else None
+                offset += len(delta_text or "")
+                choice = {"index": 0, "text": delta_text or "", "logprobs": lp, "finish_reason": finish}
             c = {"id": rid, "object": obj, "created": created, "model": state.name, "choices": [choice]}
             if include_usage:
                 c["usage"] = None
@@ -455,8 +517,8 @@ def create_app(
                     }
                     yield _sse({"error": err})
                     break
-                if out.text:
-                    yield _sse(chunk(out.text, None))
+                if out.text or out.logprobs:
+                    yield _sse(chunk(out.text, None, logprobs=out.logprobs))
                 if out.finish_reason is not None:
                     yield _sse(chunk(None, out.finish_reason))
                     if include_usage:

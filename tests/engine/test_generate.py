@@ -280,3 +280,20 @@ def test_lora_run_dir_generates_with_the_merged_adapter(sharp_dir, tmp_path):
         assert eng.generate(prompt, SamplingParams(max_tokens=16)).token_ids == with_adapter
     finally:
         eng.shutdown()
+
+
+def test_logprobs_are_the_models_log_softmax(dense):
+    model, tok, eng = dense
+    prompt = _prompt(tok, QUESTIONS[2])
+    got = eng.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3))
+    assert len(got.logprobs) == 6
+    ids = list(prompt)
+    with paddle.no_grad():
+        for item, token in zip(got.logprobs, got.token_ids, strict=True):
+            logits = model(paddle.to_tensor([ids])).logits[0, -1].astype("float64")
+            ref = paddle.nn.functional.log_softmax(logits).numpy()
+            assert item.token_id == token
+            np.testing.assert_allclose(item.logprob, ref[token], atol=1e-4)
+            assert [t for t, _ in item.top] == list(np.argsort(-ref, kind="stable")[:3])
+            assert item.top[0] == (token, pytest.approx(item.logprob))  # greedy picks the top token
+            ids.append(token)

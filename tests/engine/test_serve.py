@@ -193,6 +193,43 @@ def test_fastdeploy_extra_fields_and_stop_strings(client, reference):
     assert seeded[0] == seeded[1]
 
 
+def test_logprobs_chat_and_completions(client):
+    r = client.chat.completions.create(
+        model="default",
+        messages=_msgs(QUESTIONS[5]),
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")
+    for item in content:
+        assert item.logprob <= 0 and len(item.top_logprobs) == 2
+        assert item.top_logprobs[0].logprob == pytest.approx(item.logprob)  # greedy took the top token
+    streamed = [
+        lp
+        for c in client.chat.completions.create(
+            model="default",
+            messages=_msgs(QUESTIONS[5]),
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+        )
+        if c.choices and c.choices[0].logprobs
+        for lp in c.choices[0].logprobs.content
+    ]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in content]
+    c = client.completions.create(
+        model="default", prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=1
+    )
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert all(v <= 0 for v in lp.token_logprobs)
+
+
 BAD_REQUESTS = [
     ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "'nope' does not exist", "model"),
     ({"model": "default", "messages": []}, 400, "messages", "messages"),
