@@ -350,11 +350,10 @@ def test_dpo_lora_reference_is_the_adapter_free_model(sft_run, tmp_path):
 # ---- pretraining the MoE -------------------------------------------------------------------------------------
 
 
-def test_pretrain_moe_balances_experts_and_orthogonalises_router(tiny_moe_model_dir, tmp_path):
-    out = tmp_path / "pt_moe"
-    summary, rows = train(
+def pretrain_moe(model_dir: Path, out: Path, aux_free: bool):
+    return train(
         out,
-        model_name_or_path=str(tiny_moe_model_dir),
+        model_name_or_path=str(model_dir),
         stage="PT",
         train_dataset_path=str(DATA / "pt_demo.jsonl"),
         max_seq_len=64,
@@ -365,11 +364,29 @@ def test_pretrain_moe_balances_experts_and_orthogonalises_router(tiny_moe_model_
         max_steps=200,
         logging_steps=10,
         save_steps=200,
-        moe_use_aux_free=True,
+        moe_use_aux_free=aux_free,
         moe_correction_bias_rate=0.01,
         moe_orthogonal_loss_lambda=0.1,
     )
+
+
+def test_pretrain_moe_balances_experts_and_orthogonalises_router(tiny_moe_model_dir, tmp_path):
+    out = tmp_path / "pt_moe"
+    summary, rows = pretrain_moe(tiny_moe_model_dir, out, aux_free=True)
     assert summary.status == "succeeded"
+    # the same run without aux-free balancing starves experts; with it, every step uses them all
+    _, unbalanced = pretrain_moe(tiny_moe_model_dir, tmp_path / "pt_moe_off", aux_free=False)
+    late = slice(-5, None)
+    dead_on, dead_off = (
+        mean(rows, "experts_without_tokens", late),
+        mean(unbalanced, "experts_without_tokens", late),
+    )
+    max_on, max_off = mean(rows, "expert_load_max", late), mean(unbalanced, "expert_load_max", late)
+    print(
+        f"MoE PT, last 5 logged steps: experts without tokens {dead_on:.1f} (aux-free) vs {dead_off:.1f} (off); "
+        f"busiest expert {max_on:.2f}x vs {max_off:.2f}x the mean load"
+    )
+    assert dead_on == 0 and dead_off > 0 and max_on < 0.75 * max_off
     assert rows[-1]["loss"] < rows[0]["loss"]
     for key in ("aux_loss", "z_loss", "orthogonal_loss", "experts_without_tokens"):
         assert key in rows[-1]
