@@ -49,10 +49,9 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
 
 
 def app_from_env() -> FastAPI:
-    """Factory for multi-process serving (`ernie-studio up --workers N`): settings from the environment."""
-    import os
-
-    return create_app(get_settings(), with_ui=not os.environ.get("ERNIE_STUDIO_API_ONLY"))
+    """Factory for multi-process API serving (`ernie-studio up --no-ui --workers N`): settings from the
+    environment."""
+    return create_app(get_settings(), with_ui=False)
 
 
 def _mount_ui(app: FastAPI, settings: Settings) -> None:

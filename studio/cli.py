@@ -123,6 +123,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from workers.process import die_with_parent
 
     settings = get_settings()
+    if args.workers > 1 and not args.no_ui:
+        raise ValueError(
+            "--workers N > 1 serves the API only; add --no-ui (Gradio keeps sessions in one process)"
+        )
     if args.host not in LOOPBACK_HOSTS and not settings.token:
         # Like Jupyter: a non-loopback studio is never open to whoever can reach the port.
         settings.token = secrets.token_urlsafe(24)
@@ -159,7 +163,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         if args.workers > 1:
             # Several processes need an import string; each builds the app from the environment set above.
-            os.environ["ERNIE_STUDIO_API_ONLY"] = "1" if args.no_ui else ""
             uvicorn.run("studio.app:app_from_env", factory=True, host=args.host, port=args.port,
                         workers=args.workers, log_level="info", access_log=args.access_log)  # fmt: skip
         else:
