@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,10 +157,8 @@ class ServingState:
             )
 
     def sampling_params(self, req: SamplingFields, prompt_len: int) -> SamplingParams:
-        if req.n != 1:
-            raise APIError(
-                400, f"n={req.n} is not supported; ask for one choice per request (n=1)", param="n"
-            )
+        if req.n > 16:
+            raise APIError(400, f"n={req.n}: at most 16 choices per request", param="n")
         if isinstance(req, ChatCompletionRequest):
             if isinstance(req.logprobs, int) and not isinstance(req.logprobs, bool):
                 raise APIError(
@@ -431,83 +430,93 @@ def create_app(
                 code="rate_limit_exceeded",
             )
         route = request.url.path
+        # n choices are n engine requests; with a seed, choice i samples with seed + i so they differ.
+        choice_params = [
+            replace(params, seed=None if params.seed is None else params.seed + i) for i in range(body.n)
+        ]
+        streams = [engine.astream(prompt, p) for p in choice_params]
         state.in_flight += 1
-        try:
-            stream = engine.astream(prompt, params)
-        except ValueError as e:
-            state.in_flight -= 1
-            raise APIError(400, str(e)) from e
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             state.metrics.count_request(route, 200)
             return StreamingResponse(
-                _stream_events(stream, rid, created, chat, include_usage),
+                _stream_events(streams, rid, created, chat, include_usage),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         try:
-            out = await _collect(stream, request)
+            outs = await asyncio.gather(*(_collect(st, request) for st in streams))
         finally:
             state.in_flight -= 1
-        if out is None:  # the client is gone; nobody reads this
+        if any(out is None for out in outs):  # the client is gone; nobody reads this
             return JSONResponse({}, status_code=499)
-        if out.finish_reason == FINISH_ERROR:
-            raise APIError(500, out.error or "generation failed", type="server_error")
+        for out in outs:
+            if out.finish_reason == FINISH_ERROR:
+                raise APIError(500, out.error or "generation failed", type="server_error")
         state.metrics.count_request(route, 200)
-        usage = _usage(out.prompt_tokens, out.completion_tokens)
-        if chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": out.text},
-                "logprobs": chat_logprobs(state.tokenizer, out.logprobs)
-                if out.logprobs is not None
-                else None,
-                "finish_reason": out.finish_reason,
-            }
-            obj = "chat.completion"
-        else:
-            lp = completion_logprobs(state.tokenizer, out.logprobs) if out.logprobs is not None else None
-            choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
-            obj = "text_completion"
+        choices = []
+        for i, out in enumerate(outs):
+            if chat:
+                lp = chat_logprobs(state.tokenizer, out.logprobs) if out.logprobs is not None else None
+                message = {"role": "assistant", "content": out.text}
+                choices.append(
+                    {"index": i, "message": message, "logprobs": lp, "finish_reason": out.finish_reason}
+                )
+            else:
+                lp = completion_logprobs(state.tokenizer, out.logprobs) if out.logprobs is not None else None
+                choices.append(
+                    {"index": i, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
+                )
         return {
             "id": rid,
-            "object": obj,
+            "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": state.name,
-            "choices": [choice],
-            "usage": usage,
+            "choices": choices,
+            "usage": _usage(outs[0].prompt_tokens, sum(o.completion_tokens for o in outs)),
         }
 
     async def _stream_events(
-        stream, rid: str, created: int, chat: bool, include_usage: bool
+        streams, rid: str, created: int, chat: bool, include_usage: bool
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
+        offsets = [0] * len(streams)
 
-        offset = 0
-
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False, logprobs=None) -> dict:
-            nonlocal offset
+        def chunk(
+            i: int, delta_text: str | None, finish: str | None, role: bool = False, logprobs=None
+        ) -> dict:
             if chat:
                 delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
                 if delta_text:
                     delta["content"] = delta_text
                 lp = chat_logprobs(state.tokenizer, logprobs) if logprobs else None
-                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                lp = completion_logprobs(state.tokenizer, logprobs, offset) if logprobs else None
-                offset += len(delta_text or "")
-                choice = {"index": 0, "text": delta_text or "", "logprobs": lp, "finish_reason": finish}
+                lp = completion_logprobs(state.tokenizer, logprobs, offsets[i]) if logprobs else None
+                offsets[i] += len(delta_text or "")
+                choice = {"index": i, "text": delta_text or "", "logprobs": lp, "finish_reason": finish}
             c = {"id": rid, "object": obj, "created": created, "model": state.name, "choices": [choice]}
             if include_usage:
                 c["usage"] = None
             return c
 
+        # One pump task per choice feeds a shared queue, so the choices stream interleaved as they decode.
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream) -> None:
+            async for out in stream:
+                await merged.put((i, out))
+
+        pumps = [asyncio.ensure_future(pump(i, st)) for i, st in enumerate(streams)]
         try:
             if chat:
-                yield _sse(chunk(None, None, role=True))
-            async for out in stream:
+                for i in range(len(streams)):
+                    yield _sse(chunk(i, None, None, role=True))
+            done, prompt_tokens, completion_tokens = 0, 0, 0
+            while done < len(streams):
+                i, out = await merged.get()
                 if out.finish_reason == FINISH_ERROR:
                     err = {
                         "message": out.error or "generation failed",
@@ -518,24 +527,34 @@ def create_app(
                     yield _sse({"error": err})
                     break
                 if out.text or out.logprobs:
-                    yield _sse(chunk(out.text, None, logprobs=out.logprobs))
+                    yield _sse(chunk(i, out.text, None, logprobs=out.logprobs))
                 if out.finish_reason is not None:
-                    yield _sse(chunk(None, out.finish_reason))
-                    if include_usage:
-                        yield _sse(
-                            {
-                                "id": rid,
-                                "object": obj,
-                                "created": created,
-                                "model": state.name,
-                                "choices": [],
-                                "usage": _usage(out.prompt_tokens, out.completion_tokens),
-                            }
-                        )
+                    done += 1
+                    prompt_tokens, completion_tokens = (
+                        out.prompt_tokens,
+                        completion_tokens + out.completion_tokens,
+                    )
+                    yield _sse(chunk(i, None, out.finish_reason))
+            else:
+                if include_usage:
+                    usage = _usage(prompt_tokens, completion_tokens)
+                    yield _sse(
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": state.name,
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
             yield "data: [DONE]\n\n"
         finally:
-            # Runs on normal end and when the client disconnects (Starlette cancels this generator).
+            # Runs on normal end and when the client disconnects (Starlette cancels this generator):
+            # cancelling a pump cancels its engine request.
             state.in_flight -= 1
-            await stream.aclose()
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
 
     return app
