@@ -268,7 +268,7 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
     progress = Progress(total, step, dp.main, not cfg.disable_tqdm)
     t_start = time.time() - elapsed_before
     it = iter(data)
-    last_metrics: dict[str, Any] = {}
+    last_metrics: dict[str, Any] = dict(metrics_log.last) if metrics_log is not None else {}
     while step < total:
         t0 = time.time()
         micro = [dp.slice(next(it), mc) for _ in range(cfg.gradient_accumulation_steps)]
@@ -319,7 +319,9 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
 
         # every rank must stop at the same step, or the others would wait in all_reduce forever
         cancelled = bool(dp.sum(np.array([stop["signal"] is not None], dtype=np.float64))[0])
-        if (step % cfg.save_steps == 0 or cancelled) and dp.main:
+        # the last step is always checkpointed: a rerun then finds the run finished, and a larger
+        # max_steps continues it instead of starting over
+        if (step % cfg.save_steps == 0 or step == total or cancelled) and dp.main:
             path = save_checkpoint(out_dir, step, model, optimizer, trainable, data, ema, now - t_start)
             emit({"type": "checkpoint", "step": step, "path": str(path)})
         if cancelled:
