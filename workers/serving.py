@@ -17,6 +17,7 @@ from studio.config import Settings
 from studio.db import session_factory
 from studio.models import DeploymentStatus, Run, utcnow
 from studio.services import deployments as dep_svc
+from studio.services.models import BUILDABLE_PRESETS, build_preset
 from workers.process import engine_command, spawn, stop_group, tail
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
         model_dir = Path(dep.model_dir)
         backend = resolve_backend(dep.backend)
         try:
+            if model_dir.parent == settings.models_dir and model_dir.name in BUILDABLE_PRESETS:
+                build_preset(settings, model_dir.name)  # a tiny preset deployed before anything trained on it
             if run is not None and backend == "fastdeploy" and _is_lora_dir(model_dir):
                 model_dir = merge_lora(
                     settings, run, log_file, lambda: dep_svc.deployment_heartbeat(session, deployment_id)

@@ -1,0 +1,102 @@
+"""The worker's parts without Celery: following metrics.jsonl, the reconciler, a deployment whose server
+cannot start, and stopping a deployment before it starts."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from studio.config import Settings
+from studio.db import session_factory
+from studio.migrate import upgrade
+from studio.models import Deployment, DeploymentStatus, Run, RunStatus, utcnow
+from studio.services import deployments as dep_svc
+from workers.reconcile import reconcile
+from workers.serving import execute_deployment
+from workers.training import MetricsTail
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    s = Settings(home=tmp_path / "home", stale_after_s=5, serve_start_timeout_s=60)
+    upgrade(s)
+    return s
+
+
+def test_metrics_tail_reads_only_complete_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.read() == []  # no file yet
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    assert tail.read() == [{"step": 1, "loss": 2.0}]
+    with open(path, "a") as f:
+        f.write('ss": 1.5}\n')
+    assert tail.read() == [{"step": 2, "loss": 1.5}]
+    assert tail.read() == []
+    # A resumed trainer rewrites the file (dropping a torn line): the tail starts over; the store's
+    # (run, step) key makes the replay harmless.
+    path.write_text('{"step": 1, "loss": 2.0}\n')
+    assert tail.read() == [{"step": 1, "loss": 2.0}]
+
+
+def _run(session, **values) -> Run:
+    run = Run(
+        name="r", stage="SFT", fine_tuning="LoRA", base_model="tiny", queue="train", output_dir="/x", **values
+    )
+    session.add(run)
+    session.commit()
+    return run
+
+
+def test_reconciler_requeues_orphans_and_sends_undelivered_runs(settings):
+    old = utcnow() - timedelta(seconds=60)
+    with session_factory(settings)() as s:
+        stale = _run(s, status=RunStatus.RUNNING, worker="gone@n", heartbeat_at=old, attempt=1)
+        alive = _run(s, status=RunStatus.RUNNING, worker="other@n", heartbeat_at=utcnow(), attempt=1)
+        mine = _run(s, status=RunStatus.RUNNING, worker="me@n", heartbeat_at=utcnow(), attempt=1)
+        lost = _run(s, status=RunStatus.QUEUED, queued_at=old)
+        dep = Deployment(
+            name="d", model_dir="/m", status=DeploymentStatus.RUNNING, worker="gone@n", heartbeat_at=old
+        )
+        s.add(dep)
+        s.commit()
+        ids = stale.id, alive.id, mine.id, lost.id
+
+    assert reconcile(settings, None) == {"requeued": 1, "dispatched": 1, "deployments_stopped": 1}
+    with session_factory(settings)() as s:
+        runs = [s.get(Run, i) for i in ids]
+        assert [r.status for r in runs] == ["queued", "running", "running", "queued"]
+        assert runs[0].dispatched_at is not None and runs[3].dispatched_at is not None
+        assert s.get(Deployment, dep.id).status == "stopped"
+    # At start-up a worker also takes back what it was running itself when it died.
+    assert reconcile(settings, "me@n")["requeued"] == 1
+    with session_factory(settings)() as s:
+        assert s.get(Run, ids[2]).status == "queued" and s.get(Run, ids[1]).status == "running"
+    broker_messages = list(settings.broker_dir.glob("*.msg"))
+    assert len(broker_messages) == 3  # one message per requeued or undelivered run
+
+
+def test_deployment_that_cannot_start_fails_with_the_server_output(settings):
+    broken = settings.models_dir / "broken"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text(json.dumps({"model_type": "ernie4_5", "hidden_size": "wide"}))
+    with session_factory(settings)() as s:
+        dep = dep_svc.create_deployment(
+            s, settings, dep_svc.DeploymentSpec(model="models/broken", backend="paddle")
+        )
+    assert execute_deployment(settings, dep.id, "test@n") == "failed"
+    with session_factory(settings)() as s:
+        dep = s.get(Deployment, dep.id)
+        assert dep.status == "failed" and "exited with code" in dep.error and dep.pid is None
+    # A second delivery of the same message does nothing.
+    assert execute_deployment(settings, dep.id, "test@n") is None
+
+
+def test_stop_before_start(settings):
+    with session_factory(settings)() as s:
+        dep = dep_svc.create_deployment(s, settings, dep_svc.DeploymentSpec(model="tiny"))
+        stopped = dep_svc.stop_deployment(s, dep.id)
+        assert stopped.status == "stopped" and stopped.stopped_at is not None
+    assert execute_deployment(settings, dep.id, "test@n") is None  # the worker never starts it
