@@ -66,6 +66,9 @@ class FP8Linear(nn.Layer):
             self.register_buffer("hadamard", paddle.to_tensor(hadamard(self.block)), persistable=False)
         # 0 means "not seen a batch yet"; persistable so a resumed run continues the same EMA.
         self.register_buffer("act_scale", paddle.zeros([1], dtype="float32"), persistable=True)
+        # The EMA moves once per optimiser step (``next_step``), however many forwards the step makes
+        # (micro-batches, the re-forward of recomputation).
+        self.step, self._ema_step = 0, -1
 
     def rotate(self, x: paddle.Tensor, axis_first: bool = False) -> paddle.Tensor:
         """Multiply the input dimension by the block-diagonal Hadamard matrix (orthonormal, so x W = xH HᵀW)."""
@@ -83,7 +86,8 @@ class FP8Linear(nn.Layer):
         amax = paddle.max(paddle.abs(x.detach().astype("float32"))).reshape([1])
         current = paddle.clip(amax / FP8_MAX, min=1e-12)
         seen = float(self.act_scale.numpy()[0]) > 0.0
-        if self.training:
+        if self.training and self._ema_step != self.step:
+            self._ema_step = self.step
             with paddle.no_grad():
                 new = (1 - self.ema_rate) * self.act_scale + self.ema_rate * current if seen else current
                 self.act_scale.set_value(new)
@@ -199,6 +203,13 @@ def apply_fp8_qat(model: nn.Layer, hadamard_block: int = 32, ema_rate: float = 0
         setattr(parent, attr, FP8Linear(getattr(parent, attr), hadamard_block, ema_rate))
         n += 1
     return n
+
+
+def next_step(model: nn.Layer) -> None:
+    """Tell the FP8 layers an optimiser step has passed, so their activation-scale EMA moves once."""
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, FP8Linear):
+            layer.step += 1
 
 
 def unwrap_fp8(model: nn.Layer) -> None:

@@ -285,6 +285,8 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
         grad_norm = float(paddle.nn.utils.clip_grad_norm_(ordered, max_norm))
         optimizer.step()
         optimizer.clear_grad(set_to_zero=False)
+        if cfg.compute_type == "fp8":
+            quant.next_step(model)
         step += 1
 
         names = sorted(sums)

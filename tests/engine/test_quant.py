@@ -24,6 +24,7 @@ from engine.train.quant import (
     fake_quant_fp8,
     fp8_round,
     hadamard,
+    next_step,
     pack_int4,
     quantize_weight,
     unpack_int4,
@@ -66,6 +67,9 @@ def test_fp8_linear_tracks_activation_scale_by_ema():
     qat(x1)
     first = float(qat.act_scale.numpy()[0])
     assert first == pytest.approx(4.0 / FP8_MAX)  # estimated online from the first batch
+    qat(x1 * 3)  # another forward of the same step (micro-batch, recomputation) leaves the EMA alone
+    assert float(qat.act_scale.numpy()[0]) == first
+    next_step(qat)
     qat(x1 * 2)
     assert float(qat.act_scale.numpy()[0]) == pytest.approx(0.99 * first + 0.01 * 8.0 / FP8_MAX)
     out = qat(x1)
