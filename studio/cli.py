@@ -85,7 +85,9 @@ def worker_command(
     node = settings.node_name
     env: dict[str, str] = {}
     if serve:
-        queues = [SERVE_QUEUE]
+        # Exports (cpu) are short child processes: the serving worker takes them too, so they do not
+        # wait behind a long training run.
+        queues = [SERVE_QUEUE, CPU_QUEUE]
         name = name or f"serve@{node}"
         concurrency = concurrency or 8  # each held deployment occupies one thread
     else:
