@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
@@ -64,7 +65,15 @@ class DecoderLayer(nn.Layer):
         )
 
     def forward(
-        self, x, cos, sin, attn_mask, cache, token_type_ids, recompute: bool = False, causal: bool = False
+        self,
+        x,
+        cos,
+        sin,
+        attn_mask,
+        cache,
+        token_type_ids,
+        recompute: bool = False,
+        causal: bool | tuple = False,
     ):
         if recompute:
             # Recompute needs tensor-only outputs, and router statistics must keep their gradient (the aux
@@ -81,7 +90,7 @@ class DecoderLayer(nn.Layer):
         y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
         return x + y, stats
 
-    def attention_block(self, x, cos, sin, attn_mask, cache=None, causal: bool = False):
+    def attention_block(self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False):
         return x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal)
 
     def dense_ffn_block(self, x):
@@ -98,8 +107,9 @@ class ErnieModel(nn.Layer):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.gradient_checkpointing = False
 
-    def forward(self, embeds, position_ids, attn_mask, cache, token_type_ids, causal: bool = False):
-        """``causal``: ``attn_mask`` is known to hide all later keys (built by our padding/packing helpers)."""
+    def forward(self, embeds, position_ids, attn_mask, cache, token_type_ids, causal: bool | tuple = False):
+        """``causal``: ``attn_mask`` is known to hide all later keys (built by our padding/packing helpers);
+        a tuple also gives each query block's first visible key (see ``layers.attention``)."""
         cos, sin = self.rotary(position_ids)
         x = embeds
         all_stats = []
@@ -124,6 +134,24 @@ def causal_mask_from_padding(padding_mask: paddle.Tensor, query_len: int) -> pad
     own = paddle.triu(causal, diagonal=s - query_len)  # the diagonal aligned to the end of the keys
     keep = (causal.unsqueeze(0) & padding_mask.astype("bool").unsqueeze(1)) | own.unsqueeze(0)
     return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
+
+
+def packed_key_starts(segment_ids: paddle.Tensor, block: int | None = None) -> tuple[int, ...]:
+    """For each block of query rows, the first key any of them can see under ``packed_causal_mask``.
+
+    A query sees only earlier keys of its own sample, so a block of short packed samples needs only the keys
+    from the start of its earliest sample: attention skips the rest instead of masking it.
+    """
+    from engine.models import layers
+
+    block = block or layers.ATTENTION_BLOCK  # read at call time: the blocks must be the ones attention uses
+    seg = segment_ids.numpy()
+    b, t = seg.shape
+    first = np.empty_like(seg)
+    for r in range(b):  # first position of every position's sample id in its row
+        _, idx, inv = np.unique(seg[r], return_index=True, return_inverse=True)
+        first[r] = idx[inv]
+    return tuple(int(first[:, s : s + block].min()) for s in range(0, t, block))
 
 
 def packed_causal_mask(segment_ids: paddle.Tensor) -> paddle.Tensor:
@@ -220,6 +248,7 @@ class ErnieForCausalLM(nn.Layer):
         causal = True  # whether the mask hides every later key, which lets attention skip those blocks
         if segment_ids is not None:
             mask = packed_causal_mask(segment_ids)
+            causal = packed_key_starts(segment_ids)
         elif attention_mask is not None and attention_mask.ndim == 2:
             mask = causal_mask_from_padding(attention_mask, t)
         else:

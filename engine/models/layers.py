@@ -72,7 +72,7 @@ class Attention(nn.Layer):
         attn_mask: paddle.Tensor | None,
         cache=None,
         layer_idx: int = 0,
-        causal: bool = False,
+        causal: bool | tuple[int, ...] = False,
     ) -> paddle.Tensor:
         b, t, _ = x.shape
         qkv = self.qkv_proj(x)
@@ -93,13 +93,19 @@ ATTENTION_BLOCK = 128
 
 
 def attention(
-    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None, causal: bool = False
+    q: paddle.Tensor,
+    k: paddle.Tensor,
+    v: paddle.Tensor,
+    mask: paddle.Tensor | None,
+    causal: bool | tuple[int, ...] = False,
 ) -> paddle.Tensor:
     """Softmax attention. q [B, T, H, D], k/v [B, S, Hkv, D]; mask additive fp32 [B|1, 1, T, S] or None.
 
     With mask None the attention is causal with the query block aligned to the end of the keys.
     ``causal=True`` promises that ``mask`` hides every key after the query (our padding and packing masks
-    do), so key blocks after a query block are skipped instead of masked.
+    do), so key blocks after a query block are skipped instead of masked. A tuple also promises, per
+    query block of ``ATTENTION_BLOCK`` rows, the first key any of its queries can see (packed samples):
+    keys before it are skipped too.
     """
     b, t, nq, hd = q.shape
     s, nkv = k.shape[1], k.shape[2]
@@ -112,16 +118,18 @@ def attention(
     if mask is not None:
         mask = mask.astype("float32").unsqueeze(2)  # [B|1, 1, 1, T, S]
     if (mask is None or causal) and t == s and t > ATTENTION_BLOCK:
+        key_starts = causal if isinstance(causal, tuple) else None
         outs = []
-        for start in range(0, t, ATTENTION_BLOCK):
+        for i, start in enumerate(range(0, t, ATTENTION_BLOCK)):
             end = min(start + ATTENTION_BLOCK, t)
+            k0 = key_starts[i] if key_starts else 0
             if mask is None:
                 m = paddle.triu(
                     paddle.full([end - start, end], float("-inf"), dtype="float32"), diagonal=start + 1
                 )
             else:
-                m = mask[..., start:end, :end]
-            outs.append(_attend(qh[:, :, :, start:end], kh[:, :, :end], vh[:, :, :end], m))
+                m = mask[..., start:end, k0:end]
+            outs.append(_attend(qh[:, :, :, start:end], kh[:, :, k0:end], vh[:, :, k0:end], m))
         out = paddle.concat(outs, axis=3)
     else:
         if mask is None and t > 1:

@@ -205,3 +205,24 @@ def test_blocked_causal_attention_equals_full_square() -> None:
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+def test_long_packed_rows_equal_separate_runs_and_skip_earlier_samples() -> None:
+    """Rows longer than one attention block: key blocks before a query block's earliest sample are skipped."""
+    from engine.models.ernie import packed_key_starts
+
+    model = _model()
+    lengths = [150, 90, 200, 50]
+    samples = [RNG.integers(3, 96, size=(1, n)) for n in lengths]
+    packed = np.concatenate([*samples, [[0] * 10]], axis=1)
+    seg = np.concatenate([np.full(n, i) for i, n in enumerate(lengths)] + [np.full(10, -1)])[None]
+    pos = np.concatenate([np.arange(n) for n in lengths] + [np.zeros(10, np.int64)])[None]
+    assert packed_key_starts(_t(seg), block=128) == (0, 0, 240, 240)
+    got = model(_t(packed), segment_ids=_t(seg), position_ids=_t(pos)).logits.numpy()
+    start = 0
+    for sample, n in zip(samples, lengths, strict=True):
+        np.testing.assert_allclose(
+            got[:, start : start + n], model(_t(sample)).logits.numpy(), rtol=1e-4, atol=1e-5
+        )
+        start += n
+    assert np.isfinite(got).all()
