@@ -311,7 +311,7 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
         )
         last_metrics = metrics
         logged = step % cfg.logging_steps == 0 or step == total
-        if cfg.eval_dataset_path and cfg.eval_steps and (step % cfg.eval_steps == 0 or step == total):
+        if cfg.eval_dataset_path and ((cfg.eval_steps and step % cfg.eval_steps == 0) or step == total):
             metrics.update(_evaluate(cfg, model, tokenizer, stage))
             logged = True
         if logged and metrics_log is not None:
@@ -333,8 +333,6 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
             return
     progress.close()
 
-    if cfg.eval_dataset_path and not cfg.eval_steps:
-        last_metrics.update(_evaluate(cfg, model, tokenizer, stage))
     if ema is not None:
         ema.copy_to(trainable)
     if dp.main:
