@@ -221,6 +221,7 @@ def main() -> int:
     ap.add_argument(
         "--stream-tokens", type=int, default=128, help="tokens per stream in the concurrency runs"
     )
+    ap.add_argument("--rounds", type=int, default=3, choices=[1, 2, 3], help="interleaved concurrency rounds")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     paddle.set_device("cpu")
@@ -250,7 +251,13 @@ def main() -> int:
 
     pf = bench_paddleformers(model, prompt, n, ours_ids)
 
-    conc = {s: concurrent(eng, tok, s, args.stream_tokens, args.prompt_len) for s in (1, 4, 8)}
+    # The machine is shared and its load drifts over minutes, so the stream counts are measured in
+    # interleaved rounds (1-4-8, 4-8-1, 8-1-4) and each reports its median round.
+    runs: dict[int, list[dict]] = {1: [], 4: [], 8: []}
+    for order in ((1, 4, 8), (4, 8, 1), (8, 1, 4))[: args.rounds]:
+        for s in order:
+            runs[s].append(concurrent(eng, tok, s, args.stream_tokens, args.prompt_len))
+    conc = {s: sorted(r, key=lambda x: x["aggregate_tps"])[len(r) // 2] for s, r in runs.items()}
     ceiling = {s: matmul_ceiling(model, s) for s in (4, 8)}
     eng.shutdown()
 
@@ -290,7 +297,10 @@ def main() -> int:
     print(f"\ncache speed-up over no cache: {cached['decode_tps'] / nocache_tps:.2f}x (target >= 3x)\n")
 
     base = conc[1]["aggregate_tps"]
-    print(f"### Concurrent streams ({args.stream_tokens} tokens each, continuous batching)\n")
+    print(
+        f"### Concurrent streams ({args.stream_tokens} tokens each, continuous batching, "
+        f"median of {args.rounds} interleaved rounds)\n"
+    )
     print(
         "| streams | aggregate tokens/s | vs 1 stream | mean TTFT (ms) | max TTFT (ms) |\n|---|---|---|---|---|"
     )
