@@ -140,6 +140,13 @@ def component_choices(batch: int, seq: int, repeats: int) -> list[tuple[str, str
         kk, vv = paddle.repeat_interleave(k, g, axis=2), paddle.repeat_interleave(v, g, axis=2)
         return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
 
+    from engine.models.ernie import packed_causal_mask, packed_key_starts
+
+    # Packed rows: 2 rows of 1024 tokens, each 8 samples of 128 (block-diagonal causal mask).
+    pq, pk, pv = leaf(2, 1024, nq, hd), leaf(2, 1024, nkv, hd), leaf(2, 1024, nkv, hd)
+    seg = paddle.to_tensor(np.repeat(np.arange(8), 128)[None].repeat(2, 0))
+    pmask, starts = packed_causal_mask(seg), packed_key_starts(seg)
+
     norm_weight = paddle.ones([h])
 
     def norm_with_casts(x):
@@ -154,6 +161,14 @@ def component_choices(batch: int, seq: int, repeats: int) -> list[tuple[str, str
                 (q, k, v),
             ),
             "F.scaled_dot_product_attention": (sdpa, (q, k, v)),
+        },
+        "packed attention, 2 x 1024 (8 samples of 128)": {
+            "full masked square": (lambda q, k, v: layers.attention(q, k, v, pmask, False), (pq, pk, pv)),
+            "causal 128-row blocks": (lambda q, k, v: layers.attention(q, k, v, pmask, True), (pq, pk, pv)),
+            "blocks from the earliest sample's start (ours)": (
+                lambda q, k, v: layers.attention(q, k, v, pmask, starts),
+                (pq, pk, pv),
+            ),
         },
         "tied LM head": {
             "3-D matmul(x, E, transpose_y)": (lambda x, e: paddle.matmul(x, e, transpose_y=True), (x, emb)),

@@ -117,7 +117,8 @@ def attention(
     vh = v.transpose([0, 2, 1, 3])
     if mask is not None:
         mask = mask.astype("float32").unsqueeze(2)  # [B|1, 1, 1, T, S]
-    if (mask is None or causal) and t == s and t > ATTENTION_BLOCK:
+    # Two blocks at least: below that the extra kernels cost more than the skipped keys save.
+    if (mask is None or causal) and t == s and t >= 2 * ATTENTION_BLOCK:
         key_starts = causal if isinstance(causal, tuple) else None
         outs = []
         for i, start in enumerate(range(0, t, ATTENTION_BLOCK)):
