@@ -54,6 +54,15 @@ class VisionEncoder(nn.Layer):
         self.norm = nn.LayerNorm(d, epsilon=cfg.layer_norm_eps)
 
     def forward(self, images: paddle.Tensor) -> tuple[paddle.Tensor, int, int]:
+        # Crop to whole image tokens (patch x merge pixels), as image_token_count counts them.
+        g = self.cfg.patch_size * self.cfg.spatial_merge_size
+        h, w = images.shape[-2:]
+        if h < g or w < g:
+            raise ValueError(f"image of {h}x{w} px is smaller than one image token ({g}x{g} px)")
+        limit = self.row_embed.weight.shape[0] * self.cfg.patch_size
+        if h > limit or w > limit:
+            raise ValueError(f"image of {h}x{w} px is larger than {limit} px per side; resize it first")
+        images = images[..., : h // g * g, : w // g * g]
         patches, gh, gw = patchify(images, self.cfg.patch_size)
         rows = paddle.arange(gh).unsqueeze(1).expand([gh, gw]).reshape([-1])
         cols = paddle.arange(gw).unsqueeze(0).expand([gh, gw]).reshape([-1])

@@ -259,3 +259,22 @@ def test_text_only_batch_never_uses_vision_experts(tiny_vl_model_dir) -> None:
             used = g is not None and float(paddle.abs(g).sum()) > 0
             if e >= n_text:
                 assert not used, f"vision expert {e} got a gradient from text tokens"
+
+
+def test_vl_images_of_any_size_become_whole_image_tokens(tiny_vl_model_dir) -> None:
+    import engine
+
+    model = engine.load_model(str(tiny_vl_model_dir))
+    cfg = model.config
+    n = image_token_count(70, 100, cfg.vision_config)  # 2 x 3 tokens of 28 px; the rest is cropped
+    assert n == 6
+    ids = np.array([[20, 21, *([cfg.im_patch_id] * n), 22]])
+    with paddle.no_grad():
+        out = model(_t(ids), images=[paddle.rand([3, 70, 100])])
+    assert np.isfinite(out.logits.numpy()).all()
+    with pytest.raises(ValueError, match="the prompt has 6 image placeholder tokens but the images give 4"):
+        model(_t(ids), images=[paddle.rand([3, 56, 56])])
+    with pytest.raises(ValueError, match="smaller than one image token"):
+        model(_t(ids), images=[paddle.rand([3, 20, 100])])
+    with pytest.raises(ValueError, match="larger than 896 px per side"):
+        model(_t(ids), images=[paddle.rand([3, 1000, 56])])
