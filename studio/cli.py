@@ -122,7 +122,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     from studio.app import create_app
     from studio.migrate import upgrade
-    from workers.process import die_with_parent
+    from workers.process import die_with_parent, quiet_paddle_signal_handlers
+
+    # The API imports engine helpers (and so Paddle) lazily; importing Paddle first keeps its abort-on-
+    # SIGTERM handler from replacing the graceful one below.
+    quiet_paddle_signal_handlers()
 
     settings = get_settings()
     if args.workers > 1 and not args.no_ui:

@@ -18,6 +18,15 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
 
+def quiet_paddle_signal_handlers() -> None:
+    """Import Paddle now and remove the C signal handlers it installs on import (they abort the process on
+    SIGTERM with a "FatalError"), so that the handlers Celery and uvicorn install afterwards decide how
+    SIGTERM ends a worker or the API: warm shutdown, checkpoint and requeue."""
+    import paddle
+
+    paddle.disable_signal_handler()
+
+
 def engine_command(*args: str) -> list[str]:
     """`ernie-studio <args>` from the worker's own environment."""
     script = Path(sys.executable).parent / "ernie-studio"

@@ -19,6 +19,7 @@ from studio.models import DeploymentStatus, Run, utcnow
 from studio.services import deployments as dep_svc
 from studio.services.models import BUILDABLE_PRESETS, build_preset
 from workers.process import engine_command, spawn, stop_group, tail
+from workers.training import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +152,16 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
                     stopped_at=utcnow(),
                 )
                 return DeploymentStatus.FAILED.value
-            if dep_svc.deployment_heartbeat(session, deployment_id):
+            if dep_svc.deployment_heartbeat(session, deployment_id) or SHUTTING_DOWN.is_set():
                 stop_group(proc, settings.kill_grace_s)
+                error = "its worker stopped; deploy again" if SHUTTING_DOWN.is_set() else None
                 dep_svc.mark_deployment(
-                    session, deployment_id, status=DeploymentStatus.STOPPED, pid=None, stopped_at=utcnow()
+                    session,
+                    deployment_id,
+                    status=DeploymentStatus.STOPPED,
+                    pid=None,
+                    stopped_at=utcnow(),
+                    error=error,
                 )
                 log.info("deployment %s stopped; port %d is free", deployment_id, port)
                 return DeploymentStatus.STOPPED.value

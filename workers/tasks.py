@@ -5,16 +5,20 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from studio.config import Settings, get_settings
 from workers.exporting import execute_export
+from workers.process import quiet_paddle_signal_handlers
 from workers.reconcile import Reconciler
 from workers.serving import execute_deployment
-from workers.training import execute_run
+from workers.training import SHUTTING_DOWN, execute_run
 
 log = logging.getLogger(__name__)
 _reconcilers: list[Reconciler] = []
+
+# The tasks use engine helpers that import Paddle; do it before Celery installs its signal handlers.
+quiet_paddle_signal_handlers()
 
 
 def _settings(app) -> Settings:
@@ -46,6 +50,12 @@ def _start_reconciler(sender=None, **_) -> None:
     reconciler.start()
     _reconcilers.append(reconciler)
     log.info("worker %s ready; reconciler started", sender.hostname)
+
+
+@worker_shutting_down.connect
+def _checkpoint_and_requeue(**_) -> None:
+    # Warm shutdown waits for running tasks: tell them to checkpoint and requeue instead of training on.
+    SHUTTING_DOWN.set()
 
 
 @worker_shutdown.connect

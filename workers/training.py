@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 HEARTBEAT_S = 1.0
+# Set when the Celery worker begins a warm shutdown (workers.tasks connects it).
+SHUTTING_DOWN = threading.Event()
 
 
 class MetricsTail:
@@ -150,6 +152,23 @@ def _attempt(settings, run_id, worker, attempt, config, base_model, output_dir: 
                 # The reconciler gave the run to another worker: two trainers must never share a directory.
                 log.warning("run %s was requeued elsewhere; stopping this attempt", run_id)
                 stop_group(proc, settings.kill_grace_s)
+                return None
+            if SHUTTING_DOWN.is_set() and not cancelled:
+                # A graceful worker stop (deploying a new version, scaling down): the trainer saves a
+                # checkpoint on SIGTERM and the run goes back to the queue for the next worker.
+                log.info("run %s: worker shutting down, checkpointing and requeueing", run_id)
+                stop_group(proc, settings.kill_grace_s)
+                runs_svc.record_metrics(session, run_id, metrics.read())
+                runs_svc.record_checkpoints(session, run_id, _checkpoints(output_dir))
+                with open(log_file, "a", encoding="utf-8") as f:
+                    f.write(
+                        f"=== {datetime.now(UTC).isoformat(timespec='seconds')} requeued: worker stopped ===\n"
+                    )
+                if runs_svc.requeue_run(
+                    session, run_id, f"worker {worker} stopped; resumes from its checkpoint"
+                ):
+                    run = runs_svc.get_run(session, run_id)
+                    runs_svc.dispatch_run(session, settings, run)
                 return None
             if beat.state == "cancel" and not cancelled:
                 cancelled = True

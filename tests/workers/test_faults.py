@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 from datetime import datetime
+from pathlib import Path
 
 from worker_helpers import pid_alive, wait_for
 
@@ -35,7 +36,6 @@ def test_worker_sigkill_and_api_restart_mid_run(studio_factory, pg_url, redis_se
     )
     trainer = _trainer_pid(studio, rid)
     assert trainer and pid_alive(trainer), repr((trainer, api.get(f"/runs/{rid}").json()))
-    killed_at_step = max(steps())
     studio.stop("train@testnode", signal.SIGKILL)
     # The trainer dies with its worker (PR_SET_PDEATHSIG), so it cannot keep writing the run directory.
     wait_for(lambda: not pid_alive(trainer), 10, "the orphaned trainer to die")
@@ -43,8 +43,18 @@ def test_worker_sigkill_and_api_restart_mid_run(studio_factory, pg_url, redis_se
 
     studio.start_worker("train2@testnode")
     wait_for(lambda: api.get(f"/runs/{rid}").json()["attempt"] == 2, 60, "the second attempt")
-    wait_for(lambda: max(steps()) > killed_at_step, 60, "the second attempt to log a step")
-    # Restart the API while the second attempt trains: state lives in the store, the worker keeps writing.
+    # A graceful stop (SIGTERM, e.g. a new worker version): the worker stops the trainer (which saves a
+    # checkpoint when it is already stepping) and puts the run back on the queue at once.
+    studio.stop("train2@testnode", signal.SIGTERM, timeout=30)
+    requeued = api.get(f"/runs/{rid}").json()
+    assert requeued["status"] == "queued" and requeued["attempt"] == 2 and requeued["worker"] is None
+    newest = max(
+        int(p.name.split("-")[1]) for p in Path(run["output_dir"]).glob("checkpoint-*") if "." not in p.name
+    )
+
+    studio.start_worker("train3@testnode")
+    wait_for(lambda: api.get(f"/runs/{rid}").json()["attempt"] == 3, 60, "the third attempt")
+    # Restart the API while the third attempt trains: state lives in the store, the worker keeps writing.
     before_restart = steps()
     studio.stop_api()
     studio.start_api()
@@ -53,17 +63,23 @@ def test_worker_sigkill_and_api_restart_mid_run(studio_factory, pg_url, redis_se
 
     final = studio.wait_status(api, rid, {"succeeded", "failed", "cancelled"}, 180)
     assert final["status"] == "succeeded", final["error"]
-    assert final["attempt"] == 2 and final["worker"] == "train2@testnode"
+    assert final["attempt"] == 3 and final["worker"] == "train3@testnode"
     all_steps = steps()
     assert all_steps == list(range(1, 81)), all_steps  # every step once: no gaps, no duplicates
     events = [e["kind"] for e in api.get(f"/runs/{rid}/events").json()]
-    assert events == ["run.queued", "run.running", "run.requeued", "run.running", "run.succeeded"]
+    assert events == [
+        "run.queued", "run.running", "run.requeued", "run.running", "run.requeued", "run.running", "run.succeeded",
+    ]  # fmt: skip
     log_text = api.get(f"/runs/{rid}/logs", params={"limit": 1_000_000}).json()["text"]
     resumed = [line for line in log_text.splitlines() if "attempt 2 on train2@testnode" in line]
     assert resumed and "resuming from checkpoint-" in resumed[0]
     resumed_step = int(resumed[0].split("resuming from checkpoint-")[1].split()[0])
-    assert 10 <= resumed_step <= killed_at_step + 1 < 80
-    assert [c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json()] == list(range(10, 81, 10))
+    assert resumed_step % 10 == 0 and 10 <= resumed_step < 80  # a save_steps checkpoint, not the end
+    assert "requeued: worker stopped" in log_text
+    third = [line for line in log_text.splitlines() if "attempt 3 on train3@testnode" in line]
+    assert third and f"resuming from checkpoint-{newest}" in third[0]
+    checkpoints = [c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json()]
+    assert set(range(10, 81, 10)) <= set(checkpoints) and newest in checkpoints
 
 
 def test_redis_outage_loses_no_run_and_twenty_runs_run_in_order(studio_factory, pg_url, redis_server):
