@@ -219,9 +219,9 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
     stop_gen.click(None, None, None, cancels=[sent, submitted])
     clear.click(lambda: [], None, chatbot, cancels=[sent, submitted])
     deploy.click(deploy_run, run, [table, selected, status, selected_state])
-    selected.input(lambda d: d, selected, selected_state).then(
-        refresh, [run, selected], [run, table, selected, status], show_progress="hidden"
-    )
+    selected.input(refresh, [run, selected], [run, table, selected, status], show_progress="hidden")
+    # However the deployment got selected (a click, a deploy, a restore), browser storage follows it.
+    selected.change(lambda d: d, selected, selected_state, show_progress="hidden")
     stop_dep.click(stop, selected, status)
     timer.tick(
         tick,
@@ -229,7 +229,12 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
         [run, table, selected, status, shown],
         show_progress="hidden",
     )
-    tab.select(refresh, [run, selected], [run, table, selected, status], show_progress="hidden")
+    tab.select(
+        lambda r, cur, saved: refresh(r, parse_id(cur) or parse_id(saved)),
+        [run, selected, selected_state],
+        [run, table, selected, status],
+        show_progress="hidden",
+    )
     ctx.demo.load(refresh, [run, selected_state], [run, table, selected, status], show_progress="hidden")
     return DeployTab(
         tab=tab,

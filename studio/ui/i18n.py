@@ -158,6 +158,7 @@ STRINGS: dict[str, tuple[str, str]] = {
         "merge：将 LoRA 合并进基座；layout：以 Paddle 或 Hugging Face 格式保存；ptq：仅权重 int8/int4 量化。",
     ),
     "runs.export_btn": ("Start export", "开始导出"),
+    "runs.exports": ("Exports (listed among base models when done)", "导出结果（完成后出现在基础模型中）"),
     "runs.deploy_btn": ("Deploy this run", "部署该任务"),
     "runs.action": ("Last action", "最近操作"),
     "runs.config": ("Config", "配置"),

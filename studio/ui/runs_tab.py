@@ -14,6 +14,7 @@ import gradio as gr
 import pandas as pd
 
 from studio.services import deployments as deployments_svc
+from studio.services import exports as exports_svc
 from studio.services import progress as progress_svc
 from studio.services import runs as runs_svc
 from studio.ui import charts
@@ -28,6 +29,7 @@ EXPORT_OPTIONS: dict[str, dict[str, Any]] = {
     "PTQ wint4": {"layout": "paddle", "ptq": "wint4"},
 }
 EXPORT_KINDS = list(EXPORT_OPTIONS)
+EXPORT_COLUMNS = ["id", "layout", "ptq", "status", "perplexity", "model dir"]
 LOG_TAIL_BYTES = 16384
 LOG_TAIL_LINES = 20
 POLL_SECONDS = 2.0
@@ -89,6 +91,21 @@ def run_rows(runs: list[Any], progress: dict[int, dict[str, Any]]) -> pd.DataFra
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
+def export_rows(items: list[Any]) -> pd.DataFrame:
+    """Exports of a run; PTQ ones carry perplexity before and after quantization."""
+    rows = []
+    for e in items:
+        ppl = e.perplexity or {}
+        shown = ", ".join(
+            f"{k} {v:+.2%}" if k == "relative_change" else f"{k} {v:.3f}" for k, v in ppl.items()
+        )
+        status = f"{STATUS_ICONS.get(e.status, '')} {e.status}" + (
+            f": {e.error.splitlines()[-1][:120]}" if e.error else ""
+        )
+        rows.append([e.id, e.layout, e.quantization or "—", status, shown, e.export_dir])
+    return pd.DataFrame(rows, columns=EXPORT_COLUMNS)
+
+
 def run_choices(runs: list[Any]) -> list[tuple[str, int]]:
     return [(f"#{r.id} {r.name} · {r.status}", r.id) for r in runs]
 
@@ -112,6 +129,12 @@ def status_markdown(run: Any, p: dict[str, Any], position: int | None) -> str:
     if run.model_dir:
         parts.append(f"\nmodel: `{run.model_dir}`")
     return "\n".join(parts)
+
+
+def _pick(current: Any, saved: Any, request: gr.Request | None) -> int | None:
+    """The run to show: the dropdown's, else the one in browser storage, else ?run=N."""
+    url_run = request.query_params.get("run") if request else None
+    return parse_id(current) or parse_id(saved) or parse_id(url_run)
 
 
 def _queue_position(session: Any, run_id: int) -> int | None:
@@ -204,6 +227,15 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
                     export_btn = t.make(
                         gr.Button, "runs.export_btn", prop="value", size="sm", elem_id="runs-export-btn"
                     )
+                    exports = t.make(
+                        gr.Dataframe,
+                        "runs.exports",
+                        headers=EXPORT_COLUMNS,
+                        interactive=False,
+                        wrap=True,
+                        elem_id="runs-exports",
+                        max_height=200,
+                    )
                 deploy = t.make(
                     gr.Button, "runs.deploy_btn", prop="value", variant="primary", elem_id="runs-deploy"
                 )
@@ -219,11 +251,11 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
         value = keep if keep in ids else None
         return gr.update(choices=run_choices(runs), value=value), run_rows(runs, progress)
 
-    def tick_table(current: Any, saved: Any, shown: list | None) -> tuple[Any, ...]:
+    def tick_table(current: Any, saved: Any, shown: list | None, request: gr.Request) -> tuple[Any, ...]:
         # The dropdown is only touched when its choices or value changed: an update every tick would close
-        # it under the person's cursor. An empty selection falls back to the stored one (set by a launch
-        # or a restore that may still be in flight when this tick started).
-        update, rows = refresh_table(parse_id(current) or parse_id(saved))
+        # it under the person's cursor. An empty selection falls back to the stored one, then to ?run=N
+        # (a launch or the page-load restore may still be in flight when this tick started).
+        update, rows = refresh_table(_pick(current, saved, request))
         sig = [[list(c) for c in update["choices"]], update["value"]]
         return (update if sig != shown else gr.skip()), rows, sig, update["value"]
 
@@ -244,6 +276,7 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             off,
             off,
             off,
+            pd.DataFrame(columns=EXPORT_COLUMNS),
         )
 
     def run_view(run_id: Any) -> tuple[Any, ...]:
@@ -278,6 +311,7 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             gr.update(interactive=active),
             gr.update(interactive=run.status in ("failed", "cancelled")),
             gr.update(interactive=run.status == "succeeded"),
+            export_rows(ctx.read(exports_svc.list_exports, rid, default=[])),
         )
 
     view_outputs = [
@@ -292,6 +326,7 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
         cancel,
         resume,
         deploy,
+        exports,
     ]
 
     def act(fn: Any, verb: str) -> Any:
@@ -353,9 +388,17 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
     ctx.demo.load(restore, selected_state, [selected, table], **quiet).then(
         run_view, selected, view_outputs, **quiet
     )
-    tab.select(refresh_table, selected, [selected, table], **quiet).then(
-        run_view, selected, view_outputs, **quiet
-    )
+
+    # Selecting the tab (also done programmatically on load, racing the restore) keeps any known run.
+    def on_select(current: Any, saved: Any, request: gr.Request) -> tuple[Any, pd.DataFrame]:
+        return refresh_table(_pick(current, saved, request))
+
+    tab.select(
+        on_select,
+        [selected, selected_state],
+        [selected, table],
+        **quiet,
+    ).then(run_view, selected, view_outputs, **quiet)
 
     def show_run(run_id: Any) -> tuple[Any, ...]:
         return (*refresh_table(run_id), *run_view(run_id))
