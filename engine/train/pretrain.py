@@ -16,18 +16,34 @@ def moe_layers(model) -> list[MoELayer]:
     return [m for m in model.sublayers() if isinstance(m, MoELayer)]
 
 
-def expert_counts(stats: list[RouterStats], groups: list[int], present: list[int]) -> list[list[np.ndarray]]:
+def expert_counts(
+    stats: list[RouterStats], groups: list[int], present: list[int], keep: np.ndarray | None = None
+) -> list[list[np.ndarray]]:
     """Per MoE layer, per modality group: assignments each expert received in this micro-batch.
 
-    ``present`` lists the modality groups that had tokens (the layer skips empty groups in its stats).
+    ``present`` lists the modality groups that had tokens (the layer skips empty groups in its stats);
+    ``keep`` (flat [B*T] bool) leaves padding out, so it does not sway aux-free balancing.
     """
     out = []
     for s in stats:
         counts = [np.zeros(n, np.int64) for n in groups]
-        for group, sel in zip(present, s.selected, strict=True):
-            counts[group] += np.bincount(sel.numpy().reshape(-1), minlength=groups[group])[: groups[group]]
+        for group, sel, idx in zip(present, s.selected, s.token_index, strict=True):
+            sel = sel.numpy()
+            if keep is not None:
+                rows = keep if idx is None else keep[idx.numpy()]
+                sel = sel[rows]
+            counts[group] += np.bincount(sel.reshape(-1), minlength=groups[group])[: groups[group]]
         out.append(counts)
     return out
+
+
+def real_token_mask(batch: dict, prefix: str = "") -> np.ndarray | None:
+    """Flat [B*T] mask of the positions that hold real tokens (None when the batch has no padding info)."""
+    if batch.get(prefix + "attention_mask") is not None:
+        return np.asarray(batch[prefix + "attention_mask"]).reshape(-1) > 0
+    if batch.get(prefix + "segment_ids") is not None:
+        return np.asarray(batch[prefix + "segment_ids"]).reshape(-1) >= 0
+    return None
 
 
 def present_groups(batch: dict, config, prefix: str = "") -> list[int]:

@@ -364,23 +364,18 @@ def accumulate_gradients(model, stage, micro: list[dict], dp: DataParallel, moe_
         else:
             loss, m, routed = stage(model, batch, pair_norm, token_norm, share)
         for stats, prefix in routed:
-            tokens += real_tokens(batch, prefix)
+            keep = pretrain.real_token_mask(batch, prefix)
+            tokens += (
+                int(keep.sum()) if keep is not None else int(np.asarray(batch[prefix + "input_ids"]).size)
+            )
             if moe_groups:
                 present = pretrain.present_groups(batch, mc, prefix)
-                counts = pretrain.add_counts(counts, pretrain.expert_counts(stats, moe_groups, present))
+                layer_counts = pretrain.expert_counts(stats, moe_groups, present, keep)
+                counts = pretrain.add_counts(counts, layer_counts)
         loss.backward()
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v
     return sums, tokens, counts
-
-
-def real_tokens(batch: dict, prefix: str = "") -> int:
-    """Tokens that are not padding (tokens_per_second counts work done, not padding)."""
-    if batch.get(prefix + "attention_mask") is not None:
-        return int(np.asarray(batch[prefix + "attention_mask"]).sum())
-    if batch.get(prefix + "segment_ids") is not None:
-        return int((np.asarray(batch[prefix + "segment_ids"]) >= 0).sum())
-    return int(np.asarray(batch[prefix + "input_ids"]).size)
 
 
 def _metric_order(metrics: dict) -> list[str]:
