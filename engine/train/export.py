@@ -9,10 +9,6 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import paddle
 
 from engine.train import quant
 from engine.train.config import ExportConfig
@@ -127,12 +123,3 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
     )
     (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
-
-
-def logits_of(model, input_ids: np.ndarray) -> np.ndarray:
-    with paddle.no_grad():
-        return model(paddle.to_tensor(input_ids, dtype="int64")).logits.numpy()
-
-
-def describe(summary: ExportSummary) -> dict[str, Any]:
-    return asdict(summary)
