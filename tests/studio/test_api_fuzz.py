@@ -42,9 +42,7 @@ def _seed() -> None:
 
 
 @schema.parametrize()
-@hypothesis_settings(
-    max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
-)
+@hypothesis_settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case):
     _seed()
     response = case.call(timeout=120)  # stats tokenize the whole demo set on a busy 2-core machine
