@@ -20,6 +20,14 @@ from studio.ui.context import UIContext, parse_id
 from studio.ui.deploy_tab import chat_messages, deployment_choices, message_text
 from studio.ui.runs_tab import run_choices
 
+SERIES_COLORS = [
+    ("#f97316", "🟧"),
+    ("#3b82f6", "🟦"),
+    ("#22c55e", "🟩"),
+    ("#a855f7", "🟪"),
+    ("#ef4444", "🟥"),
+    ("#eab308", "🟨"),
+]
 FINAL_KEYS_FIRST = ("loss", "eval_loss", "rewards/accuracy", "tokens_per_second", "elapsed_s", "step")
 
 
@@ -48,11 +56,17 @@ def diff_frame(result: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["key", *cols])
 
 
-def final_frame(runs: list[Any]) -> pd.DataFrame:
-    """Final metrics side by side (the run summary's, else the last logged point's)."""
+def final_frame(runs: list[Any], result: dict[str, Any]) -> pd.DataFrame:
+    """Final metrics side by side: the run summary's, else (still running) each metric's last logged value."""
     metrics: dict[str, dict[str, Any]] = {}
     for run in runs:
-        metrics[f"#{run.id} {run.name}"] = dict(run.final_metrics or {})
+        final = dict(run.final_metrics or {})
+        if not final:
+            for name, per_run in result["metrics"].items():
+                logged = [v for v in per_run.get(str(run.id), []) if v is not None]
+                if logged:
+                    final[name] = logged[-1]
+        metrics[f"#{run.id} {run.name}"] = final
     keys = [k for k in FINAL_KEYS_FIRST if any(k in m for m in metrics.values())]
     keys += sorted({k for m in metrics.values() for k in m} - set(keys))
     rows = [[k, *(_cell(m.get(k)) for m in metrics.values())] for k in keys]
@@ -81,8 +95,9 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
                 gr.Button, "cmp.btn", prop="value", variant="primary", elem_id="cmp-btn", scale=1
             )
         curves = t.make(
-            gr.LinePlot, "cmp.curves", x="step", y="value", color="series", height=320, elem_id="cmp-curves"
+            gr.LinePlot, "cmp.curves", x="step", y="value", color="series", height=340, elem_id="cmp-curves"
         )
+        legend_md = gr.Markdown("", elem_id="cmp-legend")
         with gr.Row():
             diff = t.make(
                 gr.Dataframe, "cmp.diff", interactive=False, wrap=True, elem_id="cmp-diff", max_height=300
@@ -94,6 +109,16 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
                 dep_b = t.make(gr.Dropdown, "cmp.deploy_b", choices=[], elem_id="cmp-dep-b")
             with gr.Row(equal_height=True):
                 prompt = t.make(gr.Textbox, "cmp.prompt", elem_id="cmp-prompt", scale=4)
+                temperature = t.make(
+                    gr.Slider,
+                    "dep.temperature",
+                    minimum=0.0,
+                    maximum=2.0,
+                    value=0.7,
+                    step=0.05,
+                    elem_id="cmp-temperature",
+                    scale=2,
+                )
                 send = t.make(
                     gr.Button, "cmp.send", prop="value", variant="primary", elem_id="cmp-send", scale=1
                 )
@@ -121,14 +146,23 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
             metric_name if metric_name in names else ("loss" if "loss" in names else (names or ["loss"])[0])
         )
         full_runs = [ctx.call(runs_svc.get_run, i) for i in ids]
+        # Fixed colours per run and a legend of our own: Gradio's plot legend is clipped at this size.
+        labels = [f"#{r['id']} {r['name']}" for r in result["runs"]]
+        colors = {label: SERIES_COLORS[i % len(SERIES_COLORS)][0] for i, label in enumerate(labels)}
+        legend = "  ".join(
+            f"{SERIES_COLORS[i % len(SERIES_COLORS)][1]} {label}" for i, label in enumerate(labels)
+        )
         return (
-            aligned_frames(result, metric_name),
+            gr.update(value=aligned_frames(result, metric_name), color_map=colors),
+            legend,
             gr.update(choices=names or ["loss"], value=metric_name),
             diff_frame(result),
-            final_frame(full_runs),
+            final_frame(full_runs, result),
         )
 
-    def ab_chat(text: str, a: Any, b: Any, hist_a: list, hist_b: list) -> Iterator[tuple[Any, ...]]:
+    def ab_chat(
+        text: str, a: Any, b: Any, temp: float, hist_a: list, hist_b: list
+    ) -> Iterator[tuple[Any, ...]]:
         da, db = parse_id(a), parse_id(b)
         if not text or da is None or db is None:
             raise gr.Error("Pick deployments A and B and type a prompt.")
@@ -169,10 +203,11 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
                 histories[side][-1]["content"] += delta
             yield "", histories[0], histories[1]
 
-    compare_btn.click(compare, [runs, metric], [curves, metric, diff, final])
-    metric.input(compare, [runs, metric], [curves, metric, diff, final])
-    send.click(ab_chat, [prompt, dep_a, dep_b, chat_a, chat_b], [prompt, chat_a, chat_b])
-    prompt.submit(ab_chat, [prompt, dep_a, dep_b, chat_a, chat_b], [prompt, chat_a, chat_b])
+    compare_btn.click(compare, [runs, metric], [curves, legend_md, metric, diff, final])
+    metric.input(compare, [runs, metric], [curves, legend_md, metric, diff, final])
+    ab_inputs = [prompt, dep_a, dep_b, temperature, chat_a, chat_b]
+    send.click(ab_chat, ab_inputs, [prompt, chat_a, chat_b])
+    prompt.submit(ab_chat, ab_inputs, [prompt, chat_a, chat_b])
     tab.select(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b], show_progress="hidden")
     ctx.demo.load(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b], show_progress="hidden")
     return CompareTab(tab=tab, runs=runs)

@@ -91,6 +91,8 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.fill("tr-learning-rate", "0.001")
     ui.fill("tr-warmup-steps", "5")
     ui.fill("tr-save-steps", "10")
+    # Three micro-batches per step keep the run going long enough to refresh the page in the middle of it.
+    ui.fill("tr-gradient-accumulation-steps", "3")
     ui.fill("tr-max-seq-len", "256")
     ui.expect_text("tr-yaml", "learning_rate: 0.001")
     ui.expect_text("tr-yaml", f"max_steps: {MAX_STEPS}")
@@ -151,9 +153,20 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.expect_text("cmp-final", "loss")
     ui.shot("compare")
 
-    # 7. Deploy the first run (LoRA, merged by the worker) and chat: the reply streams in.
+    # 7. Export the first run with weight-only int8 PTQ; the exports table reports perplexity before/after.
     ui.tab("runs")
     ui.choose("runs-select", "lr-1e-3")
+    page.get_by_text("Export", exact=True).click()
+    ui.choose("runs-export-kind", "PTQ wint8")
+    ui.click("runs-export-btn")
+    ui.expect_text("runs-action", "queued")
+    ui.expect_text("runs-exports", "succeeded", timeout=120_000)
+    ui.expect_text("runs-exports", "relative_change")
+    exported = api(studio, "/models")
+    assert any(m["name"] == f"run-{run1['id']}-paddle-wint8" for m in exported), [m["name"] for m in exported]
+    ui.shot("export")
+
+    # 8. Deploy the first run (LoRA, merged by the worker) and chat: the reply streams in.
     ui.click("runs-deploy")
     deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
@@ -185,11 +198,28 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     assert lengths[-1] == max(lengths)
     ui.shot("chat")
 
-    # 8. The language switch relabels the UI and survives a refresh.
+    # 9. One click from the Deploy tab deploys the second run; A/B chat sends one prompt to both.
+    ui.choose("dep-run", "lr-1e-4")
+    ui.click("dep-btn")
+    ui.expect_text("dep-status", re.compile(r"#2 lr-1e-4 — running"), timeout=120_000)
+    ui.tab("compare")
+    ui.choose("cmp-dep-a", "lr-1e-3")
+    ui.choose("cmp-dep-b", "lr-1e-4")
+    ui.fill("cmp-temperature", "2")
+    ui.el("cmp-prompt").locator("textarea, input").first.fill("Count from 1 to 5.")
+    ui.click("cmp-send")
+    ui.idle(timeout=120_000)
+    for side in ("cmp-chat-a", "cmp-chat-b"):
+        expect(ui.el(side).locator("[data-testid=user]")).to_contain_text("Count from 1 to 5.")
+        reply = ui.el(side).locator("[data-testid=bot]").last.inner_text()
+        assert reply.strip(), f"{side} got no reply"
+    ui.shot("ab-chat")
+
+    # 10. The language switch relabels the UI and survives a refresh.
     page.locator("#lang-switch label", has_text="中文").click()
     expect(page.locator("button[role=tab][data-tab-id=datasets]")).to_have_text("数据集")
     page.reload()
     page.wait_for_selector("#studio-tabs")
     expect(page.locator("button[role=tab][data-tab-id=train]")).to_have_text("训练", timeout=15_000)
     ui.shot("chinese")
-    assert re.search(r"tab=deploy", page.url)
+    assert re.search(r"tab=compare", page.url)
