@@ -441,4 +441,7 @@ def write_hf_config(config: ErnieConfig, directory: Path) -> None:
     d["model_type"] = "ernie4_5_moe" if config.is_moe else "ernie4_5"
     d["architectures"] = ["Ernie4_5_MoeForCausalLM" if config.is_moe else "Ernie4_5ForCausalLM"]
     d["use_cache"] = True
+    # transformers 5.x names (its own config.json files carry these); the 4.x names above stay for older readers
+    d["dtype"] = d["torch_dtype"]
+    d["rope_parameters"] = {"rope_theta": config.rope_theta, "rope_type": "default"}
     (directory / "config.json").write_text(json.dumps(d, indent=2) + "\n")
