@@ -261,6 +261,10 @@ def test_hf_layout_export_with_shards_reloads_identically(sft_run, tiny_model_di
     assert "model.layers.0.mlp.gate_proj.weight" in keys and not any("qkv_proj" in k for k in keys)
     hf_cfg = json.loads((out / "config.json").read_text())
     assert hf_cfg["model_type"] == "ernie4_5" and hf_cfg["architectures"] == ["Ernie4_5ForCausalLM"]
+    # every key transformers 5.x writes for this model (tests/engine/golden holds one of its config.json files)
+    golden = json.loads((Path(__file__).parent / "golden/dense_tied/hf/config.json").read_text())
+    assert set(golden) - {"transformers_version", "initializer_range"} <= set(hf_cfg)
+    assert hf_cfg["rope_parameters"]["rope_theta"] == hf_cfg["rope_theta"] and hf_cfg["dtype"] == "float32"
     assert (out / "tokenizer.model").exists()
     batch = demo_batch(model_dir)
     np.testing.assert_array_equal(
