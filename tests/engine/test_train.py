@@ -18,6 +18,7 @@ from engine.data import build_train_data
 from engine.models.checkpoint import load_model
 from engine.train import run_export, run_training
 from engine.train.config import ExportConfig, TrainConfig, config_from_dict, load_export_config
+from engine.train.dpo import preference_loss
 from engine.train.lora import LoRALinear, apply_lora, load_adapter_weights
 from engine.train.pretrain import expert_counts, present_groups
 from engine.train.sft import evaluate_lm, language_model_loss
@@ -535,3 +536,24 @@ def test_lora_scales_rslora_and_lora_plus(tiny_model_dir):
     rs = config_from_dict(TrainConfig, dict(base, lora_rank=16, lora_alpha=8, rslora=True))
     rs_layer = next(m for m in build_model(rs)[0].sublayers() if isinstance(m, LoRALinear))
     assert rs_layer.scale == pytest.approx(8 / 4)  # rsLoRA: alpha / sqrt(rank)
+
+
+def test_preference_losses_match_their_formulas():
+    z = paddle.to_tensor([-2.0, 0.0, 3.0])
+    beta = 0.5
+
+    def sig(x):
+        return 1 / (1 + np.exp(-x))
+
+    x = np.array([-2.0, 0.0, 3.0])
+    np.testing.assert_allclose(
+        preference_loss(z, "sigmoid", beta, 0.0).numpy(), -np.log(sig(beta * x)), rtol=1e-6
+    )
+    smoothed = -0.9 * np.log(sig(beta * x)) - 0.1 * np.log(sig(-beta * x))
+    np.testing.assert_allclose(preference_loss(z, "sigmoid", beta, 0.1).numpy(), smoothed, rtol=1e-6)
+    np.testing.assert_allclose(
+        preference_loss(z, "ipo", beta, 0.0).numpy(), (x - 1 / (2 * beta)) ** 2, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        preference_loss(z, "hinge", beta, 0.0).numpy(), np.maximum(0, 1 - beta * x), rtol=1e-6
+    )
