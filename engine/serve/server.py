@@ -107,6 +107,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -227,6 +229,15 @@ class ServingState:
         return params
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        # Said plainly rather than ignored: a client relying on these would silently get plain text.
+        if req.tools:
+            raise APIError(400, "tools: tool calling is not supported by the Paddle backend", param="tools")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise APIError(
+                400,
+                f"response_format: only type 'text' is supported, not {req.response_format.get('type')!r}",
+                param="response_format",
+            )
         messages = []
         for i, m in enumerate(req.messages):
             if isinstance(m.content, list):

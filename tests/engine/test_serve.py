@@ -260,6 +260,8 @@ BAD_REQUESTS = [
     ({"model": "default", "messages": [{"role": "user", "content": "word " * 2000}]}, 400, "maximum context length is 512", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, 400, "lower max_tokens", "max_tokens"),
     ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "n": 50}, 400, "n=50", "n"),
+    ({"model": "default", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool calling", "tools"),
+    ({"model": "default", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "only text parts", "messages.0.content.0"),
 ]  # fmt: skip
 
 
