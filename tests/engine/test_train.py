@@ -149,7 +149,9 @@ def test_sft_loss_halves_within_100_steps(sft_run, eval_file):
     assert ppl < math.exp(0.5 * rows[0]["loss"])
 
 
-def test_recompute_gives_the_same_losses_and_ema_averages_the_weights(sft_run, tiny_model_dir, tmp_path):
+def test_recompute_gives_the_same_losses_and_ema_averages_the_weights(
+    sft_run, tiny_model_dir, eval_file, tmp_path
+):
     _, _, reference = sft_run
     out = tmp_path / "ema"
     decay = 0.8
@@ -164,8 +166,11 @@ def test_recompute_gives_the_same_losses_and_ema_averages_the_weights(sft_run, t
         save_steps=1,
         recompute=True,
         ema_decay=decay,
+        eval_dataset_path=str(eval_file),
+        eval_steps=2,
     )
     assert summary.status == "succeeded"
+    assert ["eval_loss" in r for r in rows] == [False, True, False, True]  # every eval_steps
     # same seed, data and warmup as the SFT run: recomputation must not change a single loss
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in reference[:4]], atol=1e-6)
     # the final model is the EMA of the weights after each step (the checkpoints hold the raw weights)
