@@ -340,7 +340,11 @@ class Request:
     """A submitted generation; outputs go to ``sink`` from the engine thread."""
 
     def __init__(
-        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[GenerationOutput], None]
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[GenerationOutput], None],
+        images: list[np.ndarray] | None = None,
     ):
         self.id = next(_request_ids)
         self.prompt_ids = list(prompt_ids)
@@ -350,6 +354,7 @@ class Request:
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
         self.state: SequenceState | None = None
+        self.images = images or []  # VL: float32 [3, H, W] pixels for the prompt's placeholder runs, in order
 
     def cancel(self) -> None:
         """Stop generating (e.g. the client went away); the engine drops it before the next step."""
@@ -433,18 +438,24 @@ class GenerationEngine:
         params.validate()
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[GenerationOutput], None]
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[GenerationOutput], None],
+        images: list[np.ndarray] | None = None,
     ) -> Request:
         self.check_prompt(prompt_ids, params)
-        req = Request(prompt_ids, params, sink)
+        req = Request(prompt_ids, params, sink, images)
         self.start()
         self._incoming.put(req)
         return req
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[GenerationOutput]:
+    def stream(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[np.ndarray] | None = None
+    ) -> Iterator[GenerationOutput]:
         """Blocking iterator over a request's outputs (for scripts, tests and benchmarks)."""
         q: queue.Queue[GenerationOutput] = queue.Queue()
-        req = self.submit(prompt_ids, params, q.put)
+        req = self.submit(prompt_ids, params, q.put, images)
         try:
             while True:
                 out = q.get()
@@ -454,11 +465,15 @@ class GenerationEngine:
         finally:
             req.cancel()
 
-    async def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenerationOutput]:
+    async def astream(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[np.ndarray] | None = None
+    ) -> AsyncIterator[GenerationOutput]:
         """Async iterator over a request's outputs; leaving early (client gone) cancels the request."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[GenerationOutput] = asyncio.Queue()
-        req = self.submit(prompt_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out))
+        req = self.submit(
+            prompt_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), images
+        )
         try:
             while True:
                 out = await q.get()
@@ -468,9 +483,11 @@ class GenerationEngine:
         finally:
             req.cancel()
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[np.ndarray] | None = None
+    ) -> GenerationResult:
         text, ids, logprobs, last = [], [], [], None
-        for out in self.stream(prompt_ids, params):
+        for out in self.stream(prompt_ids, params, images):
             text.append(out.text)
             ids.extend(out.token_ids)
             logprobs.extend(out.logprobs or [])
@@ -532,7 +549,10 @@ class GenerationEngine:
         self.cache.prepare(row, 1, n)
         ids = paddle.to_tensor([req.prompt_ids], dtype="int64")
         pos = paddle.arange(n, dtype="int64").unsqueeze(0)
-        out = self.model(ids, position_ids=pos, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        images = [paddle.to_tensor(img) for img in req.images] or None
+        out = self.model(
+            ids, position_ids=pos, images=images, past_key_values=self.cache, use_cache=True, logits_to_keep=1
+        )
         self.cache.commit()
         self.stats.prompt_tokens_total += n
         self._accept(req, out.logits[0, -1].astype("float32").numpy())

@@ -7,7 +7,10 @@ cannot tell which backend answers: /v1/chat/completions, /v1/completions, /v1/mo
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import io
 import json
 import logging
 import re
@@ -148,6 +151,7 @@ class ServingState:
         self.defaults = read_generation_defaults(model_dir)
         self.metrics = ServerMetrics(engine.stats, served_model_name)
         self.created = int(time.time())
+        self.vision_config = getattr(engine.model.config, "vision_config", None)
 
     def check_model(self, name: str) -> None:
         if name != self.name:
@@ -228,7 +232,7 @@ class ServingState:
             raise APIError(400, str(e)) from e
         return params
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], list]:
         # Said plainly rather than ignored: a client relying on these would silently get plain text.
         if req.tools:
             raise APIError(400, "tools: tool calling is not supported by the Paddle backend", param="tools")
@@ -238,18 +242,26 @@ class ServingState:
                 f"response_format: only type 'text' is supported, not {req.response_format.get('type')!r}",
                 param="response_format",
             )
-        messages = []
+        messages, images = [], []
         for i, m in enumerate(req.messages):
             if isinstance(m.content, list):
                 texts = []
                 for j, part in enumerate(m.content):
-                    if part.type != "text" or part.text is None:
+                    if part.type == "image_url" and self.vision_config is not None:
+                        texts.append(self.image_part(part, images, f"messages.{i}.content.{j}"))
+                    elif part.type != "text" or part.text is None:
+                        kinds = (
+                            "text and image_url parts"
+                            if self.vision_config is not None
+                            else "only text parts"
+                        )
                         raise APIError(
                             400,
-                            f"messages[{i}].content[{j}]: only text parts are supported, got type {part.type!r}",
+                            f"messages[{i}].content[{j}]: this model takes {kinds}, got type {part.type!r}",
                             param=f"messages.{i}.content.{j}",
                         )
-                    texts.append(part.text)
+                    else:
+                        texts.append(part.text)
                 content = "".join(texts)
             else:
                 content = m.content or ""
@@ -263,7 +275,29 @@ class ServingState:
             raise APIError(
                 400, f"the chat template could not render these messages: {e}", param="messages"
             ) from e
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(text), images
+
+    def image_part(self, part: ContentPart, images: list, where: str) -> str:
+        """Decode a base64 ``data:`` image into pixels; return its placeholder run for the prompt text."""
+        from engine.data.images import grid_factor, load_image
+        from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START
+
+        url = (getattr(part, "image_url", None) or {}).get("url", "")
+        if not url.startswith("data:") or ";base64," not in url:
+            raise APIError(
+                400,
+                f"{where}: send images inline as data:image/...;base64,... URLs (this server fetches nothing)",
+                param=where,
+            )
+        try:
+            raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+            factor = grid_factor(self.vision_config)
+            pixels = load_image(io.BytesIO(raw), factor)
+        except (binascii.Error, OSError, ValueError) as e:
+            raise APIError(400, f"{where}: not a readable image: {e}", param=where) from e
+        images.append(pixels)
+        n = (pixels.shape[1] // factor) * (pixels.shape[2] // factor)
+        return IMAGE_START + IMAGE_PLACEHOLDER * n + IMAGE_END
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         p = req.prompt
@@ -420,8 +454,8 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         state.check_model(body.model)
-        prompt = state.chat_prompt(body)
-        return await _serve(body, request, prompt, chat=True)
+        prompt, images = state.chat_prompt(body)
+        return await _serve(body, request, prompt, chat=True, images=images)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -431,7 +465,7 @@ def create_app(
         prompt = state.completion_prompt(body)
         return await _serve(body, request, prompt, chat=False)
 
-    async def _serve(body: SamplingFields, request: Request, prompt: list[int], chat: bool):
+    async def _serve(body: SamplingFields, request: Request, prompt: list[int], chat: bool, images=None):
         params = state.sampling_params(body, len(prompt))
         if state.in_flight >= state.max_concurrent:
             raise APIError(
@@ -445,7 +479,7 @@ def create_app(
         choice_params = [
             replace(params, seed=None if params.seed is None else params.seed + i) for i in range(body.n)
         ]
-        streams = [engine.astream(prompt, p) for p in choice_params]
+        streams = [engine.astream(prompt, p, images) for p in choice_params]
         state.in_flight += 1
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())

@@ -396,3 +396,72 @@ def test_sigterm_shuts_down_cleanly(server):
     _, proc = server
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
+
+
+def test_vl_model_answers_about_an_inline_image(tiny_vl_model_dir, tmp_path):
+    """A base64 image part becomes <|IMAGE_START|> + placeholders + <|IMAGE_END|> and its pixels reach the
+    vision encoder at prefill; the answer equals a no-cache argmax loop that passes the image every step."""
+    import base64
+    import io
+
+    import numpy as np
+    import paddle
+    from PIL import Image
+
+    from engine.data.images import grid_factor, load_image
+    from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START
+
+    model, tok = engine.load_model(str(tiny_vl_model_dir)), engine.load_tokenizer(str(tiny_vl_model_dir))
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (56, 84, 3), dtype=np.uint8)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+    factor = grid_factor(model.config.vision_config)
+    pixels = load_image(io.BytesIO(buf.getvalue()), factor)
+    n = (pixels.shape[1] // factor) * (pixels.shape[2] // factor)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is in " + IMAGE_START + IMAGE_PLACEHOLDER * n + IMAGE_END + "?"}]
+    )
+    ids = tok.encode(text)
+    expected = []
+    with paddle.no_grad():
+        for _ in range(8):
+            logits = model(paddle.to_tensor([ids + expected]), images=[paddle.to_tensor(pixels)]).logits
+            expected.append(int(paddle.argmax(logits[0, -1]).item()))
+            if expected[-1] in tok.stop_token_ids:
+                break
+
+    app = create_app(GenerationEngine(model, tok, max_num_seqs=2))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        vl = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        content = [
+            {"type": "text", "text": "What is in "},
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "?"},
+        ]
+        r = vl.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": content}], max_tokens=8, temperature=0
+        )
+        assert r.usage.prompt_tokens == len(ids)
+        stops = set(tok.stop_token_ids)
+        assert r.choices[0].message.content == tok.decode([t for t in expected if t not in stops])
+        with pytest.raises(openai.BadRequestError, match="data:image"):
+            vl.chat.completions.create(
+                model="default",
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}],
+                    }
+                ],
+            )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
