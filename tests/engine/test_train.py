@@ -360,7 +360,7 @@ def test_dpo_lora_reference_is_the_adapter_free_model(sft_run, tmp_path):
 # ---- pretraining the MoE -------------------------------------------------------------------------------------
 
 
-def pretrain_moe(model_dir: Path, out: Path, aux_free: bool):
+def pretrain_moe(model_dir: Path, out: Path, aux_free: bool, steps: int = 200):
     return train(
         out,
         model_name_or_path=str(model_dir),
@@ -371,9 +371,9 @@ def pretrain_moe(model_dir: Path, out: Path, aux_free: bool):
         batch_size=2,
         learning_rate=3e-3,
         warmup_steps=10,
-        max_steps=200,
+        max_steps=steps,
         logging_steps=10,
-        save_steps=200,
+        save_steps=steps,
         moe_use_aux_free=aux_free,
         moe_correction_bias_rate=0.01,
         moe_orthogonal_loss_lambda=0.1,
@@ -384,8 +384,9 @@ def test_pretrain_moe_balances_experts_and_orthogonalises_router(tiny_moe_model_
     out = tmp_path / "pt_moe"
     summary, rows = pretrain_moe(tiny_moe_model_dir, out, aux_free=True)
     assert summary.status == "succeeded"
-    # the same run without aux-free balancing starves experts; with it, every step uses them all
-    _, unbalanced = pretrain_moe(tiny_moe_model_dir, tmp_path / "pt_moe_off", aux_free=False)
+    # the same run without aux-free balancing starves experts (100 steps show it); with it, every step
+    # uses them all
+    _, unbalanced = pretrain_moe(tiny_moe_model_dir, tmp_path / "pt_moe_off", aux_free=False, steps=100)
     late = slice(-5, None)
     dead_on, dead_off = (
         mean(rows, "experts_without_tokens", late),
