@@ -411,6 +411,7 @@ class GenerationEngine:
     # -- lifecycle --
     def start(self) -> GenerationEngine:
         if self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="generation-engine", daemon=True)
             self._thread.start()
         return self
