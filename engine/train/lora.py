@@ -198,14 +198,14 @@ def is_lora_dir(directory: str | Path) -> bool:
 
 def load_lora_model(directory: str | Path, dtype: str = "float32") -> nn.Layer:
     """A LoRA run dir -> its base model with the adapter merged in (eval mode)."""
-    from engine.models.checkpoint import load_model
+    from engine import load_model  # the base may itself be a LoRA run (e.g. DPO-LoRA on an SFT-LoRA run)
 
     d = Path(directory)
     cfg = json.loads((d / ADAPTER_CONFIG).read_text())
     base_dir = Path(cfg["base_model"])
     if not base_dir.is_absolute():
         base_dir = (d / base_dir).resolve()
-    if not (base_dir / "config.json").exists():
+    if not (base_dir / "config.json").exists() and not (base_dir / ADAPTER_CONFIG).exists():
         raise FileNotFoundError(
             f"{d}/{ADAPTER_CONFIG}: base_model {cfg['base_model']} is not a model directory; "
             "export the merged model with `ernie-studio export` or restore the base model"

@@ -91,7 +91,7 @@ def set_seed(seed: int) -> None:
 
 def build_model(cfg: TrainConfig):
     """Load the base model, apply the run's MoE settings, quantization and LoRA; return (model, trainable)."""
-    from engine.models.checkpoint import load_model
+    from engine import load_model  # a LoRA run dir as the base comes back merged
 
     model = load_model(cfg.model_name_or_path, "float32")
     if cfg.compute_type in ("bf16", "fp16") and not paddle.is_compiled_with_cuda():

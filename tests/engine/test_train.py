@@ -563,3 +563,16 @@ def test_preference_losses_match_their_formulas():
     np.testing.assert_allclose(
         preference_loss(z, "hinge", beta, 0.0).numpy(), np.maximum(0, 1 - beta * x), rtol=1e-6
     )
+
+
+def test_lora_run_can_be_the_base_of_another_lora_run(lora_run, tmp_path):
+    first, _, _ = lora_run
+    out = tmp_path / "lora_on_lora"
+    # learning rate 0 keeps the new adapter at B = 0, so the chain must reproduce the first run exactly
+    summary, _ = train(out, model_name_or_path=str(first), fine_tuning="LoRA", learning_rate=0.0, max_steps=2)
+    assert summary.status == "succeeded"
+    assert json.loads((out / "adapter_config.json").read_text())["base_model"] == str(first.resolve())
+    batch = demo_batch(first)
+    np.testing.assert_allclose(
+        logits(engine.load_model(out), batch), logits(engine.load_model(first), batch), atol=1e-5, rtol=0
+    )
