@@ -181,7 +181,7 @@ def list_datasets(session: Session) -> list[Dataset]:
 
 
 def get_dataset(session: Session, dataset_id: int) -> Dataset:
-    ds = session.get(Dataset, dataset_id)
+    ds = session.get(Dataset, dataset_id) if 1 <= dataset_id < 2**31 else None
     if ds is None:
         raise NotFound(f"dataset {dataset_id} does not exist")
     return ds

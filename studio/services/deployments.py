@@ -29,7 +29,7 @@ ACTIVE = (DeploymentStatus.STARTING, DeploymentStatus.RUNNING, DeploymentStatus.
 
 class DeploymentSpec(BaseModel):
     name: str | None = Field(default=None, max_length=200)
-    run_id: int | None = None
+    run_id: int | None = Field(default=None, ge=1, le=2**31 - 1)
     model: str | None = Field(default=None, max_length=1024, description="preset, model dir or run:<id>")
     backend: str = "auto"
 
@@ -74,7 +74,7 @@ def list_deployments(session: Session, *, active_only: bool = False) -> list[Dep
 
 
 def get_deployment(session: Session, deployment_id: int) -> Deployment:
-    dep = session.get(Deployment, deployment_id)
+    dep = session.get(Deployment, deployment_id) if 1 <= deployment_id < 2**31 else None
     if dep is None:
         raise NotFound(f"deployment {deployment_id} does not exist")
     return dep

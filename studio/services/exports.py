@@ -24,7 +24,7 @@ def create_export(
     session: Session, settings: Settings, run_id: int, *, layout: str = "paddle", ptq: str | None = None
 ) -> Export:
     """Queue an export of a succeeded run into home/models/run-<id>-<layout>[-<ptq>]."""
-    run = session.get(Run, run_id)
+    run = session.get(Run, run_id) if 1 <= run_id < 2**31 else None
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     if run.status != RunStatus.SUCCEEDED:
@@ -66,7 +66,7 @@ def list_exports(session: Session, run_id: int | None = None) -> list[Export]:
 
 
 def get_export(session: Session, export_id: int) -> Export:
-    export = session.get(Export, export_id)
+    export = session.get(Export, export_id) if 1 <= export_id < 2**31 else None
     if export is None:
         raise NotFound(f"export {export_id} does not exist")
     return export

@@ -146,6 +146,8 @@ def model_dir_for(session: Session, settings: Settings, ref: str) -> Path:
             run_id = int(ref[4:])
         except ValueError:
             raise InvalidInput(f"base_model: {ref!r} is not 'run:<number>'") from None
+        if not 1 <= run_id <= 2**31 - 1:
+            raise InvalidInput(f"base_model: {ref!r} names no run (run ids are between 1 and 2147483647)")
         run = session.get(Run, run_id)
         if run is None:
             raise NotFound(f"base_model: run {run_id} does not exist")

@@ -8,7 +8,7 @@ import logging
 import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, Field
@@ -28,6 +28,7 @@ from studio.services.models import model_dir_for
 log = logging.getLogger(__name__)
 
 STAGES = ("SFT", "DPO", "PT", "VL-SFT")
+MAX_ID = 2**31 - 1  # ids are 32-bit integers on every database
 FINE_TUNING = ("LoRA", "Full")
 # Keys the studio fills in itself; users set everything else through `hyperparameters`.
 MANAGED_KEYS = (
@@ -57,8 +58,8 @@ class RunSpec(BaseModel):
 
     name: str | None = Field(default=None, max_length=200)
     base_model: str = Field(default="tiny", max_length=1024, description="preset, model dir or run:<id>")
-    dataset_ids: list[int] = Field(min_length=1, max_length=16)
-    dataset_probs: list[float] | None = None
+    dataset_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(min_length=1, max_length=16)
+    dataset_probs: list[Annotated[float, Field(gt=0, le=1e6)]] | None = None
     stage: str = "SFT"
     fine_tuning: str = "LoRA"
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
@@ -189,7 +190,7 @@ def list_runs(session: Session, *, status: str | None = None, limit: int = 200, 
 
 
 def get_run(session: Session, run_id: int) -> Run:
-    run = session.get(Run, run_id)
+    run = session.get(Run, run_id) if 1 <= run_id <= MAX_ID else None
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     return run
