@@ -181,6 +181,9 @@ def stream_reply(client, url: str, body: dict, out=sys.stdout) -> str:
 def cmd_chat(args: argparse.Namespace) -> int:
     import httpx
 
+    logging.getLogger("httpx").setLevel(
+        logging.WARNING
+    )  # its per-request INFO lines would interleave the reply
     url = args.url.rstrip("/")
     history: list[dict] = []
     system = [{"role": "system", "content": args.system}] if args.system else []

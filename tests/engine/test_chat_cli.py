@@ -71,6 +71,7 @@ def test_multi_turn_clear_and_exit(server):
     assert _replies(out.stdout) == [a1, a2, a3]
     assert "(conversation cleared)" in out.stdout
     assert "never sent" not in out.stdout
+    assert "HTTP Request" not in out.stdout + out.stderr  # no client logging mixed into the chat
 
 
 def test_end_of_input_quits_and_unknown_commands_help(server):
