@@ -371,6 +371,8 @@ class EngineStats:
     generation_tokens_total: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)
     ttft: deque = field(default_factory=lambda: deque(maxlen=100_000))  # drained by the metrics exporter
+    e2e: deque = field(default_factory=lambda: deque(maxlen=100_000))  # request latency, arrival to finish
+    per_token: deque = field(default_factory=lambda: deque(maxlen=100_000))  # mean gap after the first token
     recent_tokens: deque = field(default_factory=lambda: deque(maxlen=4096))  # (time, n_tokens)
 
     def tokens_per_second(self, window: float = 10.0) -> float:
@@ -633,6 +635,10 @@ class GenerationEngine:
     ) -> None:
         st = req.state
         self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
+        now = time.perf_counter()
+        self.stats.e2e.append(now - req.submitted)
+        if st is not None and req.first_token_at is not None and len(st.output_ids) > 1:
+            self.stats.per_token.append((now - req.first_token_at) / (len(st.output_ids) - 1))
         _send(
             req,
             GenerationOutput(

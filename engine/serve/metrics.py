@@ -8,6 +8,8 @@ import threading
 from engine.serve.generate import EngineStats
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Histogram:
@@ -47,6 +49,8 @@ class ServerMetrics:
         self.stats = stats
         self.model_name = model_name
         self.ttft = Histogram(TTFT_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.per_token = Histogram(TPOT_BUCKETS)
         self.http_requests: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
@@ -56,8 +60,10 @@ class ServerMetrics:
 
     def render(self) -> str:
         s = self.stats
-        while s.ttft:  # the engine thread appends; we move observations into the histogram here
-            self.ttft.observe(s.ttft.popleft())
+        # The engine thread appends; observations move into the histograms here.
+        for queue_, hist in ((s.ttft, self.ttft), (s.e2e, self.e2e), (s.per_token, self.per_token)):
+            while queue_:
+                hist.observe(queue_.popleft())
         lbl = f'model_name="{self.model_name}"'
         lines = [
             "# HELP ernie_num_requests_running Requests in the running decode batch.",
@@ -84,6 +90,12 @@ class ServerMetrics:
             "# HELP ernie_time_to_first_token_seconds Time from request arrival to its first generated token.",
             "# TYPE ernie_time_to_first_token_seconds histogram",
             *self.ttft.lines("ernie_time_to_first_token_seconds", lbl),
+            "# HELP ernie_e2e_request_latency_seconds Time from request arrival to its last token.",
+            "# TYPE ernie_e2e_request_latency_seconds histogram",
+            *self.e2e.lines("ernie_e2e_request_latency_seconds", lbl),
+            "# HELP ernie_time_per_output_token_seconds Mean time between a request's tokens after the first.",
+            "# TYPE ernie_time_per_output_token_seconds histogram",
+            *self.per_token.lines("ernie_time_per_output_token_seconds", lbl),
             "# HELP ernie_http_requests_total HTTP requests by route and status code.",
             "# TYPE ernie_http_requests_total counter",
         ]

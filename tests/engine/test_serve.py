@@ -300,6 +300,11 @@ def test_metrics_and_client_disconnect_stops_generation(server):
     base = server[0]
     assert _metric(base, "ernie_time_to_first_token_seconds_count") > 0
     assert _metric(base, "ernie_generation_tokens_total") > 0
+    assert (
+        _metric(base, "ernie_e2e_request_latency_seconds_count")
+        >= _metric(base, "ernie_time_per_output_token_seconds_count")
+        > 0
+    )
     aborted = _metric(base, 'ernie_request_success_total{model_name="default",finished_reason="abort"}')
     body = {
         "model": "default",
