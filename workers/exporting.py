@@ -41,6 +41,7 @@ def execute_export(settings: Settings, export_id: int, worker: str) -> str | Non
             if session.get(Run, run.id) is None:
                 stop_group(proc, settings.kill_grace_s)
                 break
+            exports_svc.export_heartbeat(session, export_id)
             session.expire_all()
             time.sleep(POLL_S)
         code = proc.wait()

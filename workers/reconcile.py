@@ -62,6 +62,7 @@ def reconcile(settings: Settings, worker: str | None) -> dict[str, int]:
             )
             add_event(session, "deployment.stopped", "its worker stopped; deploy again", deployment_id=dep.id)
             stopped += 1
+        exports_svc.requeue_stale_exports(session, settings, settings.stale_after_s)
         for export in session.scalars(
             select(Export).where(Export.status == RunStatus.QUEUED, Export.dispatched_at.is_(None))
         ).all():

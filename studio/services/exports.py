@@ -105,6 +105,34 @@ def claim_export(session: Session, export_id: int, worker: str) -> Export | None
     return session.get(Export, export_id) if n else None
 
 
+def export_heartbeat(session: Session, export_id: int) -> None:
+    session.execute(update(Export).where(Export.id == export_id).values(heartbeat_at=utcnow()))
+    session.commit()
+
+
+def requeue_stale_exports(session: Session, settings: Settings, stale_after_s: float) -> int:
+    """Exports whose worker stopped heartbeating go back to the queue (an export is idempotent)."""
+    from datetime import timedelta
+
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    stale = session.scalars(
+        select(Export).where(Export.status == RunStatus.RUNNING, Export.heartbeat_at < cutoff)
+    ).all()
+    for export in stale:
+        export.status, export.worker, export.dispatched_at = RunStatus.QUEUED, None, None
+        add_event(
+            session,
+            "export.requeued",
+            "its worker is gone",
+            run_id=export.run_id,
+            data={"export_id": export.id},
+        )
+    session.commit()
+    for export in stale:
+        dispatch_export(session, settings, export)
+    return len(stale)
+
+
 def finish_export(
     session: Session,
     export_id: int,

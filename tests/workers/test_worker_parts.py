@@ -11,7 +11,7 @@ import pytest
 from studio.config import Settings
 from studio.db import session_factory
 from studio.migrate import upgrade
-from studio.models import Deployment, DeploymentStatus, Run, RunStatus, utcnow
+from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
 from studio.services import deployments as dep_svc
 from workers.reconcile import reconcile
 from workers.serving import execute_deployment
@@ -61,6 +61,11 @@ def test_reconciler_requeues_orphans_and_sends_undelivered_runs(settings):
             name="d", model_dir="/m", status=DeploymentStatus.RUNNING, worker="gone@n", heartbeat_at=old
         )
         s.add(dep)
+        done = _run(s, status=RunStatus.SUCCEEDED)
+        export = Export(
+            run_id=done.id, status=RunStatus.RUNNING, export_dir="/e", worker="gone@n", heartbeat_at=old
+        )
+        s.add(export)
         s.commit()
         ids = stale.id, alive.id, mine.id, lost.id
 
@@ -70,12 +75,14 @@ def test_reconciler_requeues_orphans_and_sends_undelivered_runs(settings):
         assert [r.status for r in runs] == ["queued", "running", "running", "queued"]
         assert runs[0].dispatched_at is not None and runs[3].dispatched_at is not None
         assert s.get(Deployment, dep.id).status == "stopped"
+        requeued_export = s.get(Export, export.id)
+        assert requeued_export.status == "queued" and requeued_export.dispatched_at is not None
     # At start-up a worker also takes back what it was running itself when it died.
     assert reconcile(settings, "me@n")["requeued"] == 1
     with session_factory(settings)() as s:
         assert s.get(Run, ids[2]).status == "queued" and s.get(Run, ids[1]).status == "running"
     broker_messages = list(settings.broker_dir.glob("*.msg"))
-    assert len(broker_messages) == 3  # one message per requeued or undelivered run
+    assert len(broker_messages) == 4  # one per requeued or undelivered run, and the requeued export
 
 
 def test_deployment_that_cannot_start_fails_with_the_server_output(settings):
