@@ -172,12 +172,14 @@ def test_kv_cache_decoding_equals_full_forward() -> None:
 def test_recompute_gives_the_same_loss_and_gradients() -> None:
     model = _model()
     model.train()
-    ids = _t(RNG.integers(3, 96, size=(2, 6)))
+    ids = _t(RNG.integers(3, 96, size=(2, 300)))  # long enough for block attention, 3 packed samples
+    seg = _t(np.repeat([0, 1, 2], 100)[None].repeat(2, 0))
+    pos = _t(np.tile(np.arange(100), 3)[None].repeat(2, 0))
     grads = []
     for flag in (False, True):
         model.ernie.gradient_checkpointing = flag
         model.clear_gradients()
-        loss = model(ids, labels=ids).loss
+        loss = model(ids, segment_ids=seg, position_ids=pos, labels=ids).loss
         loss.backward()
         grads.append((float(loss), model.ernie.layers[0].self_attn.qkv_proj.weight.grad.numpy().copy()))
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
