@@ -126,13 +126,14 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
                 chat_a = t.make(gr.Chatbot, "cmp.chat_a", height=260, elem_id="cmp-chat-a")
                 chat_b = t.make(gr.Chatbot, "cmp.chat_b", height=260, elem_id="cmp-chat-b")
 
-    def refresh(chosen: list[Any] | None, a: Any, b: Any) -> tuple[Any, Any, Any]:
+    def refresh() -> tuple[Any, Any, Any]:
+        # Choices only: the values are the person's, and this may land after they picked something.
         items = ctx.read(runs_svc.list_runs, default=[])
         deps = ctx.read(deployments_svc.list_deployments, default=[])
         return (
-            gr.update(choices=run_choices(items), value=chosen or []),
-            gr.update(choices=deployment_choices(deps), value=a),
-            gr.update(choices=deployment_choices(deps), value=b),
+            gr.update(choices=run_choices(items)),
+            gr.update(choices=deployment_choices(deps)),
+            gr.update(choices=deployment_choices(deps)),
         )
 
     def compare(chosen: list[Any] | None, metric_name: str) -> tuple[Any, ...]:
@@ -208,6 +209,6 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
     ab_inputs = [prompt, dep_a, dep_b, temperature, chat_a, chat_b]
     send.click(ab_chat, ab_inputs, [prompt, chat_a, chat_b])
     prompt.submit(ab_chat, ab_inputs, [prompt, chat_a, chat_b])
-    tab.select(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b], show_progress="hidden")
-    ctx.demo.load(refresh, [runs, dep_a, dep_b], [runs, dep_a, dep_b], show_progress="hidden")
+    tab.select(refresh, None, [runs, dep_a, dep_b], show_progress="hidden")
+    ctx.demo.load(refresh, None, [runs, dep_a, dep_b], show_progress="hidden")
     return CompareTab(tab=tab, runs=runs)

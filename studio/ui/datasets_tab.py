@@ -331,7 +331,14 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
     next_btn.click(lambda i: step(i, 1), offset, offset).then(show_record, *record_io)
     stats_btn.click(compute_stats, [selected, tokenizer_model, max_seq_len], [stats_md, histogram])
     delete.click(delete_dataset, selected, [selected, table])
-    tab.select(refresh_list, selected, [selected, table])
+
+    def on_select(current: Any) -> tuple[Any, pd.DataFrame]:
+        update, rows = refresh_list(current)
+        if parse_id(current) is not None:
+            update.pop("value", None)  # may land after the person picked another dataset
+        return update, rows
+
+    tab.select(on_select, selected, [selected, table], show_progress="hidden")
     # On page load the dataset the person had open before a refresh (browser state) comes back.
     ctx.demo.load(refresh_list, selected_state, [selected, table]).then(
         refresh_models, tokenizer_model, tokenizer_model

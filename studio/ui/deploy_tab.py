@@ -161,17 +161,18 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
         )
 
     def tick(run_value: Any, current: Any, saved: Any, shown: list | None) -> tuple[Any, ...]:
-        # Dropdowns are only updated when their choices or values changed, so a tick never closes one
-        # mid-choice; an empty selection falls back to the stored one (a deploy may still be in flight).
+        # As in the Runs tab: a tick never overrides a value the dropdowns already have (it may be stale by
+        # the time it lands), fills an empty deployment from browser storage, and skips unchanged choices.
         run_u, rows, dep_u, md = refresh(run_value, parse_id(current) or parse_id(saved))
-        sig = [
-            [list(c) for c in run_u["choices"]],
-            run_u["value"],
-            [list(c) for c in dep_u["choices"]],
-            dep_u["value"],
-        ]
+        sig = [[list(c) for c in run_u["choices"]], [list(c) for c in dep_u["choices"]]]
         same = shown is not None and sig == shown
-        return (gr.skip() if same else run_u), rows, (gr.skip() if same else dep_u), md, sig
+        if parse_id(run_value) is not None or same:
+            run_u.pop("value", None)
+        if parse_id(current) is not None:
+            dep_u.pop("value", None)
+        run_out = gr.skip() if same else run_u
+        dep_out = gr.skip() if same and parse_id(current) is not None else dep_u
+        return run_out, rows, dep_out, md, sig
 
     def deploy_run(run_id: Any) -> tuple[Any, ...]:
         rid = parse_id(run_id)

@@ -252,12 +252,17 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
         return gr.update(choices=run_choices(runs), value=value), run_rows(runs, progress)
 
     def tick_table(current: Any, saved: Any, shown: list | None, request: gr.Request) -> tuple[Any, ...]:
-        # The dropdown is only touched when its choices or value changed: an update every tick would close
-        # it under the person's cursor. An empty selection falls back to the stored one, then to ?run=N
-        # (a launch or the page-load restore may still be in flight when this tick started).
+        # A tick reads the dropdown as it was when the tick started, so it never sets the value of a
+        # dropdown that has one (a click or a launch may have changed it since); it fills an empty one from
+        # browser storage or ?run=N, and it only sends choices that changed (an update closes an open list).
         update, rows = refresh_table(_pick(current, saved, request))
-        sig = [[list(c) for c in update["choices"]], update["value"]]
-        return (update if sig != shown else gr.skip()), rows, sig, update["value"]
+        sig = [list(c) for c in update["choices"]]
+        if parse_id(current) is not None:
+            update.pop("value", None)
+            out = gr.skip() if sig == shown else update
+        else:
+            out = update
+        return out, rows, sig, update.get("value", parse_id(current))
 
     empty = charts.empty_frame()
 

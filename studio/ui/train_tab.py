@@ -230,10 +230,11 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
     def refresh_choices(base_model: str | None, chosen: list[Any] | None) -> tuple[Any, Any]:
         choices = model_choices(ctx.read(models_svc.list_models, ctx.settings, default=[]))
         items = ctx.read(datasets_svc.list_datasets, default=[])
-        value = base_model or (choices[0][1] if choices else None)
-        return gr.update(choices=choices, value=value), gr.update(
-            choices=dataset_choices(items), value=chosen
-        )
+        # Values are only filled in when empty: this may land after the person picked something.
+        model_update = gr.update(choices=choices)
+        if not base_model and choices:
+            model_update["value"] = choices[0][1]
+        return model_update, gr.update(choices=dataset_choices(items))
 
     fields["stage"].change(
         stage_changed,

@@ -91,8 +91,8 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.fill("tr-learning-rate", "0.001")
     ui.fill("tr-warmup-steps", "5")
     ui.fill("tr-save-steps", "10")
-    # Three micro-batches per step keep the run going long enough to refresh the page in the middle of it.
-    ui.fill("tr-gradient-accumulation-steps", "3")
+    # Two micro-batches per step keep the run going long enough to refresh the page in the middle of it.
+    ui.fill("tr-gradient-accumulation-steps", "2")
     ui.fill("tr-max-seq-len", "256")
     ui.expect_text("tr-yaml", "learning_rate: 0.001")
     ui.expect_text("tr-yaml", f"max_steps: {MAX_STEPS}")
@@ -137,36 +137,10 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     run2 = api(studio, "/runs")[0]
     assert run2["id"] != run1["id"] and run2["config"]["learning_rate"] == 0.0001
     assert run2["config"]["max_steps"] == MAX_STEPS
-    wait_until(lambda: api(studio, f"/runs/{run2['id']}")["status"] == "succeeded", 120, "the second run")
 
-    # 6. Compare: two curves aligned by step, and the learning rate is the only differing hyperparameter.
-    ui.tab("compare")
-    ui.choose("cmp-runs", "lr-1e-3")
-    ui.choose("cmp-runs", "lr-1e-4")
-    ui.click("cmp-btn")
-    wait_until(
-        lambda: plot_series_points(page, "cmp-curves") == [MAX_STEPS, MAX_STEPS], 30, "two full curves"
-    )
-    ui.expect_text("cmp-diff", re.compile(r"learning_rate\s+0\.001\s+0\.0001"))
-    diff_text = ui.el("cmp-diff").inner_text()
-    assert "max_steps" not in diff_text and "lora_rank" not in diff_text, diff_text
-    ui.expect_text("cmp-final", "loss")
-    ui.shot("compare")
-
-    # 7. Export the first run with weight-only int8 PTQ; the exports table reports perplexity before/after.
+    # 6. While it trains: deploy the first run (LoRA, merged by the worker) and chat; the reply streams in.
     ui.tab("runs")
     ui.choose("runs-select", "lr-1e-3")
-    page.get_by_text("Export", exact=True).click()
-    ui.choose("runs-export-kind", "PTQ wint8")
-    ui.click("runs-export-btn")
-    ui.expect_text("runs-action", "queued")
-    ui.expect_text("runs-exports", "succeeded", timeout=120_000)
-    ui.expect_text("runs-exports", "relative_change")
-    exported = api(studio, "/models")
-    assert any(m["name"] == f"run-{run1['id']}-paddle-wint8" for m in exported), [m["name"] for m in exported]
-    ui.shot("export")
-
-    # 8. Deploy the first run (LoRA, merged by the worker) and chat: the reply streams in.
     ui.click("runs-deploy")
     deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
@@ -198,11 +172,42 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     assert lengths[-1] == max(lengths)
     ui.shot("chat")
 
-    # 9. One click from the Deploy tab deploys the second run; A/B chat sends one prompt to both.
+    # 7. One click on the Deploy tab deploys the second run once it has finished.
+    wait_until(lambda: api(studio, f"/runs/{run2['id']}")["status"] == "succeeded", 120, "the second run")
+    ui.tab("deploy")
     ui.choose("dep-run", "lr-1e-4")
     ui.click("dep-btn")
-    ui.expect_text("dep-status", re.compile(r"#2 lr-1e-4 — running"), timeout=120_000)
+    ui.expect_text("dep-status", "#2 lr-1e-4")
+
+    # 8. Meanwhile, export the first run with weight-only int8 PTQ: perplexity before and after is reported.
+    ui.tab("runs")
+    ui.choose("runs-select", "lr-1e-3")
+    page.get_by_text("Export", exact=True).click()
+    ui.choose("runs-export-kind", "PTQ wint8")
+    ui.click("runs-export-btn")
+    ui.expect_text("runs-action", "queued")
+    ui.expect_text("runs-exports", "succeeded", timeout=120_000)
+    ui.expect_text("runs-exports", "relative_change")
+    exported = api(studio, "/models")
+    assert any(m["name"] == f"run-{run1['id']}-paddle-wint8" for m in exported), [m["name"] for m in exported]
+    ui.shot("export")
+
+    # 9. Compare: two curves aligned by step, the learning rate is the only differing hyperparameter, and
+    # A/B chat sends one prompt to both deployments.
+    wait_until(lambda: all(d["status"] == "running" for d in api(studio, "/deployments")), 120, "deployments")
     ui.tab("compare")
+    ui.choose("cmp-runs", "lr-1e-3")
+    ui.choose("cmp-runs", "lr-1e-4")
+    ui.click("cmp-btn")
+    wait_until(
+        lambda: plot_series_points(page, "cmp-curves") == [MAX_STEPS, MAX_STEPS], 30, "two full curves"
+    )
+    ui.expect_text("cmp-diff", re.compile(r"learning_rate\s+0\.001\s+0\.0001"))
+    diff_text = ui.el("cmp-diff").inner_text()
+    assert "max_steps" not in diff_text and "lora_rank" not in diff_text, diff_text
+    ui.expect_text("cmp-final", "loss")
+    ui.expect_text("cmp-legend", "lr-1e-4")
+    ui.shot("compare")
     ui.choose("cmp-dep-a", "lr-1e-3")
     ui.choose("cmp-dep-b", "lr-1e-4")
     ui.fill("cmp-temperature", "2")
