@@ -394,6 +394,33 @@ async def _collect(stream: AsyncIterator[GenerationOutput], request: Request) ->
             return None
 
 
+class _Release:
+    """Gives back a streaming request's concurrency slot exactly once, whichever cleanup path runs first."""
+
+    def __init__(self, state: ServingState):
+        self.state, self.done = state, False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            self.state.in_flight -= 1
+
+
+class _TrackedStream(StreamingResponse):
+    """A streaming response that frees its slot even when the client leaves before the body starts
+    (then the generator, whose ``finally`` normally does it, never runs)."""
+
+    def __init__(self, content, release: _Release, **kwargs):
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 def create_app(
     engine: GenerationEngine,
     served_model_name: str = "default",
@@ -486,8 +513,10 @@ def create_app(
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             state.metrics.count_request(route, 200)
-            return StreamingResponse(
-                _stream_events(streams, rid, created, chat, include_usage),
+            release = _Release(state)
+            return _TrackedStream(
+                _stream_events(streams, rid, created, chat, include_usage, release),
+                release,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -524,7 +553,7 @@ def create_app(
         }
 
     async def _stream_events(
-        streams, rid: str, created: int, chat: bool, include_usage: bool
+        streams, rid: str, created: int, chat: bool, include_usage: bool, release: _Release
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         offsets = [0] * len(streams)
@@ -597,7 +626,7 @@ def create_app(
         finally:
             # Runs on normal end and when the client disconnects (Starlette cancels this generator):
             # cancelling a pump cancels its engine request.
-            state.in_flight -= 1
+            release()
             for task in pumps:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
