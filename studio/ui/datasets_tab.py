@@ -300,7 +300,9 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
             raise gr.Error("Pick the model whose tokenizer should count the tokens.")
         seq = int(seq_len or 512)
         stats = ctx.call(datasets_svc.dataset_stats, ctx.settings, did, model=model, max_seq_len=seq)
-        return stats_markdown(stats, seq), charts.histogram_frame(stats)
+        frame = charts.histogram_frame(stats)
+        # Bins are labels ("28-35"); the explicit order keeps them numeric instead of alphabetical.
+        return stats_markdown(stats, seq), gr.update(value=frame, sort=list(frame["tokens"]))
 
     def delete_dataset(dataset_id: Any) -> tuple[Any, ...]:
         did = parse_id(dataset_id)
