@@ -77,9 +77,10 @@ class Attention(nn.Layer):
         b, t, _ = x.shape
         qkv = self.qkv_proj(x)
         nq, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = paddle.split(qkv, [nq * hd, nkv * hd, nkv * hd], axis=-1)
-        q = apply_rotary(q.reshape([b, t, nq, hd]), cos, sin)
-        k = apply_rotary(k.reshape([b, t, nkv, hd]), cos, sin)
+        # Q and K sit side by side in the fused projection: rotate them in one pass, then split.
+        qk, v = paddle.split(qkv, [(nq + nkv) * hd, nkv * hd], axis=-1)
+        qk = apply_rotary(qk.reshape([b, t, nq + nkv, hd]), cos, sin)
+        q, k = paddle.split(qk, [nq, nkv], axis=2)
         v = v.reshape([b, t, nkv, hd])
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
