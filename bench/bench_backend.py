@@ -249,6 +249,7 @@ def main() -> int:
     run = {"dispatch", "api", "preview"} if args.only is None else {args.only}
     root = Path(tempfile.mkdtemp(prefix="ernie-bench-backend-"))
     rows: list[tuple[str, str, str, str]] = []
+    pg_database: str | None = None
     try:
         if "dispatch" in run and reachable(6379):
             import redis
@@ -284,7 +285,7 @@ def main() -> int:
         if "api" in run and reachable(5432):
             import psycopg
 
-            name = f"ernie_bench_{uuid.uuid4().hex[:8]}"
+            name = pg_database = f"ernie_bench_{uuid.uuid4().hex[:8]}"
             with psycopg.connect("host=127.0.0.1 user=postgres dbname=test", autocommit=True) as c:
                 c.execute(f'CREATE DATABASE "{name}"')
             dbs.append(
@@ -317,6 +318,11 @@ def main() -> int:
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if pg_database:
+            import psycopg
+
+            with psycopg.connect("host=127.0.0.1 user=postgres dbname=test", autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{pg_database}" WITH (FORCE)')
 
     widths = [max(len(r[i]) for r in [("case", "p50 / time", "p99", "notes"), *rows]) for i in range(4)]
     for r in [("case", "p50 / time", "p99", "notes"), tuple("-" * w for w in widths), *rows]:
