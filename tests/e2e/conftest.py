@@ -89,7 +89,9 @@ def studio(tmp_path_factory, artifacts) -> Iterator[str]:
         log.close()
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an asyncio loop running in the main thread until it stops,
+# which would break every later test that calls asyncio.run().
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 

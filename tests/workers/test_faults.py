@@ -99,12 +99,13 @@ def test_redis_outage_loses_no_run_and_twenty_runs_run_in_order(studio_factory, 
     studio.start_worker("train@testnode")
     runs.append(down)
     ids = [r["id"] for r in runs]
-    wait_for(
-        lambda: all(api.get(f"/runs/{i}").json()["status"] in ("succeeded", "failed") for i in ids[-1:]),
-        400,
-        "the last run to finish",
-        interval=0.5,
-    )
+
+    def last_finished() -> bool:
+        r = api.get(f"/runs/{ids[-1]}")
+        assert r.status_code == 200, f"{r.status_code} {r.text}\n{studio.log('api')[-3000:]}"
+        return r.json()["status"] in ("succeeded", "failed")
+
+    wait_for(last_finished, 400, "the last run to finish", interval=0.5)
     done = [api.get(f"/runs/{i}").json() for i in ids]
     assert [r["status"] for r in done] == ["succeeded"] * 20, [(r["id"], r["error"]) for r in done]
     assert all(r["attempt"] == 1 for r in done)  # each ran exactly once
