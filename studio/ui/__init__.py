@@ -22,15 +22,14 @@ from studio.ui.train_tab import build_train_tab, form_values
 
 TAB_IDS = ("datasets", "train", "runs", "compare", "deploy")
 
-# Extra styling passed to gr.mount_gradio_app (Gradio 6 takes css/theme at mount time, not in Blocks()).
+# A few layout touches. Gradio 6 takes css at mount time (gr.mount_gradio_app), which studio.app owns, so
+# the rules travel inside the Blocks as a <style> element instead.
 CSS = """
 #studio-header h1 { margin-bottom: 0; }
 #studio-header p { margin-top: 0; color: var(--body-text-color-subdued); }
-#ds-problems table td:first-child { white-space: nowrap; }
-#runs-logs .cm-content, #runs-logs .cm-gutters { font-size: 12px; }
-#lang-switch { max-width: 220px; margin-left: auto; }
+#studio-tabs .row > button { align-self: center; }
+#studio-style { display: none; }
 """
-THEME = gr.themes.Soft(primary_hue="blue", secondary_hue="orange")
 
 # Keeps ?tab=...&run=... in the address bar so a refresh reopens the same view.
 SET_TAB_JS = """(tabId) => {
@@ -54,6 +53,7 @@ def build_ui(settings: Settings) -> gr.Blocks:
         with gr.Row(equal_height=True):
             with gr.Column(scale=4, elem_id="studio-header"):
                 header = gr.Markdown(_header(DEFAULT_LANGUAGE))
+                gr.HTML(f"<style>{CSS}</style>", elem_id="studio-style", padding=False)
             language = texts.make(
                 gr.Radio,
                 "app.language",
@@ -140,4 +140,4 @@ def _header(lang: str) -> str:
     return f"# {text('app.title', lang)}\n{text('app.subtitle', lang)}"
 
 
-__all__ = ["CSS", "THEME", "build_ui"]
+__all__ = ["CSS", "build_ui"]

@@ -100,9 +100,22 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
         legend_md = gr.Markdown("", elem_id="cmp-legend")
         with gr.Row():
             diff = t.make(
-                gr.Dataframe, "cmp.diff", interactive=False, wrap=True, elem_id="cmp-diff", max_height=300
+                gr.Dataframe,
+                "cmp.diff",
+                headers=["key"],
+                interactive=False,
+                wrap=True,
+                elem_id="cmp-diff",
+                max_height=300,
             )
-            final = t.make(gr.Dataframe, "cmp.final", interactive=False, elem_id="cmp-final", max_height=300)
+            final = t.make(
+                gr.Dataframe,
+                "cmp.final",
+                headers=["metric"],
+                interactive=False,
+                elem_id="cmp-final",
+                max_height=300,
+            )
         with t.make(gr.Accordion, "cmp.ab", open=True):
             with gr.Row():
                 dep_a = t.make(gr.Dropdown, "cmp.deploy_a", choices=[], elem_id="cmp-dep-a")
@@ -118,6 +131,9 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
                     step=0.05,
                     elem_id="cmp-temperature",
                     scale=2,
+                )
+                ab_ignore_eos = t.make(
+                    gr.Checkbox, "dep.ignore_eos", value=False, elem_id="cmp-ignore-eos", scale=1
                 )
                 send = t.make(
                     gr.Button, "cmp.send", prop="value", variant="primary", elem_id="cmp-send", scale=1
@@ -162,7 +178,7 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
         )
 
     def ab_chat(
-        text: str, a: Any, b: Any, temp: float, hist_a: list, hist_b: list
+        text: str, a: Any, b: Any, temp: float, no_eos: bool, hist_a: list, hist_b: list
     ) -> Iterator[tuple[Any, ...]]:
         da, db = parse_id(a), parse_id(b)
         if not text or da is None or db is None:
@@ -206,7 +222,7 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
 
     compare_btn.click(compare, [runs, metric], [curves, legend_md, metric, diff, final])
     metric.input(compare, [runs, metric], [curves, legend_md, metric, diff, final])
-    ab_inputs = [prompt, dep_a, dep_b, temperature, chat_a, chat_b]
+    ab_inputs = [prompt, dep_a, dep_b, temperature, ab_ignore_eos, chat_a, chat_b]
     send.click(ab_chat, ab_inputs, [prompt, chat_a, chat_b])
     prompt.submit(ab_chat, ab_inputs, [prompt, chat_a, chat_b])
     tab.select(refresh, None, [runs, dep_a, dep_b], show_progress="hidden")

@@ -129,6 +129,9 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
                     step=1,
                     elem_id="dep-max-tokens",
                 )
+                with t.make(gr.Accordion, "dep.advanced", open=False):
+                    seed = t.make(gr.Number, "dep.seed", value=None, precision=0, elem_id="dep-seed")
+                    ignore_eos = t.make(gr.Checkbox, "dep.ignore_eos", value=False, elem_id="dep-ignore-eos")
             with gr.Column(scale=3):
                 chatbot = t.make(gr.Chatbot, "dep.chat", height=380, elem_id="dep-chat")
                 with gr.Row(equal_height=True):
@@ -196,7 +199,14 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
         return "", [*history, {"role": "user", "content": text}]
 
     def bot_turn(
-        history: list[dict[str, Any]], dep_id: Any, sys_prompt: str, temp: float, p: float, n: float
+        history: list[dict[str, Any]],
+        dep_id: Any,
+        sys_prompt: str,
+        temp: float,
+        p: float,
+        n: float,
+        seed_value: float | None,
+        no_eos: bool,
     ) -> Iterator[list[dict[str, Any]]]:
         did = parse_id(dep_id)
         if did is None:
@@ -207,12 +217,16 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
             "top_p": float(p),
             "max_tokens": int(n),
         }
+        if seed_value is not None:
+            body["seed"] = int(seed_value)
+        if no_eos:
+            body["ignore_eos"] = True
         history = [*history, {"role": "assistant", "content": ""}]
         for delta in ctx.stream(deployments_svc.chat_stream, did, body):
             history[-1]["content"] += delta
             yield history
 
-    chat_inputs = [chatbot, selected, system, temperature, top_p, max_tokens]
+    chat_inputs = [chatbot, selected, system, temperature, top_p, max_tokens, seed, ignore_eos]
     sent = send.click(user_turn, [message, chatbot], [message, chatbot]).then(bot_turn, chat_inputs, chatbot)
     submitted = message.submit(user_turn, [message, chatbot], [message, chatbot]).then(
         bot_turn, chat_inputs, chatbot

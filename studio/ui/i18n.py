@@ -189,6 +189,17 @@ STRINGS: dict[str, tuple[str, str]] = {
     "dep.temperature.info": ("0 = greedy.", "0 表示贪心解码。"),
     "dep.top_p": ("top_p", "top_p"),
     "dep.max_tokens": ("max_tokens", "max_tokens"),
+    "dep.advanced": ("Advanced", "高级"),
+    "dep.seed": ("seed", "seed"),
+    "dep.seed.info": (
+        "Same seed, same sampled reply; empty = random.",
+        "相同的 seed 得到相同的采样结果；留空表示随机。",
+    ),
+    "dep.ignore_eos": ("ignore_eos", "ignore_eos"),
+    "dep.ignore_eos.info": (
+        "Keep generating to max_tokens past the end-of-sentence token (throughput checks).",
+        "忽略结束符，一直生成到 max_tokens（用于吞吐测试）。",
+    ),
     "dep.chat": ("Chat", "对话"),
     "dep.message": ("Message", "消息"),
     "dep.send": ("Send", "发送"),

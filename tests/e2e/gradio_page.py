@@ -57,7 +57,8 @@ class StudioPage:
         box = self.el(elem_id).locator("input").first
         box.click()
         box.fill(option)
-        item = self.page.locator("ul[role=listbox] li", has_text=option).first
+        # Scoped to this dropdown: another one's list may still be closing on the page.
+        item = self.el(elem_id).locator("ul[role=listbox] li", has_text=option).first
         expect(item).to_be_visible()
         item.dispatch_event("mousedown")  # Gradio selects on mousedown; a click can race the list's re-render
         box.blur()

@@ -146,11 +146,12 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
     ui.expect_text("dep-status", "running", timeout=120_000)
     ui.fill("dep-system", "You are a concise assistant.")
-    # A 40-step tiny model ends its answer almost at once when greedy; sampling hot keeps it talking, so
-    # the reply has enough tokens to watch it stream.
-    ui.fill("dep-temperature", "2")
-    ui.fill("dep-top-p", "1")
+    # A 40-step tiny model often ends its answer after a token or two; ignore_eos makes the reply run to
+    # max_tokens, so there is something to watch stream.
     ui.fill("dep-max-tokens", "48")
+    page.get_by_text("Advanced", exact=True).click()
+    ui.fill("dep-seed", "7")
+    page.locator("#dep-ignore-eos input[type=checkbox]").check()
     page.evaluate(
         """() => {
       window.__replyLengths = [];
@@ -210,7 +211,8 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.shot("compare")
     ui.choose("cmp-dep-a", "lr-1e-3")
     ui.choose("cmp-dep-b", "lr-1e-4")
-    ui.fill("cmp-temperature", "2")
+    ui.fill("cmp-temperature", "1")
+    page.locator("#cmp-ignore-eos input[type=checkbox]").check()
     ui.el("cmp-prompt").locator("textarea, input").first.fill("Count from 1 to 5.")
     ui.click("cmp-send")
     ui.idle(timeout=120_000)
