@@ -1,19 +1,31 @@
-"""ERNIE 4.5 models in plain Paddle."""
+"""ERNIE 4.5 models in plain Paddle.
 
-from engine.models.checkpoint import CheckpointError, load_model, save_model
-from engine.models.config import ErnieConfig, VisionConfig
-from engine.models.ernie import CausalLMOutput, DynamicCache, ErnieForCausalLM
-from engine.models.presets import preset_config, preset_names
+Names are resolved lazily so that light users (config parsing, the CLI's argument parser, the studio's
+dataset checks) do not pay for importing Paddle.
+"""
 
-__all__ = [
-    "CausalLMOutput",
-    "CheckpointError",
-    "DynamicCache",
-    "ErnieConfig",
-    "ErnieForCausalLM",
-    "VisionConfig",
-    "load_model",
-    "preset_config",
-    "preset_names",
-    "save_model",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointError": "engine.models.checkpoint",
+    "load_model": "engine.models.checkpoint",
+    "save_model": "engine.models.checkpoint",
+    "ErnieConfig": "engine.models.config",
+    "VisionConfig": "engine.models.config",
+    "CausalLMOutput": "engine.models.ernie",
+    "DynamicCache": "engine.models.ernie",
+    "ErnieForCausalLM": "engine.models.ernie",
+    "preset_config": "engine.models.presets",
+    "preset_names": "engine.models.presets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
