@@ -268,7 +268,8 @@ class ErnieForCausalLM(nn.Layer):
         out = CausalLMOutput(
             logits=logits, router_stats=stats, past_key_values=past_key_values, hidden_states=h
         )
-        if stats:
+        if stats and (self.training or labels is not None):
+            # Decoding never needs them, and the orthogonal loss costs a gate-matrix product per layer.
             out.router_losses = self.router_losses(stats)
         if labels is not None:
             out.lm_loss = token_loss(logits, labels)
