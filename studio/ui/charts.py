@@ -82,8 +82,11 @@ def histogram_frame(stats: Mapping[str, Any] | None) -> pd.DataFrame:
     # bins are edges (len(counts) + 1) in numpy's convention; tolerate lower edges only.
     lows = bins[: len(counts)] if len(bins) >= len(counts) else list(range(len(counts)))
     highs = bins[1 : len(counts) + 1] if len(bins) > len(counts) else lows
+    # Vega orders bar labels as text; padding the lower edge to one width makes that the numeric order.
+    width = len(str(int(max([*lows, *highs], default=0))))
     labels = [
-        f"{int(lo)}-{int(hi)}" if hi != lo else f"{int(lo)}" for lo, hi in zip(lows, highs, strict=False)
+        f"{int(lo):>{width}}-{int(hi)}" if hi != lo else f"{int(lo):>{width}}"
+        for lo, hi in zip(lows, highs, strict=False)
     ]
     return pd.DataFrame({"tokens": labels, "samples": [int(c) for c in counts]})
 

@@ -20,8 +20,9 @@ FORMATS = ["auto", "erniekit", "alpaca", "chatml", "erniekit_vl"]
 DATASET_COLUMNS = ["id", "name", "format", "kind", "records", "valid", "problems", "uploaded"]
 PROBLEM_COLUMNS = ["line", "problem"]
 TRAINED = "trained"
-# DPO previews mark the two answers instead of one trained span.
-SPAN_COLORS = {TRAINED: "#f97316", "chosen": "#22c55e", "rejected": "#ef4444"}
+# The legend lists every colour-mapped category, so only "trained" is mapped; DPO previews' "chosen" and
+# "rejected" answers get Gradio's own colours and appear in the legend only when a record has them.
+SPAN_COLORS = {TRAINED: "#f97316"}
 
 
 @dataclass
@@ -189,7 +190,8 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
                     x="tokens",
                     y="samples",
                     sort=None,
-                    height=240,
+                    height=260,
+                    x_label_angle=-45,
                     elem_id="ds-histogram",
                 )
 
@@ -300,9 +302,7 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
             raise gr.Error("Pick the model whose tokenizer should count the tokens.")
         seq = int(seq_len or 512)
         stats = ctx.call(datasets_svc.dataset_stats, ctx.settings, did, model=model, max_seq_len=seq)
-        frame = charts.histogram_frame(stats)
-        # Bins are labels ("28-35"); the explicit order keeps them numeric instead of alphabetical.
-        return stats_markdown(stats, seq), gr.update(value=frame, sort=list(frame["tokens"]))
+        return stats_markdown(stats, seq), charts.histogram_frame(stats)
 
     def delete_dataset(dataset_id: Any) -> tuple[Any, ...]:
         did = parse_id(dataset_id)

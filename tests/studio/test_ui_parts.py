@@ -77,7 +77,8 @@ def test_stage_metrics_prefer_dpo_and_moe_keys_and_fall_back_to_grad_norm():
 
 def test_histogram_frame_labels_bins_by_their_edges():
     frame = charts.histogram_frame({"histogram": {"bins": [0, 8, 16, 24], "counts": [3, 0, 5]}})
-    assert frame["tokens"].tolist() == ["0-8", "8-16", "16-24"] and frame["samples"].tolist() == [3, 0, 5]
+    assert frame["tokens"].tolist() == [" 0-8", " 8-16", "16-24"] and frame["samples"].tolist() == [3, 0, 5]
+    assert sorted(frame["tokens"]) == frame["tokens"].tolist()  # text order is numeric order
     assert charts.histogram_frame({}).empty
 
 
