@@ -91,9 +91,10 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.fill("tr-learning-rate", "0.001")
     ui.fill("tr-warmup-steps", "5")
     ui.fill("tr-save-steps", "10")
-    # Two micro-batches per step keep the run going long enough to refresh the page in the middle of it.
-    ui.fill("tr-gradient-accumulation-steps", "2")
-    ui.fill("tr-max-seq-len", "256")
+    # Packing fills every step with 2048 tokens: compute, not per-step overhead, sets the pace, so the run
+    # lasts long enough to refresh the page in the middle of it however idle the machine is.
+    ui.fill("tr-max-seq-len", "2048")
+    page.locator("#tr-packing input[type=checkbox]").check()
     ui.expect_text("tr-yaml", "learning_rate: 0.001")
     ui.expect_text("tr-yaml", f"max_steps: {MAX_STEPS}")
     ui.click("tr-estimate-btn")
