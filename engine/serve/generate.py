@@ -1,9 +1,10 @@
 """Text generation: a slot KV cache, sampling, stop handling, streaming detokenisation and a
 continuous-batching engine that lets concurrent requests share every decode step.
 
-The engine thread owns the model and the cache. A request is prefilled on its own (one forward over its
-prompt into a free cache row), then joins the running batch; each decode step feeds one token per running
-sequence with its own position and an additive mask that hides the unused tail of shorter rows.
+The engine thread owns the model and the cache. Waiting requests are prefilled into free cache rows (text
+prompts of similar length in one right-padded forward, image prompts alone), then join the running batch;
+each decode step feeds one token per running sequence with its own position and an additive mask that
+hides the unused tail of shorter rows.
 """
 
 from __future__ import annotations
@@ -277,6 +278,8 @@ class SlotKVCache:
     def prepare(self, first_row: int, num_rows: int, new_tokens: int) -> None:
         """Say which rows the next forward covers and how many tokens each adds (1 when decoding)."""
         rows = np.arange(first_row, first_row + num_rows, dtype=np.int64)
+        if new_tokens > 1 and (self.lengths[rows] != self.lengths[first_row]).any():
+            raise ValueError(f"rows {first_row}..{first_row + num_rows - 1} prefill from different lengths")
         self._read_len = int(self.lengths[rows].max()) + new_tokens
         self.reserve(self._read_len)
         self._rows, self._new = (first_row, num_rows), new_tokens
@@ -306,10 +309,10 @@ class SlotKVCache:
         if self._write_index is not None:  # decode: one token per row, each at its own length
             kbuf.reshape(flat).scatter_(self._write_index, k.reshape([n * h, d]))
             vbuf.reshape(flat).scatter_(self._write_index, v.reshape([n * h, d]))
-        else:  # prefill: one row, T tokens from its current length
+        else:  # prefill: T tokens per row, all rows from the same length
             start = int(self.lengths[first])
-            kbuf[first, :, start : start + self._new] = k[0].transpose([1, 0, 2])
-            vbuf[first, :, start : start + self._new] = v[0].transpose([1, 0, 2])
+            kbuf[first : first + n, :, start : start + self._new] = k.transpose([0, 2, 1, 3])
+            vbuf[first : first + n, :, start : start + self._new] = v.transpose([0, 2, 1, 3])
         shape = [n, h, self._read_len, d]
         k_all = paddle.index_select(kbuf.reshape(flat), self._read_index).reshape(shape)
         v_all = paddle.index_select(vbuf.reshape(flat), self._read_index).reshape(shape)
@@ -514,13 +517,7 @@ class GenerationEngine:
             while not self._stop.is_set():
                 self._drain_incoming(block=not self._running and not self._waiting)
                 self._drop_cancelled()
-                while self._waiting and len(self._running) < self.max_num_seqs:
-                    req = self._waiting.popleft()
-                    try:
-                        self._prefill(req)
-                    except Exception as e:  # a prompt the model rejects fails that request only
-                        log.exception("prefill failed")
-                        self._finish(req, FINISH_ERROR, f"generation failed: {e}")
+                self._admit()
                 try:
                     if self._running:
                         self._decode_step()
@@ -550,22 +547,63 @@ class GenerationEngine:
         for req in [r for r in self._running if r.cancelled.is_set()]:
             self._finish(req, FINISH_ABORT)
 
-    def _prefill(self, req: Request) -> None:
-        row = len(self._running)
-        self.cache.lengths[row] = 0
-        req.state = SequenceState(req.prompt_ids, req.params, self.tokenizer, self.stop_token_ids)
-        self._running.append(req)
-        n = len(req.prompt_ids)
-        self.cache.prepare(row, 1, n)
-        ids = paddle.to_tensor([req.prompt_ids], dtype="int64")
-        pos = paddle.arange(n, dtype="int64").unsqueeze(0)
-        images = [paddle.to_tensor(img) for img in req.images] or None
+    def _admit(self) -> None:
+        """Prefill waiting requests into the free rows; text prompts of similar length share one forward."""
+        admitted: list[Request] = []
+        while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
+            admitted.append(self._waiting.popleft())
+        groups = [[r] for r in admitted if r.images]
+        for req in sorted((r for r in admitted if not r.images), key=lambda r: len(r.prompt_ids)):
+            group = groups[-1] if groups and not groups[-1][0].images else None
+            if group is not None and _padding_fraction([*group, req]) <= PREFILL_MAX_PADDING:
+                group.append(req)
+            else:
+                groups.append([req])
+        for group in groups:
+            try:
+                self._prefill(group)
+            except Exception as e:  # a prompt the model rejects fails its own forward's requests only
+                log.exception("prefill failed")
+                for req in group:
+                    if req in self._running or req.state is None:  # not yet finished by its first token
+                        self._finish(req, FINISH_ERROR, f"generation failed: {e}")
+
+    def _prefill(self, group: list[Request]) -> None:
+        """One forward over the prompts of ``group`` (right-padded to the longest) into fresh cache rows.
+
+        Positions are the cache columns, so right padding keeps every real token at its own position and
+        the causal mask alone is exact for them; the pads' keys land past each row's length, where decode
+        masks never look and the row's next tokens overwrite them.
+        """
+        first = len(self._running)
+        lens = np.array([len(r.prompt_ids) for r in group], dtype=np.int64)
+        t = int(lens.max())
+        ids = np.empty((len(group), t), dtype=np.int64)
+        for i, req in enumerate(group):
+            # Pad with the row's own last token: any fixed id could be a special one (an image placeholder).
+            ids[i] = req.prompt_ids[-1]
+            ids[i, : lens[i]] = req.prompt_ids
+            req.state = SequenceState(req.prompt_ids, req.params, self.tokenizer, self.stop_token_ids)
+            self.cache.lengths[first + i] = 0
+            self._running.append(req)
+        self.cache.prepare(first, len(group), t)
+        pos = paddle.to_tensor(np.broadcast_to(np.arange(t, dtype=np.int64), ids.shape).copy())
+        images = [paddle.to_tensor(img) for req in group for img in req.images] or None
+        keep = t - int(lens.min()) + 1  # enough trailing positions to hold every row's last prompt token
         out = self.model(
-            ids, position_ids=pos, images=images, past_key_values=self.cache, use_cache=True, logits_to_keep=1
+            paddle.to_tensor(ids),
+            position_ids=pos,
+            images=images,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
         )
         self.cache.commit()
-        self.stats.prompt_tokens_total += n
-        self._accept(req, out.logits[0, -1].astype("float32").numpy())
+        self.cache.lengths[first : first + len(group)] = lens
+        self.stats.prompt_tokens_total += int(lens.sum())
+        logits = out.logits.astype("float32").numpy()
+        for i, req in enumerate(group):
+            self._accept(req, logits[i, lens[i] - 1 - (t - keep)])
 
     def _decode_step(self) -> None:
         b = len(self._running)
@@ -652,6 +690,16 @@ class GenerationEngine:
                 text, ids or [], reason, len(req.prompt_ids), len(st.output_ids) if st else 0, error, logprobs
             ),
         )
+
+
+# Waiting prompts are prefilled together while padding stays under this share of the padded batch: one
+# forward over 8 x 32 tokens costs ~0.65x eight separate ones, while pads cost as much as real tokens.
+PREFILL_MAX_PADDING = 0.25
+
+
+def _padding_fraction(group: list[Request]) -> float:
+    lens = [len(r.prompt_ids) for r in group]
+    return 1.0 - sum(lens) / (len(lens) * max(lens))
 
 
 def _send(req: Request, out: GenerationOutput) -> None:
