@@ -172,8 +172,14 @@ def component_choices(batch: int, seq: int, repeats: int) -> list[tuple[str, str
         },
         "tied LM head": {
             "3-D matmul(x, E, transpose_y)": (lambda x, e: paddle.matmul(x, e, transpose_y=True), (x, emb)),
-            "2-D linear(x, E.T) (ours)": (
+            "2-D linear(x, E.T)": (
                 lambda x, e: F.linear(x.reshape([-1, h]), e.T).reshape([batch, seq, vocab]),
+                (x, emb),
+            ),
+            "2-D matmul(x, E, transpose_y) (ours)": (
+                lambda x, e: paddle.matmul(x.reshape([-1, h]), e, transpose_y=True).reshape(
+                    [batch, seq, vocab]
+                ),
                 (x, emb),
             ),
         },
