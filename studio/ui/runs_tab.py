@@ -304,12 +304,14 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             columns=CHECKPOINT_COLUMNS,
         )
         active = run.status in ("queued", "running")
+        # The step axis spans the whole run, so a live curve shows how far along it is.
+        x_lim = [0, p["max_steps"]] if p.get("max_steps") else None
         return (
             status_markdown(run, p, position),
-            charts.metric_frame(rows, ["loss"]),
-            charts.metric_frame(rows, ["learning_rate"]),
-            charts.metric_frame(rows, ["tokens_per_second"]),
-            gr.update(value=charts.metric_frame(rows, extras), visible=bool(extras)),
+            gr.update(value=charts.metric_frame(rows, ["loss"]), x_lim=x_lim),
+            gr.update(value=charts.metric_frame(rows, ["learning_rate"]), x_lim=x_lim),
+            gr.update(value=charts.metric_frame(rows, ["tokens_per_second"]), x_lim=x_lim),
+            gr.update(value=charts.metric_frame(rows, extras), visible=bool(extras), x_lim=x_lim),
             tail,
             ckpts,
             json.dumps(run.config, indent=2, ensure_ascii=False),
