@@ -102,6 +102,19 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
             "default",
         )
         proc = spawn(cmd, log_file, cwd=directory)
+
+        def server_exited() -> str:
+            error = f"the model server exited with code {proc.returncode}:\n{tail(log_file, 2000)}"
+            dep_svc.mark_deployment(
+                session,
+                deployment_id,
+                status=DeploymentStatus.FAILED,
+                error=error,
+                pid=None,
+                stopped_at=utcnow(),
+            )
+            return DeploymentStatus.FAILED.value
+
         dep_svc.mark_deployment(session, deployment_id, pid=proc.pid, port=port, backend=backend)
         url = f"http://{host}:{port}/v1"
         health = f"http://{'127.0.0.1' if settings.serve_host in ('0.0.0.0', '') else settings.serve_host}:{port}/health"
@@ -109,16 +122,7 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
         healthy = False
         while not healthy:
             if proc.poll() is not None:
-                error = f"the model server exited with code {proc.returncode}:\n{tail(log_file, 2000)}"
-                dep_svc.mark_deployment(
-                    session,
-                    deployment_id,
-                    status=DeploymentStatus.FAILED,
-                    error=error,
-                    pid=None,
-                    stopped_at=utcnow(),
-                )
-                return DeploymentStatus.FAILED.value
+                return server_exited()
             if dep_svc.deployment_heartbeat(session, deployment_id) or time.monotonic() > deadline:
                 timed_out = time.monotonic() > deadline
                 stop_group(proc, settings.kill_grace_s)
@@ -142,16 +146,7 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
         log.info("deployment %s serving %s at %s", deployment_id, model_dir, url)
         while True:
             if proc.poll() is not None:
-                error = f"the model server exited with code {proc.returncode}:\n{tail(log_file, 2000)}"
-                dep_svc.mark_deployment(
-                    session,
-                    deployment_id,
-                    status=DeploymentStatus.FAILED,
-                    error=error,
-                    pid=None,
-                    stopped_at=utcnow(),
-                )
-                return DeploymentStatus.FAILED.value
+                return server_exited()
             if dep_svc.deployment_heartbeat(session, deployment_id) or SHUTTING_DOWN.is_set():
                 stop_group(proc, settings.kill_grace_s)
                 error = "its worker stopped; deploy again" if SHUTTING_DOWN.is_set() else None
