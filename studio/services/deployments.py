@@ -153,9 +153,17 @@ def chat(
 def chat_stream(
     session: Session, deployment_id: int, body: dict[str, Any], timeout: float = 300.0
 ) -> Iterator[str]:
-    """Yield the text deltas of a streamed chat completion (for the UI)."""
+    """The text deltas of a streamed chat completion (for the UI).
+
+    The deployment is looked up now; the returned iterator no longer needs ``session``, so a long reply
+    does not hold a database connection.
+    """
     url = chat_url(session, deployment_id)
     payload = prepare_chat_body({**body, "stream": True})
+    return _stream_deltas(deployment_id, url, payload, timeout)
+
+
+def _stream_deltas(deployment_id: int, url: str, payload: dict[str, Any], timeout: float) -> Iterator[str]:
     with httpx.stream("POST", url, json=payload, timeout=timeout) as r:
         if r.status_code >= 400:
             raise ServiceError(f"deployment {deployment_id} answered {r.status_code}: {r.read()[:500]!r}")

@@ -43,10 +43,11 @@ class UIContext:
             return None, e
 
     def stream(self, fn: Callable[..., Iterator[T]], *args: Any, **kwargs: Any) -> Iterator[T]:
-        """Iterate a streaming service function while its session stays open."""
+        """Iterate a streaming service function; its session is closed once the stream is set up."""
         try:
             with session_scope(self.settings) as session:
-                yield from fn(session, *args, **kwargs)
+                deltas = fn(session, *args, **kwargs)
+            yield from deltas
         except ServiceError as e:
             raise gr.Error(e.message, print_exception=False) from e
 
