@@ -16,7 +16,7 @@ from studio.ui.compare_tab import build_compare_tab
 from studio.ui.context import UIContext
 from studio.ui.datasets_tab import build_datasets_tab
 from studio.ui.deploy_tab import build_deploy_tab
-from studio.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, Texts
+from studio.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, Texts, remember_language
 from studio.ui.runs_tab import build_runs_tab
 from studio.ui.train_tab import build_train_tab, form_values
 
@@ -94,13 +94,15 @@ def build_ui(settings: Settings) -> gr.Blocks:
         demo.load(restore_tab, tab_state, [tabs, runs.timer, deploy.timer])
 
         # Language: relabel every registered component; remembered in browser storage.
-        def set_language(lang: str) -> list[Any]:
-            return [*texts.updates(lang), _header(lang), lang]
+        # Tables take their current values in so their headers can be translated in place.
+        def set_language(lang: str, *frames: Any) -> list[Any]:
+            remember_language(lang)
+            return [*texts.updates(lang, list(frames)), _header(lang), lang]
 
         relabel = [*texts.components, header, lang_state]
-        language.input(set_language, language, relabel)
+        language.input(set_language, [language, *texts.tables], relabel)
         demo.load(lambda lang: lang if lang in LANGUAGES else DEFAULT_LANGUAGE, lang_state, language).then(
-            set_language, language, relabel
+            set_language, [language, *texts.tables], relabel
         )
 
         # Runs -> Train: "clone" fills the form with the run's choices and opens the Train tab.
@@ -127,6 +129,8 @@ def build_ui(settings: Settings) -> gr.Blocks:
         train.launched_run.change(lambda rid: rid, train.launched_run, run_state).then(
             runs.show_run, train.launched_run, runs.show_outputs
         )
+    # Table headers follow the session's language wherever a callback fills a table.
+    texts.localize_tables(demo)
     return demo
 
 

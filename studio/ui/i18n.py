@@ -7,10 +7,15 @@ key goes to which property, and the language switch returns one ``gr.update`` pe
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
+import pandas as pd
+from gradio.context import LocalContext
 
 LANGUAGES = {"en": "English", "zh": "中文"}
 DEFAULT_LANGUAGE = "en"
@@ -207,13 +212,86 @@ STRINGS: dict[str, tuple[str, str]] = {
     "dep.clear": ("Clear", "清空"),
     "common.refresh": ("Refresh", "刷新"),
     "common.none": ("Nothing here yet.", "暂无内容。"),
+    # table column headers ("col." + the English header the row builders use)
+    "col.id": ("id", "编号"),
+    "col.name": ("name", "名称"),
+    "col.format": ("format", "格式"),
+    "col.kind": ("kind", "类型"),
+    "col.records": ("records", "记录数"),
+    "col.valid": ("valid", "有效数"),
+    "col.problems": ("problems", "问题数"),
+    "col.uploaded": ("uploaded", "上传时间"),
+    "col.line": ("line", "行"),
+    "col.problem": ("problem", "问题"),
+    "col.stage": ("stage", "阶段"),
+    "col.tuning": ("tuning", "微调方式"),
+    "col.status": ("status", "状态"),
+    "col.progress": ("progress", "进度"),
+    "col.loss": ("loss", "损失"),
+    "col.ETA": ("ETA", "剩余时间"),
+    "col.created": ("created", "创建时间"),
+    "col.step": ("step", "步数"),
+    "col.path": ("path", "路径"),
+    "col.saved": ("saved", "保存时间"),
+    "col.layout": ("layout", "格式布局"),
+    "col.ptq": ("ptq", "量化"),
+    "col.perplexity": ("perplexity", "困惑度"),
+    "col.model dir": ("model dir", "模型目录"),
+    "col.key": ("key", "配置项"),
+    "col.metric": ("metric", "指标"),
+    "col.backend": ("backend", "后端"),
+    "col.url": ("url", "地址"),
+    "col.model": ("model", "模型"),
+    "col.started": ("started", "启动时间"),
 }
+
+# A shown header (in either language) -> the English header it stands for.
+_HEADER_SOURCE = {
+    shown: key[len("col.") :] for key, pair in STRINGS.items() if key.startswith("col.") for shown in pair
+}
+# The language each browser session last switched to, by Gradio session hash. Callbacks read it to
+# translate table headers, since a Dataframe's headers come from the value a callback returns.
+_SESSION_LANGUAGE: OrderedDict[str, str] = OrderedDict()
+_SESSION_LANGUAGE_MAX = 10_000
 
 
 def text(key: str, lang: str = DEFAULT_LANGUAGE) -> str:
     """The text for ``key`` in ``lang`` (English when the language is unknown)."""
     en, zh = STRINGS[key]
     return zh if lang == "zh" else en
+
+
+def header(column: str, lang: str) -> str:
+    """A table header in ``lang``; ``column`` may be shown in either language, unknown ones are kept."""
+    source = _HEADER_SOURCE.get(column)
+    return text(f"col.{source}", lang) if source is not None else column
+
+
+def localize_frame(frame: pd.DataFrame, lang: str) -> pd.DataFrame:
+    """``frame`` with its column headers in ``lang``."""
+    return frame.rename(columns={c: header(str(c), lang) for c in frame.columns})
+
+
+def _session_hash() -> str | None:
+    request = LocalContext.request.get(None)
+    return getattr(request, "session_hash", None) if request is not None else None
+
+
+def remember_language(lang: str) -> None:
+    """Record ``lang`` for the browser session of the running callback (no-op outside a callback)."""
+    session = _session_hash()
+    if session is None:
+        return
+    _SESSION_LANGUAGE[session] = lang if lang in LANGUAGES else DEFAULT_LANGUAGE
+    _SESSION_LANGUAGE.move_to_end(session)
+    while len(_SESSION_LANGUAGE) > _SESSION_LANGUAGE_MAX:
+        _SESSION_LANGUAGE.popitem(last=False)
+
+
+def current_language() -> str:
+    """The language of the browser session whose callback is running (the default outside one)."""
+    session = _session_hash()
+    return _SESSION_LANGUAGE.get(session, DEFAULT_LANGUAGE) if session else DEFAULT_LANGUAGE
 
 
 class Texts:
@@ -223,6 +301,7 @@ class Texts:
         self.lang = lang
         # (component, {property: key})
         self._bound: list[tuple[gr.components.Component | gr.blocks.BlockContext, dict[str, str]]] = []
+        self.tables: list[gr.Dataframe] = []
 
     def __call__(self, key: str) -> str:
         return text(key, self.lang)
@@ -236,6 +315,8 @@ class Texts:
             kwargs["info"] = self(f"{key}.info")
         component = factory(**kwargs)
         self._bound.append((component, props))
+        if isinstance(component, gr.Dataframe):
+            self.tables.append(component)
         return component
 
     def bind(self, component: Any, **props: str) -> Any:
@@ -247,7 +328,56 @@ class Texts:
     def components(self) -> list[Any]:
         return [c for c, _ in self._bound]
 
-    def updates(self, lang: str) -> list[dict[str, Any]]:
-        """One ``gr.update`` per bound component, in :attr:`components` order."""
+    def updates(self, lang: str, frames: list[Any] | None = None) -> list[dict[str, Any]]:
+        """One ``gr.update`` per bound component, in :attr:`components` order.
+
+        ``frames`` are the current values of :attr:`tables`; they come back with headers in ``lang``.
+        """
         lang = lang if lang in LANGUAGES else DEFAULT_LANGUAGE
-        return [gr.update(**{p: text(k, lang) for p, k in props.items()}) for _, props in self._bound]
+        values = dict(zip(map(id, self.tables), frames or [], strict=False))
+        out = []
+        for component, props in self._bound:
+            update = gr.update(**{p: text(k, lang) for p, k in props.items()})
+            frame = values.get(id(component))
+            if isinstance(frame, pd.DataFrame):
+                update["value"] = localize_frame(frame, lang)
+            out.append(update)
+        return out
+
+    def localize_tables(self, demo: gr.Blocks) -> None:
+        """Make every event that fills a table return it with headers in its session's language.
+
+        Called once the Blocks is built, so no tab has to pass the language through its callbacks.
+        """
+        table_ids = {t._id for t in self.tables}
+        for block_fn in demo.fns.values():
+            fn = block_fn.fn
+            outputs = [getattr(o, "_id", None) in table_ids for o in block_fn.outputs]
+            if fn is None or not any(outputs) or inspect.isgeneratorfunction(fn):
+                continue
+            if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+                continue
+            block_fn.fn = _localizing(fn, outputs)
+
+
+def _localizing(fn: Callable[..., Any], is_table: list[bool]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        lang = current_language()
+        single = len(is_table) == 1
+        values = [result] if single else result
+        if not isinstance(values, list | tuple) or len(values) != len(is_table):
+            return result
+        fixed = [_localize_value(v, lang) if table else v for v, table in zip(values, is_table, strict=True)]
+        return fixed[0] if single else type(values)(fixed) if isinstance(values, tuple) else fixed
+
+    return wrapper
+
+
+def _localize_value(value: Any, lang: str) -> Any:
+    if isinstance(value, pd.DataFrame):
+        return localize_frame(value, lang)
+    if isinstance(value, dict) and isinstance(value.get("value"), pd.DataFrame):
+        return {**value, "value": localize_frame(value["value"], lang)}
+    return value
