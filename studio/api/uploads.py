@@ -11,11 +11,11 @@ from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from studio.config import Settings
-from studio.services.datasets import incoming_dir
+from studio.services.datasets import incoming_dir, safe_dataset_upload_name
 from studio.services.errors import InvalidInput, PayloadTooLarge
-from studio.services.paths import safe_upload_name
 
 MAX_FIELD_BYTES = 4096
+TEXT_FIELDS = ("name", "format", "data_file")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class UploadedForm:
 
 
 async def receive_dataset_upload(request: Request, settings: Settings) -> UploadedForm:
-    """Parse `multipart/form-data` with a `file` part and optional `name` / `format` text parts."""
+    """Parse `multipart/form-data` with a `file` part and optional `name` / `format` / `data_file` parts."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidInput("send the dataset as multipart/form-data with the file in the field `file`")
@@ -63,7 +63,7 @@ async def receive_dataset_upload(request: Request, settings: Settings) -> Upload
                 raise InvalidInput("file: send exactly one file per upload")
             raw = disp.get(b"filename")
             filename = raw.decode("utf-8", "replace") if raw is not None else None
-            safe = safe_upload_name(filename)
+            safe = safe_dataset_upload_name(filename)
             form.filename = safe
             form.staged = incoming_dir(settings) / f"{uuid.uuid4().hex}-{safe}"
             state["out"] = open(form.staged, "wb")  # noqa: SIM115 - closed in on_part_end / cleanup
@@ -77,7 +77,7 @@ async def receive_dataset_upload(request: Request, settings: Settings) -> Upload
                     "split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
                 )
             state["out"].write(data[start:end])
-        elif state["name"] in ("name", "format"):
+        elif state["name"] in TEXT_FIELDS:
             state["field"] += data[start:end]
             if len(state["field"]) > MAX_FIELD_BYTES:
                 raise InvalidInput(f"{state['name']}: longer than {MAX_FIELD_BYTES} bytes")
@@ -86,7 +86,7 @@ async def receive_dataset_upload(request: Request, settings: Settings) -> Upload
         if state["out"] is not None:
             state["out"].close()
             state["out"] = None
-        elif state["name"] in ("name", "format"):
+        elif state["name"] in TEXT_FIELDS:
             try:
                 form.fields[state["name"]] = state["field"].decode("utf-8")
             except UnicodeDecodeError:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import uuid
-from collections.abc import Iterable
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -17,7 +20,7 @@ from studio.config import Settings
 from studio.models import Dataset
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
-from studio.services.paths import relative_to_home, safe_upload_name
+from studio.services.paths import ALLOWED_DATASET_SUFFIXES, relative_to_home, safe_upload_name
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,11 @@ FORMATS = ("erniekit", "alpaca", "chatml", "erniekit_vl")
 KINDS = ("sft", "dpo")
 MAX_REPORTED_PROBLEMS = 50
 CHUNK = 1024 * 1024
+ARCHIVE_SUFFIX = ".zip"
+# A zip upload may hold this many members at most (its uncompressed total is capped by max_upload_mb).
+MAX_ARCHIVE_MEMBERS = 10_000
+# Files macOS adds to archives; they are neither data nor images, so they are not extracted.
+_ARCHIVE_JUNK = ("__MACOSX/", ".DS_Store")
 
 
 def incoming_dir(settings: Settings) -> Path:
@@ -35,7 +43,7 @@ def incoming_dir(settings: Settings) -> Path:
 
 def stage_upload(settings: Settings, chunks: Iterable[bytes], filename: str | None) -> tuple[Path, str]:
     """Write an upload to a private file under home chunk by chunk, enforcing the size limit as it goes."""
-    safe = safe_upload_name(filename)
+    safe = safe_dataset_upload_name(filename)
     staged = incoming_dir(settings) / f"{uuid.uuid4().hex}-{safe}"
     limit = settings.max_upload_bytes
     written = 0
@@ -55,6 +63,20 @@ def stage_upload(settings: Settings, chunks: Iterable[bytes], filename: str | No
     return staged, safe
 
 
+def safe_dataset_upload_name(filename: str | None) -> str:
+    """`safe_upload_name`, also accepting a .zip archive of a data file and its images."""
+    if filename and filename.lower().endswith(ARCHIVE_SUFFIX):
+        # The same checks on the name's parts; only the suffix differs.
+        checked = safe_upload_name(filename[: -len(ARCHIVE_SUFFIX)] + ".jsonl")
+        return checked[: -len(".jsonl")] + ARCHIVE_SUFFIX
+    if filename and not filename.lower().endswith(ALLOWED_DATASET_SUFFIXES):
+        raise InvalidInput(
+            f"file: {filename!r} is not a .jsonl or .json file, nor a .zip of one with the images it "
+            "names; datasets are JSON Lines (one record a line) or a JSON array"
+        )
+    return safe_upload_name(filename)
+
+
 def _iter_file(f: BinaryIO) -> Iterable[bytes]:
     while chunk := f.read(CHUNK):
         yield chunk
@@ -68,6 +90,7 @@ def upload_dataset(
     *,
     name: str | None = None,
     format: str | None = None,
+    data_file: str | None = None,
 ) -> Dataset:
     """Upload from a file object or a local path (the UI hands over its temp file); see `create_dataset`."""
     if isinstance(source, str | Path):
@@ -76,10 +99,10 @@ def upload_dataset(
             staged, safe = stage_upload(settings, _iter_file(f), filename or src.name)
     else:
         staged, safe = stage_upload(settings, _iter_file(source), filename)
-    return create_dataset(session, settings, staged, safe, name=name, format=format)
+    return create_dataset(session, settings, staged, safe, name=name, format=format, data_file=data_file)
 
 
-def _check_utf8(path: Path) -> None:
+def _check_utf8(path: Path, label: str = "file") -> None:
     """Reject binary / non-UTF-8 files early with the line of the first bad byte."""
     line = 1
     with open(path, "rb") as f:
@@ -97,11 +120,11 @@ def _check_utf8(path: Path) -> None:
                     continue
                 line += data[: e.start].count(b"\n")
                 raise InvalidInput(
-                    f"file: line {line}: byte 0x{data[e.start]:02x} is not valid UTF-8; save the file as UTF-8"
+                    f"{label}: line {line}: byte 0x{data[e.start]:02x} is not valid UTF-8; save the file as UTF-8"
                 ) from None
             line += data.count(b"\n")
         if tail:
-            raise InvalidInput(f"file: line {line}: the file ends in the middle of a UTF-8 character")
+            raise InvalidInput(f"{label}: line {line}: the file ends in the middle of a UTF-8 character")
 
 
 def create_dataset(
@@ -113,39 +136,34 @@ def create_dataset(
     name: str | None = None,
     format: str | None = None,
     validate: bool = True,
+    data_file: str | None = None,
 ) -> Dataset:
-    """Detect the format, validate every record, and keep the file under home/datasets/<uuid>/."""
-    from engine.data import detect_format, validate_file
+    """Detect the format, validate every record, and keep the file under home/datasets/<uuid>/.
 
+    A `.zip` upload is extracted first (see `extract_archive`); its data file is then validated the same way.
+    """
+    if filename.lower().endswith(ARCHIVE_SUFFIX):
+        return _create_from_archive(
+            session,
+            settings,
+            staged,
+            filename,
+            name=name,
+            format=format,
+            validate=validate,
+            data_file=data_file,
+        )
     try:
         if staged.stat().st_size == 0:
             raise InvalidInput(f"file: {filename} is empty")
-        if format is not None and format not in FORMATS:
-            raise InvalidInput(f"format: {format!r} is not one of {', '.join(FORMATS)}")
-        if name is not None and (len(name) > 200 or not name.strip()):
-            raise InvalidInput("name: must be 1 to 200 characters")
-        _check_utf8(staged)
-        try:
-            detected, kind = detect_format(staged)
-        except ValueError as e:
-            raise InvalidInput(f"file: {filename}: {_strip_path(str(e), staged, filename)}") from None
-        fmt = format or detected
-        num_records = num_valid = 0
-        problems: list[str] = []
-        if validate:
-            report = validate_file(staged, format=fmt, kind=kind, max_problems=MAX_REPORTED_PROBLEMS)
-            kind = report.kind or kind
-            num_records, num_valid = report.num_records, report.num_valid
-            problems = [
-                _strip_path(str(p), staged, filename) for p in report.problems[:MAX_REPORTED_PROBLEMS]
-            ]
-            if report.problems or num_valid == 0:
-                shown = "; ".join(problems[:5]) or "no valid records"
-                raise InvalidInput(
-                    f"file: {filename} is not a valid {fmt} {kind} dataset "
-                    f"({len(report.problems)} problem(s)): {shown}",
-                    details={"problems": problems, "format": fmt, "kind": kind},
-                )
+        fmt, kind, num_records, num_valid, problems = _check_dataset(
+            staged,
+            filename,
+            name=name,
+            format=format,
+            validate=validate,
+            strip=lambda m: _strip_path(m, staged, filename),
+        )
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
@@ -153,13 +171,81 @@ def create_dataset(
     final_dir.mkdir(parents=True)
     final = final_dir / filename
     os.replace(staged, final)
+    return _record(
+        session,
+        settings,
+        final,
+        filename,
+        name,
+        fmt,
+        kind,
+        final.stat().st_size,
+        num_records,
+        num_valid,
+        problems,
+    )
+
+
+def _check_dataset(
+    path: Path,
+    label: str,
+    *,
+    name: str | None,
+    format: str | None,
+    validate: bool,
+    strip: Callable[[str], str],
+    utf8_label: str = "file",
+) -> tuple[str, str, int, int, list[str]]:
+    """(format, kind, records, valid, problems) of a data file; raises InvalidInput naming `label`."""
+    from engine.data import detect_format, validate_file
+
+    if format is not None and format not in FORMATS:
+        raise InvalidInput(f"format: {format!r} is not one of {', '.join(FORMATS)}")
+    if name is not None and (len(name) > 200 or not name.strip()):
+        raise InvalidInput("name: must be 1 to 200 characters")
+    _check_utf8(path, utf8_label)
+    try:
+        detected, kind = detect_format(path)
+    except ValueError as e:
+        raise InvalidInput(f"file: {label}: {strip(str(e))}") from None
+    fmt = format or detected
+    num_records = num_valid = 0
+    problems: list[str] = []
+    if validate:
+        report = validate_file(path, format=fmt, kind=kind, max_problems=MAX_REPORTED_PROBLEMS)
+        kind = report.kind or kind
+        num_records, num_valid = report.num_records, report.num_valid
+        problems = [strip(str(p)) for p in report.problems[:MAX_REPORTED_PROBLEMS]]
+        if report.problems or num_valid == 0:
+            shown = "; ".join(problems[:5]) or "no valid records"
+            raise InvalidInput(
+                f"file: {label} is not a valid {fmt} {kind} dataset "
+                f"({len(report.problems)} problem(s)): {shown}",
+                details={"problems": problems, "format": fmt, "kind": kind},
+            )
+    return fmt, kind, num_records, num_valid, problems
+
+
+def _record(
+    session: Session,
+    settings: Settings,
+    final: Path,
+    filename: str,
+    name: str | None,
+    fmt: str,
+    kind: str,
+    size_bytes: int,
+    num_records: int,
+    num_valid: int,
+    problems: list[str],
+) -> Dataset:
     ds = Dataset(
         name=(name or Path(filename).stem).strip(),
         filename=filename,
         path=relative_to_home(settings, final),
         format=fmt,
         kind=kind,
-        size_bytes=final.stat().st_size,
+        size_bytes=size_bytes,
         num_records=num_records,
         num_valid=num_valid,
         problems=problems,
@@ -169,6 +255,177 @@ def create_dataset(
     add_event(session, "dataset.created", f"dataset {ds.name} uploaded ({num_records} records, {fmt})")
     session.commit()
     return ds
+
+
+def _create_from_archive(
+    session: Session,
+    settings: Settings,
+    staged: Path,
+    filename: str,
+    *,
+    name: str | None,
+    format: str | None,
+    validate: bool,
+    data_file: str | None,
+) -> Dataset:
+    """Extract a zip under its own folder, validate its one data file (images relative to it), keep the folder."""
+    work = incoming_dir(settings) / f"{uuid.uuid4().hex}.d"
+    try:
+        work.mkdir()
+        rel, total = extract_archive(settings, staged, work, filename, data_file=data_file)
+        data = work / rel
+        if data.stat().st_size == 0:
+            raise InvalidInput(f"file: {filename}: {rel} is empty")
+        prefixes = sorted({str(work) + os.sep, str(work.resolve()) + os.sep}, key=len, reverse=True)
+
+        def strip(message: str) -> str:
+            # Name files as they are inside the archive, not by their staging path.
+            for prefix in prefixes:
+                message = message.replace(prefix, "")
+            return message
+
+        fmt, kind, num_records, num_valid, problems = _check_dataset(
+            data,
+            rel,
+            name=name,
+            format=format,
+            validate=validate,
+            strip=strip,
+            utf8_label=f"file: {filename}: {rel}",
+        )
+        final_dir = settings.datasets_dir / uuid.uuid4().hex
+        os.replace(work, final_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    finally:
+        staged.unlink(missing_ok=True)
+    return _record(
+        session, settings, final_dir / rel, filename, name, fmt, kind, total, num_records, num_valid, problems
+    )
+
+
+def _member_problem(info: zipfile.ZipInfo) -> str | None:
+    """Why one archive member may not be extracted (path escapes, link, encryption), or None."""
+    n = info.filename
+    if "\x00" in n:
+        return "its name contains a NUL byte"
+    if "\\" in n:
+        return "its name contains '\\'; archives must use '/' between folders"
+    if n.startswith("/") or (len(n) > 1 and n[1] == ":"):
+        return "it has an absolute path; archive members must be relative"
+    parts = [p for p in n.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        return "its path contains '..' and would land outside the dataset folder"
+    if any(len(p.encode()) > 255 for p in parts) or len(n) > 1024:
+        return "its path is too long"
+    if stat.S_ISLNK(info.external_attr >> 16):
+        return "it is a symbolic link; put the file itself in the archive"
+    if info.flag_bits & 0x1:
+        return "it is encrypted; archives must not use a password"
+    return None
+
+
+def extract_archive(
+    settings: Settings, archive: Path, dest: Path, filename: str, *, data_file: str | None = None
+) -> tuple[str, int]:
+    """Extract `archive` into `dest` checking every member; (data file path inside the archive, bytes written).
+
+    Refused (nothing kept): absolute or `..` paths, links, encrypted or corrupt members, more than
+    MAX_ARCHIVE_MEMBERS members or more than max_upload_mb uncompressed, and anything but exactly one
+    .jsonl/.json data file unless `data_file` names it.
+    """
+    limit = settings.max_upload_bytes
+    root = dest.resolve()
+    try:
+        zf = zipfile.ZipFile(archive)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise InvalidInput(f"file: {filename} is not a readable zip archive ({e})") from None
+    with zf:
+        infos = [i for i in zf.infolist() if not any(j in i.filename for j in _ARCHIVE_JUNK)]
+        if len(infos) > MAX_ARCHIVE_MEMBERS:
+            raise PayloadTooLarge(
+                f"file: {filename} has {len(infos)} members, more than the limit of {MAX_ARCHIVE_MEMBERS}"
+            )
+        declared = sum(i.file_size for i in infos)
+        if declared > limit:
+            raise PayloadTooLarge(
+                f"file: {filename} unpacks to {declared / 2**20:.1f} MB, over the upload limit of "
+                f"{settings.max_upload_mb} MB; split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
+            )
+        seen: set[str] = set()
+        files: list[tuple[zipfile.ZipInfo, str]] = []
+        for info in infos:
+            why = _member_problem(info)
+            if why:
+                raise InvalidInput(f"file: {filename}: member {info.filename!r} refused: {why}")
+            rel = "/".join(p for p in info.filename.split("/") if p not in ("", "."))
+            target = (root / rel).resolve()
+            if not target.is_relative_to(root):
+                raise InvalidInput(
+                    f"file: {filename}: member {info.filename!r} refused: it would land outside the dataset folder"
+                )
+            if info.is_dir() or not rel:
+                continue
+            if rel in seen:
+                raise InvalidInput(f"file: {filename}: member {info.filename!r} appears twice")
+            seen.add(rel)
+            files.append((info, rel))
+        rel_data = _pick_data_file(filename, [r for _, r in files], data_file)
+        written = 0
+        for info, rel in files:
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with zf.open(info) as src, open(target, "xb") as out:
+                    while chunk := src.read(CHUNK):
+                        written += len(chunk)
+                        if written > limit:  # sizes in the directory can lie; count what really comes out
+                            raise PayloadTooLarge(
+                                f"file: {filename} unpacks to more than the upload limit of "
+                                f"{settings.max_upload_mb} MB; split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
+                            )
+                        out.write(chunk)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as e:
+                raise InvalidInput(
+                    f"file: {filename}: member {info.filename!r} cannot be extracted ({e}); the archive is "
+                    "damaged or uses an unsupported compression (use deflate)"
+                ) from None
+            except FileExistsError:
+                raise InvalidInput(
+                    f"file: {filename}: member {info.filename!r} clashes with a folder of the same name"
+                ) from None
+    log.info("extracted %s: %d files, %d bytes, data file %s", filename, len(files), written, rel_data)
+    return rel_data, written
+
+
+def _pick_data_file(filename: str, members: list[str], data_file: str | None) -> str:
+    candidates = [
+        m
+        for m in members
+        if m.lower().endswith(ALLOWED_DATASET_SUFFIXES) and not m.rsplit("/", 1)[-1].startswith(".")
+    ]
+    if data_file:
+        want = "/".join(p for p in data_file.split("/") if p not in ("", "."))
+        if want not in members:
+            raise InvalidInput(
+                f"data_file: {data_file!r} is not in {filename}; its data files are: "
+                f"{', '.join(candidates) or 'none'}"
+            )
+        if not want.lower().endswith(ALLOWED_DATASET_SUFFIXES):
+            raise InvalidInput(f"data_file: {data_file!r} is not a .jsonl or .json file")
+        return want
+    if not candidates:
+        raise InvalidInput(
+            f"file: {filename} holds no .jsonl or .json data file; put the dataset file in the archive next to "
+            "its images"
+        )
+    if len(candidates) > 1:
+        raise InvalidInput(
+            f"file: {filename} holds {len(candidates)} data files ({', '.join(candidates[:10])}); keep one, or "
+            "name the one to use in the form field `data_file`"
+        )
+    return candidates[0]
 
 
 def _strip_path(message: str, staged: Path, filename: str) -> str:
@@ -189,6 +446,44 @@ def get_dataset(session: Session, dataset_id: int) -> Dataset:
 
 def dataset_path(settings: Settings, ds: Dataset) -> Path:
     return settings.home / ds.path
+
+
+def dataset_folder(settings: Settings, ds: Dataset) -> Path:
+    """The folder the upload created under home/datasets (a zip's data file may sit deeper inside it)."""
+    path = dataset_path(settings, ds)
+    if path.is_relative_to(settings.datasets_dir):
+        return settings.datasets_dir / path.relative_to(settings.datasets_dir).parts[0]
+    return path.parent
+
+
+def dataset_file(session: Session, settings: Settings, dataset_id: int, rel_path: str) -> Path:
+    """A file of a dataset (e.g. an image a VL record names), by its path relative to the data file."""
+    ds = get_dataset(session, dataset_id)
+    base = dataset_path(settings, ds).parent.resolve()
+    if "\x00" in rel_path or rel_path.startswith("/") or ".." in rel_path.split("/"):
+        raise InvalidInput(f"path: {rel_path!r} must be a relative path inside the dataset")
+    target = (base / rel_path).resolve()
+    if not target.is_relative_to(base) or target == base:
+        raise InvalidInput(f"path: {rel_path!r} is outside dataset {dataset_id}")
+    if not target.is_file():
+        raise NotFound(f"path: dataset {dataset_id} has no file {rel_path!r}")
+    return target
+
+
+def record_images(settings: Settings, ds: Dataset, record: Any) -> list[Path]:
+    """The local image files a VL record names (those that exist inside the dataset), in order."""
+    from engine.data.formats import resolve_image
+
+    infos = record.get("image_info") if isinstance(record, dict) else None
+    base = dataset_path(settings, ds).parent
+    out: list[Path] = []
+    for info in infos if isinstance(infos, list) else []:
+        url = info.get("image_url") if isinstance(info, dict) else None
+        if isinstance(url, str) and url:
+            path, why = resolve_image(url, base)
+            if path is not None and why is None:
+                out.append(path)
+    return out
 
 
 def preview_dataset(
@@ -221,7 +516,8 @@ def preview_dataset(
         from engine.data import render_record
 
         tok = _tokenizer(session, settings, render_with)
-        out["rendered"] = [render_record(r, ds.format, ds.kind, tok) for r in page.records]
+        base = dataset_path(settings, ds).parent  # VL images resolve next to the data file
+        out["rendered"] = [render_record(r, ds.format, ds.kind, tok, base_dir=base) for r in page.records]
     return out
 
 
@@ -260,7 +556,7 @@ def delete_dataset(session: Session, settings: Settings, dataset_id: int) -> Non
     users = [r.id for r in active if dataset_id in (r.dataset_ids or [])]
     if users:
         raise Conflict(f"dataset {dataset_id} is used by queued or running run(s) {users}; cancel them first")
-    folder = dataset_path(settings, ds).parent
+    folder = dataset_folder(settings, ds)
     session.delete(ds)
     add_event(session, "dataset.deleted", f"dataset {ds.name} deleted")
     session.commit()

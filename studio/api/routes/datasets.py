@@ -1,10 +1,12 @@
-"""/api/v1/datasets: upload (multipart `file`, optional `name`, `format`), list, get, preview, stats, delete."""
+"""/api/v1/datasets: upload (multipart `file`, optional `name`, `format`, `data_file`), list, get, preview,
+stats, a dataset's files (VL images), delete."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from studio.api.deps import ID, SessionDep, SettingsDep
@@ -27,9 +29,16 @@ UPLOAD_BODY = {
                         "file": {
                             "type": "string",
                             "format": "binary",
-                            "description": ".jsonl or .json dataset",
+                            "description": ".jsonl or .json dataset, or a .zip of one such file and the "
+                            "images its records name (paths relative to the data file)",
                         },
                         "name": {"type": "string", "maxLength": 200},
+                        "data_file": {
+                            "type": "string",
+                            "maxLength": 1024,
+                            "description": "zip only: the data file's path inside the archive when it holds "
+                            "more than one .jsonl/.json",
+                        },
                         "format": {"type": "string", "enum": list(svc.FORMATS)},
                     },
                 }
@@ -59,6 +68,7 @@ async def upload_dataset(request: Request, settings: SettingsDep) -> DatasetOut:
                 form.filename,
                 name=form.fields.get("name") or None,
                 format=form.fields.get("format") or None,
+                data_file=form.fields.get("data_file") or None,
             )
             return DatasetOut.model_validate(ds)
 
@@ -102,6 +112,21 @@ def dataset_stats(
 ) -> dict:
     """Token-length histogram and summary with `model`'s tokenizer."""
     return svc.dataset_stats(session, settings, dataset_id, model=model, max_seq_len=max_seq_len)
+
+
+@router.get(
+    "/{dataset_id}/files/{path:path}",
+    response_class=FileResponse,
+    responses={**ERRORS, 200: {"description": "the file's bytes", "content": {"image/png": {}}}},
+)
+def dataset_file(
+    dataset_id: ID,
+    path: Annotated[str, Path(max_length=1024, description="relative to the data file, as in image_url")],
+    session: SessionDep,
+    settings: SettingsDep,
+) -> FileResponse:
+    """A file of the dataset, e.g. an image a VL record names; confined to the data file's folder."""
+    return FileResponse(svc.dataset_file(session, settings, dataset_id, path))
 
 
 @router.delete("/{dataset_id}", status_code=204, responses=ERRORS)
