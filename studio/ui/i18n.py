@@ -35,7 +35,11 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tab.compare": ("Compare", "对比"),
     "tab.deploy": ("Deploy & Chat", "部署与对话"),
     # datasets
-    "ds.upload": ("Upload a dataset (.jsonl / .json)", "上传数据集（.jsonl / .json）"),
+    "ds.upload": (
+        "Upload a dataset (.jsonl / .json, or a .zip with its images)",
+        "上传数据集（.jsonl / .json，或含图片的 .zip）",
+    ),
+    "ds.images": ("Images in this record", "本条记录中的图片"),
     "ds.name": ("Name", "名称"),
     "ds.name.info": ("Defaults to the file name.", "默认使用文件名。"),
     "ds.format": ("Format", "格式"),
