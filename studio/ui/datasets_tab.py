@@ -1,4 +1,5 @@
-"""Datasets tab: upload, detected format, problems by line, paginated raw / rendered preview, token lengths."""
+"""Datasets tab: upload (a data file, or a .zip with its images), detected format, problems by line,
+paginated raw / rendered preview with a VL record's images, token lengths."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
+from PIL import Image
 
 from studio.services import datasets as datasets_svc
 from studio.services import models as models_svc
@@ -106,12 +108,17 @@ def stats_markdown(stats: dict[str, Any], max_seq_len: int) -> str:
     return "  \n".join(lines)
 
 
+def _open_image(path: Path) -> Image.Image:
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
 def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DatasetsTab:
     t = ctx.texts
     with t.make(gr.Tab, "tab.datasets", id="datasets") as tab, gr.Row():
         with gr.Column(scale=2):
             upload = t.make(
-                gr.File, "ds.upload", file_types=[".jsonl", ".json"], elem_id="ds-upload", height=120
+                gr.File, "ds.upload", file_types=[".jsonl", ".json", ".zip"], elem_id="ds-upload", height=120
             )
             with gr.Row():
                 name = t.make(gr.Textbox, "ds.name", elem_id="ds-name")
@@ -169,6 +176,16 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
                         show_legend=True,
                         combine_adjacent=True,
                         elem_id="ds-rendered",
+                    )
+                    # A VL record's images (from a .zip upload), next to the template that names them.
+                    images = t.make(
+                        gr.Gallery,
+                        "ds.images",
+                        columns=4,
+                        height=180,
+                        object_fit="contain",
+                        visible=False,
+                        elem_id="ds-images",
                     )
                 with t.make(gr.Tab, "ds.view.raw", id="raw"):
                     raw = gr.Code(language="json", show_label=False, elem_id="ds-raw", lines=8)
@@ -228,7 +245,7 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
     def show_record(dataset_id: Any, index: Any, model: str | None) -> tuple[Any, ...]:
         did = parse_id(dataset_id)
         if did is None:
-            return "", [], ""
+            return "", [], "", gr.update(value=None, visible=False)
         idx = max(int(index or 0), 0)
         page, err = ctx.attempt(
             datasets_svc.preview_dataset, ctx.settings, did, offset=idx, limit=1, render_with=model or None
@@ -239,7 +256,12 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
             page["render_error"] = err.message
         total = page.get("total")
         if not page["records"]:
-            return f"no record #{idx + 1} (the file has {total} records)", [], ""
+            return (
+                f"no record #{idx + 1} (the file has {total} records)",
+                [],
+                "",
+                gr.update(value=None, visible=False),
+            )
         record = page["records"][0]
         spans = (page.get("rendered") or [None])[0]
         pos = f"record **{idx + 1}** of {total if total is not None else '?'}"
@@ -249,14 +271,21 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
             highlighted = [
                 (page.get("render_error") or "pick a tokenizer model to render the chat template", None)
             ]
-        return pos, highlighted, json.dumps(record, ensure_ascii=False, indent=2)
+        return pos, highlighted, json.dumps(record, ensure_ascii=False, indent=2), record_gallery(did, record)
+
+    def record_gallery(did: int, record: Any) -> Any:
+        ds = ctx.read(datasets_svc.get_dataset, did, default=None)
+        paths = datasets_svc.record_images(ctx.settings, ds, record) if ds is not None else []
+        # Opened here and handed over as images: Gradio only serves files from its own allowed folders.
+        shown = [(_open_image(p), p.name) for p in paths]
+        return gr.update(value=shown or None, visible=bool(shown))
 
     def step(index: Any, delta: int) -> int:
         return max(int(index or 0) + delta, 0)
 
     def upload_file(path: str | None, name_value: str, format_value: str) -> tuple[Any, ...]:
         if not path:
-            raise gr.Error("Choose a .jsonl or .json file first.")
+            raise gr.Error("Choose a .jsonl, .json or .zip file first.")
         filename = Path(path).name
         d, err = ctx.attempt(
             datasets_svc.upload_dataset,
@@ -316,7 +345,7 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
         choices = model_choices(ctx.read(models_svc.list_models, ctx.settings, default=[]))
         return gr.update(choices=choices, value=current or (choices[0][1] if choices else None))
 
-    record_io = ([selected, offset, tokenizer_model], [position, rendered, raw])
+    record_io = ([selected, offset, tokenizer_model], [position, rendered, raw, images])
     upload_btn.click(
         upload_file,
         [upload, name, fmt],
