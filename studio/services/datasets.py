@@ -462,10 +462,17 @@ def dataset_file(session: Session, settings: Settings, dataset_id: int, rel_path
     base = dataset_path(settings, ds).parent.resolve()
     if "\x00" in rel_path or rel_path.startswith("/") or ".." in rel_path.split("/"):
         raise InvalidInput(f"path: {rel_path!r} must be a relative path inside the dataset")
-    target = (base / rel_path).resolve()
-    if not target.is_relative_to(base) or target == base:
+    if any(len(part.encode()) > 255 for part in rel_path.split("/")):
+        raise InvalidInput("path: too long (at most 255 bytes per name)")
+    try:
+        target = (base / rel_path).resolve()
+        inside = target.is_relative_to(base) and target != base
+        found = inside and target.is_file()
+    except (OSError, ValueError) as e:
+        raise InvalidInput(f"path: {rel_path!r} cannot be read ({e.__class__.__name__})") from None
+    if not inside:
         raise InvalidInput(f"path: {rel_path!r} is outside dataset {dataset_id}")
-    if not target.is_file():
+    if not found:
         raise NotFound(f"path: dataset {dataset_id} has no file {rel_path!r}")
     return target
 

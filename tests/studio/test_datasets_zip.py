@@ -81,7 +81,7 @@ def test_vl_zip_uploads_validates_previews_serves_images_and_trains(client, sett
     assert img.status_code == 200 and img.content == (VL_IMAGES / img_name).read_bytes()
     assert img.headers["content-type"] == "image/png"
     assert client.get(f"/api/v1/datasets/{ds['id']}/files/images/nope.png").status_code == 404
-    for bad in ("..%2F..%2F..%2Fapp.db", "%2Fetc%2Fpasswd", "images/..%2F..%2Fx"):
+    for bad in ("..%2F..%2F..%2Fapp.db", "%2Fetc%2Fpasswd", "images/..%2F..%2Fx", "0" * 300):
         assert client.get(f"/api/v1/datasets/{ds['id']}/files/{bad}").status_code in (404, 422), bad
 
     stats = client.get(f"/api/v1/datasets/{ds['id']}/stats", params={"model": "tiny", "max_seq_len": 512})
@@ -123,6 +123,7 @@ def test_delete_removes_the_whole_extracted_folder(client, settings):
     ],
 )
 def test_zip_slip_members_are_refused(client, settings, tmp_path, extra, symlinks, needle):
+    before = {p for p in files_under(tmp_path) if not p.name.startswith("studio.db")}
     r = post_zip(client, make_zip({**vl_members(), **extra}, symlinks=symlinks))
     assert r.status_code == 422, r.text
     msg = r.json()["message"]
@@ -130,6 +131,8 @@ def test_zip_slip_members_are_refused(client, settings, tmp_path, extra, symlink
     bad = next(iter(extra or symlinks))
     assert repr(bad) in msg
     assert_nothing_stored(settings)
+    # Nothing new anywhere under the test's folder (home and around it) but the database.
+    assert {p for p in files_under(tmp_path) if not p.name.startswith("studio.db")} == before
     assert not (settings.datasets_dir.parent / "x.png").exists() and not (tmp_path / "x.png").exists()
     assert not Path("/tmp/evil.png").exists()
 
