@@ -375,8 +375,8 @@ def extract_archive(
         written = 0
         for info, rel in files:
             target = root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
             try:
+                target.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as src, open(target, "xb") as out:
                     while chunk := src.read(CHUNK):
                         written += len(chunk)
@@ -391,9 +391,9 @@ def extract_archive(
                     f"file: {filename}: member {info.filename!r} cannot be extracted ({e}); the archive is "
                     "damaged or uses an unsupported compression (use deflate)"
                 ) from None
-            except FileExistsError:
+            except (FileExistsError, NotADirectoryError, IsADirectoryError):
                 raise InvalidInput(
-                    f"file: {filename}: member {info.filename!r} clashes with a folder of the same name"
+                    f"file: {filename}: member {info.filename!r} clashes with a file or folder of the same name"
                 ) from None
     log.info("extracted %s: %d files, %d bytes, data file %s", filename, len(files), written, rel_data)
     return rel_data, written

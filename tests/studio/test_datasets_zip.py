@@ -174,6 +174,15 @@ def test_data_file_count_and_choice(client, settings):
     assert r.status_code == 201, r.text
 
 
+@pytest.mark.parametrize("clash", ["images", "data.jsonl/x.png"])
+def test_file_and_folder_of_the_same_name(client, settings, clash):
+    members = {clash: b"x", **vl_members()} if clash == "images" else {**vl_members(), clash: b"x"}
+    r = post_zip(client, make_zip(members))
+    assert r.status_code == 422, r.text
+    assert "clashes with a file or folder of the same name" in r.json()["message"]
+    assert_nothing_stored(settings)
+
+
 def test_corrupt_and_encrypted_archives(client, settings):
     r = post_zip(client, b"PK\x03\x04 this is not really a zip")
     assert r.status_code == 422 and "vl.zip is not a readable zip archive" in r.json()["message"], r.text
