@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     result_backend: str = ""
     token: str | None = None
     max_upload_mb: int = 1024
+    # A zip upload (a VL dataset with its images) may hold this many files at most.
+    max_archive_members: int = 10_000
     node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0] or "local")
     # GPU indices on this node ("0,1"); empty means a CPU-only node.
     gpus: str = ""

@@ -29,8 +29,6 @@ KINDS = ("sft", "dpo")
 MAX_REPORTED_PROBLEMS = 50
 CHUNK = 1024 * 1024
 ARCHIVE_SUFFIX = ".zip"
-# A zip upload may hold this many members at most (its uncompressed total is capped by max_upload_mb).
-MAX_ARCHIVE_MEMBERS = 10_000
 # Files macOS adds to archives; they are neither data nor images, so they are not extracted.
 _ARCHIVE_JUNK = ("__MACOSX/", ".DS_Store")
 
@@ -332,7 +330,7 @@ def extract_archive(
     """Extract `archive` into `dest` checking every member; (data file path inside the archive, bytes written).
 
     Refused (nothing kept): absolute or `..` paths, links, encrypted or corrupt members, more than
-    MAX_ARCHIVE_MEMBERS members or more than max_upload_mb uncompressed, and anything but exactly one
+    max_archive_members members or more than max_upload_mb uncompressed, and anything but exactly one
     .jsonl/.json data file unless `data_file` names it.
     """
     limit = settings.max_upload_bytes
@@ -343,9 +341,10 @@ def extract_archive(
         raise InvalidInput(f"file: {filename} is not a readable zip archive ({e})") from None
     with zf:
         infos = [i for i in zf.infolist() if not any(j in i.filename for j in _ARCHIVE_JUNK)]
-        if len(infos) > MAX_ARCHIVE_MEMBERS:
+        if len(infos) > settings.max_archive_members:
             raise PayloadTooLarge(
-                f"file: {filename} has {len(infos)} members, more than the limit of {MAX_ARCHIVE_MEMBERS}"
+                f"file: {filename} has {len(infos)} members, more than the limit of "
+                f"{settings.max_archive_members}; split it or raise ERNIE_STUDIO_MAX_ARCHIVE_MEMBERS"
             )
         declared = sum(i.file_size for i in infos)
         if declared > limit:

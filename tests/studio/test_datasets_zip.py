@@ -145,7 +145,7 @@ def test_too_large_and_too_many_members(client, settings, monkeypatch):
     assert r.status_code == 413 and "unpacks to 3.0 MB" in r.json()["message"], r.text
     assert_nothing_stored(settings)
 
-    monkeypatch.setattr(svc, "MAX_ARCHIVE_MEMBERS", 5)
+    monkeypatch.setattr(settings, "max_archive_members", 5)
     r = post_zip(client, make_zip(vl_members()))
     assert r.status_code == 413, r.text
     assert f"has {len(vl_members())} members, more than the limit of 5" in r.json()["message"]
