@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -24,12 +23,6 @@ import numpy as np
 import paddle
 
 log = logging.getLogger(__name__)
-
-# The MKL inside Paddle's CPU wheel sends CPUs whose vendor is not Intel (AMD EPYC here) down its generic
-# sgemm kernels: an 8-row decode step's weight matmuls then cost ~4x one row's instead of ~2x, which is
-# what kept 8 concurrent streams under 3x one stream (docs/benchmarks.md). This switch selects the AVX2
-# kernels; Intel CPUs ignore it. MKL reads it at its first call, so it is set on import, before any matmul.
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 
 NEG_INF = float("-inf")
 
