@@ -187,10 +187,11 @@ def _finish(
     with contextlib.suppress(OSError, ValueError):
         summary = json.loads((output_dir / "run_summary.json").read_text())
     final_metrics = summary.get("final_metrics") or None
-    if cancelled:
-        status, error = RunStatus.CANCELLED, None
-    elif code == 0 and summary.get("status") == "succeeded":
+    if code == 0 and summary.get("status") == "succeeded":
+        # Checked first: a cancel that arrives after the trainer's last step must not hide a finished run.
         status, error = RunStatus.SUCCEEDED, None
+    elif cancelled:
+        status, error = RunStatus.CANCELLED, None
     else:
         status = RunStatus.FAILED
         error = (

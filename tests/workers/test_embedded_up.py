@@ -15,6 +15,9 @@ from worker_helpers import pid_alive, wait_for
 from studio.db import session_factory
 from studio.models import Run
 
+# Enough steps that the cancel lands mid-run even when a step takes a few milliseconds.
+STEPS = 300
+
 
 def test_cancel_within_five_seconds_then_resume(studio_factory):
     studio = studio_factory()  # no database or broker configured: the embedded defaults
@@ -26,7 +29,13 @@ def test_cancel_within_five_seconds_then_resume(studio_factory):
     assert page.status_code == 200 and "<html" in page.text.lower()  # the Gradio UI is mounted at "/"
     api = studio.client()
     ds = studio.upload_demo(api)
-    run = studio.create_run(api, ds["id"], max_steps=40, save_steps=100, logging_steps=1)
+    run = studio.create_run(
+        api,
+        ds["id"],
+        max_steps=STEPS,
+        save_steps=1000,
+        logging_steps=1,
+    )
     rid = run["id"]
 
     wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= 3, 120, "three logged steps")
@@ -43,7 +52,7 @@ def test_cancel_within_five_seconds_then_resume(studio_factory):
     summary = json.loads((Path(final["output_dir"]) / "run_summary.json").read_text())
     assert summary["status"] == "cancelled"
     stopped_at = summary["steps"]
-    assert 3 <= stopped_at < 40
+    assert 3 <= stopped_at < STEPS
     # The trainer saved a checkpoint on SIGTERM; the studio lists it.
     assert [c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json()] == [stopped_at]
 
@@ -52,7 +61,7 @@ def test_cancel_within_five_seconds_then_resume(studio_factory):
     final = studio.wait_status(api, rid, {"cancelled", "succeeded", "failed"}, 120)
     assert final["status"] == "succeeded", final["error"]
     assert final["attempt"] == 2
-    assert [m["step"] for m in api.get(f"/runs/{rid}/metrics").json()] == list(range(1, 41))
+    assert [m["step"] for m in api.get(f"/runs/{rid}/metrics").json()] == list(range(1, STEPS + 1))
     text = api.get(f"/runs/{rid}/logs", params={"limit": 1_000_000}).json()["text"]
     assert f"attempt 2 on train@testnode, resuming from checkpoint-{stopped_at}" in text
     kinds = [e["kind"] for e in api.get(f"/runs/{rid}/events").json()]
