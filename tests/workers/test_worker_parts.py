@@ -15,7 +15,7 @@ from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, 
 from studio.services import deployments as dep_svc
 from workers.reconcile import reconcile
 from workers.serving import execute_deployment
-from workers.training import MetricsTail
+from workers.training import MetricsTail, _finish
 
 
 @pytest.fixture
@@ -107,3 +107,25 @@ def test_stop_before_start(settings):
         stopped = dep_svc.stop_deployment(s, dep.id)
         assert stopped.status == "stopped" and stopped.stopped_at is not None
     assert execute_deployment(settings, dep.id, "test@n") is None  # the worker never starts it
+
+
+@pytest.mark.parametrize(
+    ("code", "summary_status", "cancelled", "expected"),
+    [
+        (0, "succeeded", True, RunStatus.SUCCEEDED),  # the cancel arrived after the last step
+        (130, "cancelled", True, RunStatus.CANCELLED),
+        (0, "succeeded", False, RunStatus.SUCCEEDED),
+        (1, "failed", False, RunStatus.FAILED),
+    ],
+)
+def test_finish_records_what_the_trainer_did(settings, tmp_path, code, summary_status, cancelled, expected):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_summary.json").write_text(json.dumps({"status": summary_status, "error": None}))
+    log_file = tmp_path / "train.log"
+    log_file.write_text("")
+    with session_factory(settings)() as s:
+        run = _run(s, status=RunStatus.RUNNING, worker="me@n", heartbeat_at=utcnow(), attempt=1)
+        assert _finish(s, settings, run.id, code, cancelled, out, log_file) == expected.value
+        s.expire_all()
+        assert s.get(Run, run.id).status == expected
