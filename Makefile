@@ -12,7 +12,14 @@ UV         := $(TOOLS)/bin/uv
 export UV_PYTHON_DOWNLOADS := never
 UV_SYNC    := $(UV) sync --locked --python $(PYTHON)
 
-.PHONY: run test lint format bench install install-dev lock lock-check clean
+.PHONY: run test lint format bench install install-dev lock lock-check clean llamacpp
+
+# llama.cpp (GGUF serving on CPU nodes, `serve --backend llamacpp`): llama-server, llama-quantize and
+# llama-perplexity built once from the llama.cpp source the pinned llama-cpp-python sdist vendors, cached
+# under ~/.cache/ernie-studio/llama.cpp (ERNIE_STUDIO_LLAMACPP_HOME); skipped when already there.
+LLAMACPP_PY_VERSION := 0.3.36
+llamacpp: | $(UV)
+	PYTHON=$(TOOLS)/bin/python tools/build_llamacpp.sh $(LLAMACPP_PY_VERSION)
 
 # uv itself, pinned, in a small venv of its own (pip is the one tool every Python has).
 $(UV):
@@ -41,11 +48,11 @@ lock-check: | $(UV)
 run: $(VENV)/.base
 	$(VENV)/bin/ernie-studio up --host $(HOST) --port $(PORT)
 
-test: lock-check $(VENV)/.dev
+test: lock-check $(VENV)/.dev llamacpp
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -ra -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n 2 --durations=25 $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
@@ -62,7 +69,7 @@ format: $(VENV)/.dev
 	UV_PROJECT_ENVIRONMENT=.venv-bench $(UV_SYNC) --extra bench
 	touch $@
 
-bench: .venv-bench/.installed
+bench: .venv-bench/.installed llamacpp
 	for b in bench/bench_*.py; do .venv-bench/bin/python $$b || exit 1; done
 
 clean:

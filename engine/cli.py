@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 
 from engine.models.download import SOURCES
 from engine.models.presets import HUB_IDS
+from engine.priority import nice_own_session
 
 log = logging.getLogger("ernie_studio")
 
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # A rank of paddle.distributed.launch leads a session of its own: it keeps the nice value the worker gave
+    # the launcher, and this gives its new autogroup the same (engine/priority.py).
+    nice_own_session()
     try:
         return int(args.func(args) or 0)
     except (FileNotFoundError, FileExistsError, ValueError) as e:

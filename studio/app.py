@@ -9,9 +9,10 @@ from fastapi import FastAPI
 from studio.api.auth import TokenAuthMiddleware
 from studio.api.body_limits import JSONBodyGuard
 from studio.api.errors import install_error_handlers
-from studio.api.routes import compare, datasets, deployments, exports, models, nodes, runs
+from studio.api.routes import compare, datasets, deployments, evals, exports, models, nodes, runs
 from studio.api.security import RequestOriginMiddleware
 from studio.config import Settings, get_settings
+from studio.processes import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
         datasets.router,
         runs.router,
         exports.router,
+        evals.router,
         compare.router,
         deployments.router,
         models.router,
@@ -64,7 +66,9 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
 def app_from_env() -> FastAPI:
     """Factory for multi-process API serving (`ernie-studio up --no-ui --workers N`): settings from the
     environment."""
-    return create_app(get_settings(), with_ui=False)
+    app = create_app(get_settings(), with_ui=False)
+    freeze_startup_heap()
+    return app
 
 
 def _mount_ui(app: FastAPI, settings: Settings) -> None:

@@ -130,7 +130,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     from studio.app import create_app
     from studio.migrate import upgrade
-    from studio.processes import die_with_parent, quiet_paddle_signal_handlers
+    from studio.processes import die_with_parent, freeze_startup_heap, quiet_paddle_signal_handlers
     from studio.services.datasets import clean_incoming
 
     # The API imports engine helpers (and so Paddle) lazily; importing Paddle first keeps its abort-on-
@@ -184,8 +184,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             uvicorn.run("studio.app:app_from_env", factory=True, host=args.host, port=args.port,
                         workers=args.workers, log_level="info", access_log=args.access_log)  # fmt: skip
         else:
-            uvicorn.run(create_app(settings, with_ui=not args.no_ui), host=args.host, port=args.port,
-                        log_level="info", access_log=args.access_log)  # fmt: skip
+            app = create_app(settings, with_ui=not args.no_ui)
+            freeze_startup_heap()
+            uvicorn.run(app, host=args.host, port=args.port, log_level="info",
+                        access_log=args.access_log)  # fmt: skip
     finally:
         _stop(children)
     return 0

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     node_heartbeat_s: float = Field(default=10.0, gt=0)
     node_offline_after_s: float = Field(default=60.0, gt=0)
     doctor_timeout_s: float = Field(default=300.0, gt=0)
+    # A worker starting on a node whose facts, floors and engine are unchanged reuses a passing doctor report
+    # at most this old (crash loops, redeploys, several workers per node); 0 runs the checks every start.
+    doctor_reuse_s: float = Field(default=600.0, ge=0)
 
     @field_validator("home", mode="before")
     @classmethod

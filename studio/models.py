@@ -1,4 +1,5 @@
-"""SQL schema of the studio: datasets, runs, metric points, checkpoints, deployments, events, nodes."""
+"""SQL schema of the studio: datasets, runs, metric points, checkpoints, deployments, exports, downloads,
+evaluations and their sample rows, events, nodes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -118,6 +120,9 @@ class Run(Base):
     # engine.estimate's prediction when the run was queued (memory, time, disk, what it assumed), kept to
     # show against what the run measured
     estimate: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # "Evaluate after training": the held-out split and eval choices (studio.services.evals.EvaluateAfter,
+    # plus the held-out files written at creation); the base and the result are evaluated once it succeeds.
+    evaluate: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     queued_at: Mapped[datetime] = mapped_column(default=utcnow)
     dispatched_at: Mapped[datetime | None] = mapped_column(nullable=True)
@@ -197,6 +202,25 @@ class Export(Base):
     # The weights' dtype and largest shard (engine.train.config.ExportConfig's dtype and max_shard_size).
     dtype: Mapped[str] = mapped_column(String(16), default="float32", server_default="float32")
     max_shard_size: Mapped[str] = mapped_column(String(32), default="5GB", server_default="5GB")
+    # ExportConfig's export_format and gguf_types (comma-separated); gguf_files: per file {type, path,
+    # size_bytes, perplexity, relative_to_f16} from the export's export_summary.json.
+    export_format: Mapped[str] = mapped_column(
+        String(16), default="safetensors", server_default="safetensors"
+    )
+    gguf_types: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    gguf_files: Mapped[list[Any] | None] = mapped_column(nullable=True)
+    # An elastic run's member (d<depth>-e<experts>-k<topk>, engine.models.elastic); "" = the whole model.
+    elastic_member: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    # A GPAS model's gates: keep or fold (engine.train.config.ExportConfig.gpas_gates).
+    gpas_gates: Mapped[str] = mapped_column(String(16), default="keep", server_default="keep")
+    # Deploy once it succeeds (the Runs tab's one-click member deploy): the worker finishing the export, or
+    # the reconciler when that worker died first, makes the deployment once (deployed_at) and links it.
+    deploy_on_success: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    deployed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    deployment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("deployments.id", ondelete="SET NULL"), nullable=True
+    )
+    deployment: Mapped[Deployment | None] = relationship(lazy="joined")
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED, index=True)
     export_dir: Mapped[str] = mapped_column(String(1024))
     worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
@@ -207,6 +231,22 @@ class Export(Base):
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+    @property
+    def deploy_state(self) -> str:
+        """Where an export to deploy on success stands: exporting, export_failed, deploying, then its
+        deployment's status (removed once that was deleted); "" when no deployment was asked for."""
+        if not self.deploy_on_success:
+            return ""
+        if self.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+            return "exporting"
+        if self.status != RunStatus.SUCCEEDED:
+            return "export_failed"
+        if self.deployed_at is None or (
+            self.deployment and self.deployment.status == DeploymentStatus.STARTING
+        ):
+            return "deploying"
+        return self.deployment.status if self.deployment else "removed"
 
 
 class ModelDownload(Base):
@@ -232,6 +272,66 @@ class ModelDownload(Base):
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Evaluation(Base):
+    """`ernie-studio eval` of one model (a run's result, an export, a deployment's model, a base model) on
+    one or more datasets, run by a training worker; its per-sample rows are in `eval_samples`."""
+
+    __tablename__ = "evals"
+    __table_args__ = (UniqueConstraint("after_run_id", "role", name="uq_evals_after_run_role"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    # What was asked for (`run:3`, `export:2`, `deployment:1`, a /models name) and the directory it resolved to.
+    model: Mapped[str] = mapped_column(String(1024))
+    model_dir: Mapped[str] = mapped_column(String(1024))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
+    # The run whose "evaluate after training" made this eval, and which side it is ("base" or "result").
+    after_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    dataset_ids: Mapped[list[Any]] = mapped_column(default=list)
+    # The `ernie-studio eval` config handed to the engine (output_dir included).
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED, index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    output_dir: Mapped[str] = mapped_column(String(1024))
+    samples_total: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # eval_results.json's headline numbers ("<file stem>/<metric>") and per-file metrics with intervals.
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    results: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class EvalSample(Base):
+    """One line of an eval's eval_samples.jsonl; (eval, sample id) is unique, so an import after a worker
+    was killed and the eval continued never stores a sample twice."""
+
+    __tablename__ = "eval_samples"
+    __table_args__ = (UniqueConstraint("eval_id", "sample_id", name="uq_eval_samples_eval_sample"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    eval_id: Mapped[int] = mapped_column(ForeignKey("evals.id", ondelete="CASCADE"), index=True)
+    # The engine's sample id, "<eval file name>:<line>": the same sample of two evals on one dataset.
+    sample_id: Mapped[str] = mapped_column(String(512))
+    dataset: Mapped[str] = mapped_column(String(255))
+    line: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[str] = mapped_column(Text, default="")
+    reference: Mapped[str] = mapped_column(Text, default="")
+    prediction: Mapped[str] = mapped_column(Text, default="")
+    scores: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The whole sample line (option log-probabilities, judge replies, ...).
+    values: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class Event(Base):

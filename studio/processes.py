@@ -4,6 +4,7 @@ their parent, and Paddle's abort-on-SIGTERM handlers removed so the graceful one
 from __future__ import annotations
 
 import ctypes
+import gc
 import signal
 
 PR_SET_PDEATHSIG = 1
@@ -27,3 +28,16 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (the imported modules: Paddle's alone are hundreds of thousands, the app)
+    out of the garbage collector's reach, for a server about to take requests.
+
+    A full (generation 2) collection walks every tracked object and holds the GIL meanwhile: in the API
+    process, with Paddle and Gradio imported, that was 140-225 ms, every few seconds while a run's metrics
+    kept the caches churning, and every request in flight waited (the tail of `bench/bench_reads.py`).
+    Objects made after this point are collected as usual; the frozen ones live as long as the process
+    anyway."""
+    gc.collect()
+    gc.freeze()

@@ -42,7 +42,8 @@ RUN_TASK = "workers.tasks.run_training"
 DEPLOYMENT_TASK = "workers.tasks.run_deployment"
 EXPORT_TASK = "workers.tasks.run_export"
 DOWNLOAD_TASK = "workers.tasks.run_download"
-TASK_NAMES = (RUN_TASK, DEPLOYMENT_TASK, EXPORT_TASK, DOWNLOAD_TASK)
+EVAL_TASK = "workers.tasks.run_eval"
+TASK_NAMES = (RUN_TASK, DEPLOYMENT_TASK, EXPORT_TASK, DOWNLOAD_TASK, EVAL_TASK)
 
 _apps: dict[tuple[str, str], Celery] = {}
 _lock = threading.Lock()

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.train.config import LAYOUTS, PTQ_METHODS, ExportConfig
+from engine.train.config import GGUF_TYPES, LAYOUTS, PTQ_METHODS, ExportConfig
 from studio.queue import devices_of
 
 
@@ -180,6 +180,32 @@ class ExportIn(RequestModel):
     )
     dtype: str = _export_field("dtype")
     max_shard_size: str = _export_field("max_shard_size")
+    export_format: str = _export_field("export_format")
+    gguf_types: list[str] | None = Field(
+        default=None,
+        max_length=len(GGUF_TYPES),
+        description=f"export_format gguf: the GGUF files to write, of {', '.join(GGUF_TYPES)} "
+        "(default: the engine's, ExportConfig.gguf_types); q4_K_M needs llama.cpp's llama-quantize.",
+    )
+    gpas_gates: str = _export_field("gpas_gates")
+    elastic_member: str | None = Field(
+        default=None,
+        max_length=32,
+        description="An elastic run's member to export as a model of its own (d<depth>-e<experts>-k<topk>, "
+        "from GET /runs/{id}/elastic); empty exports the whole model.",
+    )
+    deploy_on_success: bool = Field(
+        default=False,
+        description="Start a deployment of the export once it is written (the worker does it; poll the "
+        "export's deploy_state and deployment_id).",
+    )
+
+
+class ElasticDeployIn(RequestModel):
+    member: str = Field(
+        max_length=32,
+        description="The member to export and deploy (d<depth>-e<experts>-k<topk>, from GET /runs/{id}/elastic).",
+    )
 
 
 class ExportOut(ORM):
@@ -189,14 +215,46 @@ class ExportOut(ORM):
     quantization: str
     dtype: str
     max_shard_size: str
+    export_format: str
+    gguf_types: str
+    gguf_files: list[dict[str, Any]] | None
+    elastic_member: str
+    gpas_gates: str
     status: str
     export_dir: str
     worker: str | None
     error: str | None
     perplexity: dict[str, Any] | None
+    # deploy_on_success's chain: exporting, export_failed, deploying, then the deployment's status
+    # (running, failed, stopping, stopped; removed once it was deleted); "" when no deployment was asked for.
+    deploy_on_success: bool
+    deploy_state: str
+    deployment_id: int | None
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+
+
+class ElasticMemberOut(BaseModel):
+    """One member of an elastic run's family (engine.train.elastic.ElasticTraining.family_table)."""
+
+    member: str
+    depth: int
+    experts: int
+    topk: int
+    depth_pattern: str
+    parameters: int
+    active_parameters: int
+    steps_trained: int
+    eval_loss: float | None
+    decode_tokens_per_second: float | None = None  # greedy, batch 1, on the node that trained the run
+
+
+class ElasticFamilyOut(BaseModel):
+    run_id: int
+    depth_pattern: str
+    full_share: float
+    members: list[ElasticMemberOut]
 
 
 class ModelOut(BaseModel):
@@ -305,3 +363,60 @@ class NodeOut(ORM):
     doctor_at: datetime | None
     started_at: datetime
     heartbeat_at: datetime
+
+
+class EvalOut(ORM):
+    id: int
+    name: str
+    model: str = Field(
+        description="what was evaluated: run:<id>, export:<id>, deployment:<id> or a /models name"
+    )
+    model_dir: str
+    run_id: int | None
+    after_run_id: int | None = Field(description="the run whose evaluate-after-training queued this eval")
+    role: str | None = Field(description="base or result (evaluate after training)")
+    dataset_ids: list[int]
+    config: dict[str, Any] = Field(description="the ernie-studio eval config handed to the engine")
+    status: str
+    attempt: int
+    worker: str | None
+    cancel_requested: bool
+    output_dir: str
+    samples_total: int
+    samples_done: int = Field(default=0, description="sample rows stored so far")
+    error: str | None
+    metrics: dict[str, Any] | None = Field(description='headline numbers, "<file stem>/<metric>": value')
+    results: dict[str, Any] | None = Field(description="per eval file: every metric with n and its interval")
+    created_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    heartbeat_at: datetime | None
+
+
+class EvalSampleOut(BaseModel):
+    sample_id: str
+    dataset: str
+    line: int
+    prompt: str
+    reference: str
+    prediction: str
+    scores: dict[str, Any]
+    other: dict[str, Any] | None = Field(default=None, description="compare_to's prediction and scores")
+    differ: bool | None = None
+
+
+class EvalSamplesOut(BaseModel):
+    eval_id: int
+    compare_to: int | None
+    total: int
+    offset: int
+    items: list[EvalSampleOut]
+
+
+class EvalCompareOut(BaseModel):
+    evals: list[dict[str, Any]]
+    metrics: dict[str, dict[str, float | None]]
+    intervals: dict[str, dict[str, list[float]]]
+    pairwise: dict[str, dict[str, Any]]
+    differ: dict[str, Any] | None = None

@@ -8,6 +8,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("FLAGS_call_stack_level", "0")
+# The suite runs two pytest workers on two cores (and trainer children of its own): one CPU thread per
+# process, or their kernels would wait on each other's cores (engine.models.kernels.cpu_threads).
+os.environ.setdefault("ERNIE_STUDIO_CPU_THREADS", "1")
+# Trainers at the default nice 10 give way to everything else (engine/priority.py: their session's group
+# too); in the suite, "everything else" is the other pytest worker's tests, and a full run took 2 minutes
+# longer waiting on it. Tests of the niceness itself pass it explicitly.
+os.environ.setdefault("ERNIE_STUDIO_BATCH_NICENESS", "0")
 
 
 @pytest.fixture(scope="session")

@@ -51,11 +51,19 @@ def execute_export(settings: Settings, export_id: int, worker: str) -> str | Non
             time.sleep(POLL_S)
         code = proc.wait()
         output = tail(log_file, 8000)
+        summary_file = Path(export.export_dir) / "export_summary.json"
+        if code == 0 and export.export_format == "gguf" and summary_file.exists():
+            summary = json.loads(summary_file.read_text())
+            exports_svc.finish_export(
+                session, settings, export_id, RunStatus.SUCCEEDED, perplexity=summary.get("perplexity") or None,
+                gguf_files=summary.get("gguf"),
+            )  # fmt: skip
+            return RunStatus.SUCCEEDED.value
         if code == 0 and (Path(export.export_dir) / "config.json").exists():
             found = PERPLEXITY_RE.findall(output)
             ppl = json.loads(found[-1]) if found else None
-            exports_svc.finish_export(session, export_id, RunStatus.SUCCEEDED, perplexity=ppl)
+            exports_svc.finish_export(session, settings, export_id, RunStatus.SUCCEEDED, perplexity=ppl)
             return RunStatus.SUCCEEDED.value
         error = f"ernie-studio export exited with code {code}:\n{output[-2000:]}"
-        exports_svc.finish_export(session, export_id, RunStatus.FAILED, error=error)
+        exports_svc.finish_export(session, settings, export_id, RunStatus.FAILED, error=error)
         return RunStatus.FAILED.value

@@ -46,7 +46,7 @@ class DoctorProcess:
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen(
-                engine_command("doctor", "--json"),
+                engine_command("doctor", "--json", "--reuse-s", str(settings.doctor_reuse_s)),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.priority import nice_own_session
 from studio.processes import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ def _child_setup(niceness: int) -> None:
     die_with_parent()
     if niceness > 0:
         os.nice(niceness)
+        # The child leads a new session, hence a new autogroup: without the group's own nice value the
+        # trainer would still share the CPU with the API as an equal (engine/priority.py).
+        nice_own_session()
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> int:

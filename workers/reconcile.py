@@ -1,6 +1,7 @@
 """Keeping the queue and the store in agreement: runs whose worker died go back to `queued` (they resume
 from their newest checkpoint), runs the broker never received or lost are sent again, deployments of a
-dead worker are marked stopped."""
+dead worker are marked stopped, finished work whose follow-up a dead worker never started (evaluate after
+training, deploy an export once it succeeded) gets it."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from engine.serve.fastdeploy import PIDS_FILE, kill_recorded
 from studio import queue
 from studio.config import Settings
 from studio.db import session_factory
-from studio.models import Deployment, DeploymentStatus, Export, ModelDownload, RunStatus, utcnow
-from studio.services import downloads as downloads_svc
+from studio.models import Deployment, DeploymentStatus, utcnow
+from studio.services import evals as evals_svc
 from studio.services import exports as exports_svc
+from studio.services import jobs as jobs_svc
 from studio.services import runs as runs_svc
 from studio.services.events import add_event
 from studio.services.run_lifecycle import (
@@ -43,8 +45,10 @@ def reconcile(settings: Settings, worker: str | None, lost: LostMessages | None 
         requeued = requeue_orphaned_runs(session, settings, worker)
         dispatched = dispatch_lost_runs(session, settings)
         stopped = stop_orphaned_deployments(session, settings, worker)
-        reconcile_exports(session, settings, worker)
-        reconcile_downloads(session, settings, worker)
+        for kind in jobs_svc.KINDS:  # exports, downloads, evaluations
+            jobs_svc.reconcile(session, settings, kind, worker)
+        evals_svc.evaluate_finished_runs(session, settings)
+        exports_svc.deploy_finished_exports(session, settings)
         resent = (lost or LostMessages()).resend(session, settings)
         session.commit()
     return {"requeued": requeued, "dispatched": dispatched, "deployments_stopped": stopped, "resent": resent}
@@ -99,46 +103,13 @@ def stop_orphaned_deployments(session: Session, settings: Settings, worker: str 
             )
         )
         add_event(session, "deployment.stopped", "its worker stopped; deploy again", deployment_id=dep.id)
+    # Committed here: a later step of the pass that loses a race rolls back, and must not undo this.
+    session.commit()
     return len(deps)
 
 
-def reconcile_exports(session: Session, settings: Settings, worker: str | None) -> None:
-    """Stale exports go back to the queue, undelivered ones are sent again, and (at start-up) the ones this
-    worker was running when it died are failed."""
-    exports_svc.requeue_stale_exports(session, settings, settings.stale_after_s)
-    for export in session.scalars(
-        select(Export).where(Export.status == RunStatus.QUEUED, Export.dispatched_at.is_(None))
-    ).all():
-        exports_svc.dispatch_export(session, settings, export)
-    if worker is not None:
-        session.execute(
-            update(Export)
-            .where(Export.status == RunStatus.RUNNING, Export.worker == worker)
-            .values(status=RunStatus.FAILED, ended_at=utcnow(), error="its worker stopped; export again")
-        )
-
-
-def reconcile_downloads(session: Session, settings: Settings, worker: str | None) -> None:
-    """Like exports, except that a download this worker was running when it died goes back to the queue: the
-    next attempt keeps the files already verified."""
-    downloads_svc.requeue_stale_downloads(session, settings, settings.stale_after_s)
-    if worker is not None:
-        session.execute(
-            update(ModelDownload)
-            .where(ModelDownload.status == RunStatus.RUNNING, ModelDownload.worker == worker)
-            .values(status=RunStatus.QUEUED, worker=None, dispatched_at=None)
-        )
-        session.commit()
-    for download in session.scalars(
-        select(ModelDownload).where(
-            ModelDownload.status == RunStatus.QUEUED, ModelDownload.dispatched_at.is_(None)
-        )
-    ).all():
-        downloads_svc.dispatch_download(session, settings, download)
-
-
 class LostMessages:
-    """Sends again the jobs (queued runs, queued exports, deployments no serving worker has taken) whose
+    """Sends again the jobs (queued runs, queued exports, downloads and evaluations, deployments no serving worker has taken) whose
     message the broker no longer holds, e.g. after Redis restarted without its data or a worker was killed
     between taking a message and claiming its job.
 
@@ -183,18 +154,12 @@ def waiting_jobs(
     jobs: dict[queue.Job, tuple[str, Callable[[], bool]]] = {}
     for run in dispatched_runs(session, dispatched_before):
         jobs[(queue.RUN_TASK, run.id)] = (run.queue, partial(redispatch_run, session, settings, run))
-    for export in session.scalars(
-        select(Export).where(Export.status == RunStatus.QUEUED, Export.dispatched_at < dispatched_before)
-    ).all():
-        resend = partial(redispatch_export, session, settings, export)
-        jobs[(queue.EXPORT_TASK, export.id)] = (queue.EXPORT_QUEUE, resend)
-    for download in session.scalars(
-        select(ModelDownload).where(
-            ModelDownload.status == RunStatus.QUEUED, ModelDownload.dispatched_at < dispatched_before
-        )
-    ).all():
-        resend = partial(redispatch_download, session, settings, download)
-        jobs[(queue.DOWNLOAD_TASK, download.id)] = (queue.EXPORT_QUEUE, resend)
+    for kind in jobs_svc.KINDS:
+        for job in jobs_svc.waiting(session, kind, dispatched_before):
+            jobs[(kind.task, job.id)] = (
+                kind.queue,
+                partial(jobs_svc.redispatch, session, settings, kind, job),
+            )
     for dep in session.scalars(
         select(Deployment).where(
             Deployment.status == DeploymentStatus.STARTING,
@@ -206,49 +171,6 @@ def waiting_jobs(
         resend = partial(_send_deployment, settings, dep.id)
         jobs[(queue.DEPLOYMENT_TASK, dep.id)] = (queue.SERVE_QUEUE, resend)
     return jobs
-
-
-def redispatch_export(session: Session, settings: Settings, export: Export) -> bool:
-    """Send a queued export again; like `redispatch_run`, only the reconciler that moves its dispatch time
-    sends it."""
-    n = session.execute(
-        update(Export)
-        .where(
-            Export.id == export.id,
-            Export.status == RunStatus.QUEUED,
-            Export.dispatched_at == export.dispatched_at,
-        )
-        .values(dispatched_at=utcnow())
-    ).rowcount
-    session.commit()
-    if not n:
-        return False
-    if queue.send(settings, queue.EXPORT_TASK, [export.id], queue.EXPORT_QUEUE) is not None:
-        return True
-    session.execute(update(Export).where(Export.id == export.id).values(dispatched_at=None))
-    session.commit()
-    return False
-
-
-def redispatch_download(session: Session, settings: Settings, download: ModelDownload) -> bool:
-    """Send a queued download again (only the reconciler that moves its dispatch time sends it)."""
-    n = session.execute(
-        update(ModelDownload)
-        .where(
-            ModelDownload.id == download.id,
-            ModelDownload.status == RunStatus.QUEUED,
-            ModelDownload.dispatched_at == download.dispatched_at,
-        )
-        .values(dispatched_at=utcnow())
-    ).rowcount
-    session.commit()
-    if not n:
-        return False
-    if queue.send(settings, queue.DOWNLOAD_TASK, [download.id], queue.EXPORT_QUEUE) is not None:
-        return True
-    session.execute(update(ModelDownload).where(ModelDownload.id == download.id).values(dispatched_at=None))
-    session.commit()
-    return False
 
 
 def _send_deployment(settings: Settings, deployment_id: int) -> bool:

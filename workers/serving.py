@@ -21,6 +21,7 @@ import yaml
 from sqlalchemy.orm import Session
 
 from engine.models.paths import is_lora_dir
+from engine.serve import llamacpp
 from engine.serve.fastdeploy import PIDS_FILE, gpu_share, installed_check, kill_recorded
 from studio.config import Settings
 from studio.db import session_factory
@@ -42,19 +43,51 @@ def free_port(host: str) -> int:
 
 
 def resolve_backend(backend: str) -> str:
-    """`auto` is FastDeploy where it is installed (GPU nodes) and its --help takes every flag the launcher
-    passes, the Paddle server otherwise; an explicit `fastdeploy` that fails the check is refused."""
+    """FastDeploy's part of the choice: `auto` is FastDeploy where it is installed (GPU nodes) and its
+    --help takes every flag the launcher passes, the Paddle server otherwise; an explicit `fastdeploy` that
+    fails the check is refused."""
+    return choose_backend(backend, None)[0]
+
+
+def choose_backend(backend: str, model_dir: Path | None) -> tuple[str, str]:
+    """(backend, why) for a deployment: an explicit backend is checked and refused with the reason;
+    `auto` takes FastDeploy where installed, then llama.cpp on a CPU node where installed (and the model
+    fits it), else the built-in Paddle server."""
+    if model_dir is not None and llamacpp.is_gguf(model_dir):
+        return _gguf_backend(backend, model_dir)
     if backend == "paddle":
-        return backend
+        return backend, "requested"
+    if backend == "llamacpp":
+        try:
+            return llamacpp.choose("llamacpp", model_dir or "")
+        except ValueError as e:
+            raise RuntimeError(f"llama.cpp refused: {e}") from e
     if backend == "auto" and importlib.util.find_spec("fastdeploy") is None:
-        return "paddle"
-    check = installed_check()
-    if check.ok:
-        return "fastdeploy"
-    if backend == "fastdeploy":
-        raise RuntimeError(f"FastDeploy refused: {check.message}")
-    log.warning("serving with the Paddle backend: %s", check.message)
-    return "paddle"
+        why = "FastDeploy is not installed"
+    else:
+        check = installed_check()
+        if check.ok:
+            return "fastdeploy", "FastDeploy is installed and takes every flag the launcher passes"
+        if backend == "fastdeploy":
+            raise RuntimeError(f"FastDeploy refused: {check.message}")
+        log.warning("not serving with FastDeploy: %s", check.message)
+        why = check.message
+    if model_dir is not None:
+        chosen, why_not = llamacpp.choose("auto", model_dir)
+        if chosen:
+            return chosen, f"{why}; {why_not}"
+        why = f"{why}; {why_not}"
+    return "paddle", f"{why}; the built-in Paddle server serves it"
+
+
+def _gguf_backend(backend: str, model: Path) -> tuple[str, str]:
+    """A GGUF has one engine: `auto` takes it as a request for llama.cpp, other engines are refused."""
+    if backend not in ("auto", "llamacpp"):
+        raise RuntimeError(f"{model} is a GGUF, which only llama.cpp serves; deploy it with backend llamacpp")
+    try:
+        return "llamacpp", llamacpp.choose("llamacpp", model)[1] + " (a GGUF: only llama.cpp serves it)"
+    except ValueError as e:
+        raise RuntimeError(f"llama.cpp refused: {e}") from e
 
 
 class FastDeploySlots:
@@ -148,7 +181,9 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
         if dep is None:
             return None
         try:
-            backend = resolve_backend(dep.backend)
+            model_dir = _servable_model(session, settings, dep, "", log_file)
+            backend, why = choose_backend(dep.backend, model_dir)
+            dep_svc.record_backend_choice(session, deployment_id, backend, why)
             model_dir = _servable_model(session, settings, dep, backend, log_file)
             gpu = FASTDEPLOY_SLOTS.take(settings, deployment_id) if backend == "fastdeploy" else None
         except Exception as e:
@@ -209,6 +244,8 @@ def _start_server(
         "--served-model-name",
         "default",
     )
+    if backend == "llamacpp":
+        cmd += ["--log-dir", str(directory / "llamacpp")]
     if backend == "fastdeploy":
         cmd += ["--log-dir", str(directory / "fastdeploy")]
         if gpu is not None:

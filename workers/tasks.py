@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers that hand a run, a deployment or an export to the functions doing the work.
+"""Celery tasks: thin wrappers that hand a run, a deployment, an export, a download or an eval to the functions doing the work.
 They are registered under the names `studio.queue` publishes."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 
 from studio.config import Settings, get_settings
 from studio.processes import quiet_paddle_signal_handlers
-from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EXPORT_TASK, RUN_TASK
+from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EVAL_TASK, EXPORT_TASK, RUN_TASK
 from workers.downloading import execute_download
+from workers.evaluating import execute_eval
 from workers.exporting import execute_export
 from workers.nodes import NodeAgent, hold_work_queues
 from workers.reconcile import Reconciler
@@ -54,6 +55,12 @@ def run_export(self, export_id: int) -> str | None:
 def run_download(self, download_id: int) -> str | None:
     """`ernie-studio download` of an official checkpoint into home/models."""
     return execute_download(_settings(self.app), int(download_id), self.request.hostname or "worker")
+
+
+@shared_task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_eval(self, eval_id: int) -> str | None:
+    """`ernie-studio eval` of one model on its datasets (continues a killed attempt's samples)."""
+    return execute_eval(_settings(self.app), int(eval_id), self.request.hostname or "worker")
 
 
 @celeryd_after_setup.connect

@@ -22,6 +22,7 @@ from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Run, RunStatus
 from studio.services import runs as runs_svc
+from studio.services.evals import evaluate_after
 from studio.services.models import BUILDABLE_PRESETS, build_preset
 from studio.services.run_lifecycle import RunAttempt, claim_run
 from workers.process import engine_command, spawn, stop_group, tail
@@ -261,7 +262,7 @@ def _follow(
         attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
         attempt.announce(session, notices.read())
         if code is not None:
-            return _finish(session, attempt, code, cancelled, attempt.output_dir, log_file)
+            return _finish(session, settings, attempt, code, cancelled, attempt.output_dir, log_file)
         if beat.state == "lost":
             # The reconciler gave the run to another worker: two trainers must never share a directory.
             log.warning("run %s was requeued elsewhere; stopping this attempt", attempt.run_id)
@@ -297,7 +298,13 @@ def _requeue_for_shutdown(
 
 
 def _finish(
-    session: Session, attempt: RunAttempt, code: int, cancelled: bool, output_dir: Path, log_file: Path
+    session: Session,
+    settings: Settings,
+    attempt: RunAttempt,
+    code: int,
+    cancelled: bool,
+    output_dir: Path,
+    log_file: Path,
 ) -> str:
     """Record how the trainer ended, from its exit code and run_summary.json; returns the status."""
     summary: dict[str, Any] = {}
@@ -324,4 +331,10 @@ def _finish(
     )
     _log_line(log_file, f"{status.value} (exit code {code})")
     log.info("run %s %s (exit code %s)", attempt.run_id, status.value, code)
+    if status == RunStatus.SUCCEEDED:
+        # "Evaluate after training": the base and the result are queued now (the reconciler does it if this
+        # worker dies first).
+        run = session.get(Run, attempt.run_id)
+        session.refresh(run)
+        evaluate_after(session, settings, run)
     return status.value

@@ -1,8 +1,10 @@
-"""Raw records of a dataset file: JSONL by lines or a JSON array streamed, each with its line number."""
+"""Raw records of a dataset file: JSONL by lines or a JSON array streamed (or a CSV table with a header row,
+the shape C-Eval and CMMLU ship), each with its line number."""
 
 from __future__ import annotations
 
 import codecs
+import csv
 import json
 import re
 import threading
@@ -23,6 +25,8 @@ ARRAY_LOOKAHEAD = 1 << 20
 COUNT_LIMIT = 64 << 20
 # read_page remembers the byte offset of every INDEX_STRIDE-th record so deep pages need not rescan.
 INDEX_STRIDE = 4096
+# Tables with a header row: one record per row, the header's names as keys (benchmark files only).
+TABLE_SUFFIXES = (".csv", ".tsv")
 
 
 @dataclass
@@ -56,12 +60,37 @@ def is_json_array(path: str | Path) -> bool:
                 return stripped[:1] == b"["
 
 
+def is_table(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in TABLE_SUFFIXES
+
+
 def iter_raw(path: str | Path) -> Iterator[RawRecord]:
-    """Every record of a JSONL file or JSON array, with read errors as records instead of exceptions."""
-    if is_json_array(path):
+    """Every record of a JSONL file, JSON array or CSV / TSV table, with read errors as records instead of
+    exceptions."""
+    if is_table(path):
+        yield from _iter_table(path)
+    elif is_json_array(path):
         yield from _iter_array(path)
     else:
         yield from _iter_lines(path)
+
+
+def _iter_table(path: str | Path) -> Iterator[RawRecord]:
+    """A header row, then one record per row (line numbers as in the file, so a quoted cell over two lines
+    counts both)."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f, delimiter="\t" if str(path).lower().endswith(".tsv") else ",")
+        try:
+            for row in reader:
+                extra = row.pop(None, None)  # cells past the header's columns
+                if extra:
+                    yield RawRecord(
+                        reader.line_num, error=f"{len(extra)} cell(s) more than the header row's columns"
+                    )
+                    continue
+                yield RawRecord(reader.line_num, record={(k or "").strip(): v for k, v in row.items()})
+        except csv.Error as e:
+            yield RawRecord(reader.line_num, error=f"unreadable CSV: {e}")
 
 
 def _decode_line(raw: bytes, lineno: int) -> RawRecord | None:
@@ -240,7 +269,9 @@ def _remember(table: dict, key: tuple, value: object) -> None:
 
 
 def count_records(path: str | Path) -> int:
-    """The number of non-blank lines of a JSONL file (or elements of a JSON array)."""
+    """The number of non-blank lines of a JSONL file (or elements of a JSON array, rows of a table)."""
+    if is_table(path):
+        return sum(1 for _ in _iter_table(path))
     if is_json_array(path):
         return sum(1 for _ in _iter_array(path))
     n = 0
@@ -269,7 +300,7 @@ def read_page(path: str | Path, offset: int = 0, limit: int = 20) -> Page:
             total = count_records(path)
             with _index_lock:
                 _remember(_counts, key, total)
-    if is_json_array(path):
+    if is_table(path) or is_json_array(path):
         records, lines, more = _page_from(iter_raw(path), offset, limit)
     else:
         records, lines, more = _page_jsonl(path, offset, limit)

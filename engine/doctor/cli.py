@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 from engine.doctor.report import DoctorFloors
 
@@ -21,6 +22,20 @@ def register(subparsers) -> None:
         "--json", action="store_true", help="print one JSON object (schema_version, facts, checks)"
     )
     p.add_argument("--full", action="store_true", help="more checks and longer measurements (about a minute)")
+    p.add_argument(
+        "--reuse-s",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="reuse a passing report of this node at most SECONDS old when its facts, floors and the "
+        "engine are unchanged (workers pass ERNIE_STUDIO_DOCTOR_REUSE_S); 0 always runs the checks",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where passing reports are kept (default $XDG_CACHE_HOME/ernie-studio/doctor)",
+    )
     p.set_defaults(func=cmd_doctor)
 
 
@@ -31,7 +46,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if not args.verbose:
         # The probes load their tiny models through the checkpoint reader, which logs each load.
         logging.getLogger("engine.models.checkpoint").setLevel(logging.WARNING)
-    report = run_doctor(full=args.full, floors=DoctorFloors())
+    if args.reuse_s < 0:
+        raise SystemExit(f"--reuse-s must be 0 or more seconds, got {args.reuse_s:g}")
+    report = run_doctor(full=args.full, floors=DoctorFloors(), reuse_s=args.reuse_s, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False), flush=True)
     else:

@@ -42,6 +42,8 @@ class DoctorReport:
     checks: list[Check]
     floors: dict[str, float]
     duration_s: float
+    # When the checks are a recent passing report of this node reused (ISO time of that run), else None.
+    reused_from: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -53,12 +55,13 @@ class DoctorReport:
         return [c for c in self.checks if not c.passed]
 
     def to_dict(self) -> dict[str, Any]:
-        """The `--json` object: schema_version, passed, full, duration_s, floors, facts, checks."""
+        """The `--json` object: schema_version, passed, full, duration_s, reused_from, floors, facts, checks."""
         return {
             "schema_version": self.schema_version,
             "passed": self.passed,
             "full": self.full,
             "duration_s": round(self.duration_s, 3),
+            "reused_from": self.reused_from,
             "floors": self.floors,
             "facts": self.facts,
             "checks": [asdict(c) for c in self.checks],
@@ -117,6 +120,8 @@ def format_report(report: DoctorReport) -> str:
     out = [f"ERNIE Studio doctor ({'full' if report.full else 'quick'})"]
     out += [f"  {label:<13} {value}" for label, value in fact_lines(report.facts)]
     out.append("")
+    if report.reused_from:
+        out.append(f"  checks of {report.reused_from} reused: nothing they depend on has changed since")
     for c in report.checks:
         out.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.name:<22} {c.detail}  [{c.duration_s:.1f} s]")
     out.append("")

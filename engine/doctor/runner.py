@@ -7,10 +7,13 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
+from engine.doctor import reuse
 from engine.doctor.facts import node_facts
 from engine.doctor.fastdeploy_probe import fastdeploy_checks
+from engine.doctor.llamacpp_probe import llamacpp_checks
 from engine.doctor.probes import device_check, fast_path_checks, throughput_probe, training_probe
 from engine.doctor.report import Check, DoctorFloors, DoctorReport
 from engine.models.initialize import init_model
@@ -54,14 +57,34 @@ CHECKS: list[tuple[str, Callable[[Probe], list[Check]]]] = [
         "fastdeploy",
         lambda p: fastdeploy_checks(p.facts, p.model_dir("tiny") if p.full and p.facts["devices"] else None),
     ),
+    # llama-server's --help against the flags `serve --backend llamacpp` passes (CPU serving)
+    ("llamacpp", lambda p: llamacpp_checks()),
 ]
 
 
-def run_doctor(full: bool = False, floors: DoctorFloors | None = None) -> DoctorReport:
-    """The node's facts and self-tests; the quick form takes a few seconds on a 2-core CPU."""
+def run_doctor(
+    full: bool = False,
+    floors: DoctorFloors | None = None,
+    reuse_s: float = 0.0,
+    cache_dir: Path | None = None,
+) -> DoctorReport:
+    """The node's facts and self-tests; the quick form takes a few seconds on a 2-core CPU. With
+    ``reuse_s`` > 0, a passing report of the same node, floors, form and engine at most that old (in
+    ``cache_dir``) stands in for the self-tests; the facts are always read afresh."""
     floors = floors or DoctorFloors()
     start = time.perf_counter()
     facts = node_facts()
+    cache_dir = cache_dir or reuse.default_cache_dir()
+    key = reuse.report_key(facts, floors.model_dump(), full)
+    if reuse_s > 0 and (saved := reuse.load_recent(cache_dir, key, reuse_s)) is not None:
+        return DoctorReport(
+            full=full,
+            facts=facts,
+            checks=[Check(**c) for c in saved["report"]["checks"]],
+            floors=floors.model_dump(),
+            duration_s=time.perf_counter() - start,
+            reused_from=datetime.fromtimestamp(saved["saved_at"], UTC).isoformat(timespec="seconds"),
+        )
     checks: list[Check] = []
     with tempfile.TemporaryDirectory(prefix="ernie-doctor-") as tmp:
         probe = Probe(facts, floors, full, Path(tmp))
@@ -75,10 +98,12 @@ def run_doctor(full: bool = False, floors: DoctorFloors | None = None) -> Doctor
             for c in made:
                 c.duration_s = c.duration_s or round((time.perf_counter() - t0) / len(made), 3)
             checks += made
-    return DoctorReport(
+    report = DoctorReport(
         full=full,
         facts=facts,
         checks=checks,
         floors=floors.model_dump(),
         duration_s=time.perf_counter() - start,
     )
+    reuse.save(cache_dir, key, report.to_dict())
+    return report

@@ -57,14 +57,15 @@ class EvalConfig:
     )
     logging_dir: str = option("", "Where report_to's logs go; empty means output_dir.")
     report_to: list[str] | None = option(  # noqa: RUF009 (a field with a default_factory)
-        help="Scalar logs of the aggregate metrics: visualdl, tensorboard, all, or none.",
+        help="Scalar logs of the aggregate metrics: visualdl, tensorboard, all (both), mlflow (with the "
+        "tracking extra), or none.",
         choices=REPORT_TO,
         factory=lambda: ["none"],
     )
     eval_dataset_type: str = option(
         "auto",
         "Kind of each eval file (comma-separated): erniekit / alpaca / chatml records are generated and "
-        "scored, multiple_choice and gsm8k files are benchmarks; auto detects chat formats.",
+        "scored, multiple_choice and gsm8k files are benchmarks; auto detects all of them.",
     )
     eval_dataset_path: str = option(
         "", "Eval files, comma-separated (JSONL, JSON array; CSV for benchmarks)."

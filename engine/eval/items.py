@@ -6,8 +6,6 @@ model time is spent. Items are keyed ``<file name>:<line>`` so a resumed evaluat
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +77,8 @@ def read_eval_file(path: str, type_: str, max_samples: int = 0) -> EvalFile:
         raise EvalDataError([f"{path}: eval file does not exist"])
     problems: list[str] = []
     items: list[Any] = []
-    resolved = type_
-    for raw in _rows(p):
+    resolved = (detect_benchmark(p) or "auto") if type_ == "auto" else type_
+    for raw in iter_raw(p):
         if max_samples and len(items) >= max_samples:
             break
         where = f"{path}:{raw.line}"
@@ -91,8 +89,8 @@ def read_eval_file(path: str, type_: str, max_samples: int = 0) -> EvalFile:
             found = detect_record_format(raw.record)
             if found is None or found[1] != "sft":
                 problems.append(
-                    f"{where}: not a chat record (erniekit src/tgt, alpaca, chatml messages); "
-                    "set eval_dataset_type for benchmark files"
+                    f"{where}: not a chat record (erniekit src/tgt, alpaca, chatml messages) nor a benchmark "
+                    "question (question, choices, answer / question, answer); see docs/evaluation.md"
                 )
                 continue
             resolved = found[0]
@@ -107,19 +105,37 @@ def read_eval_file(path: str, type_: str, max_samples: int = 0) -> EvalFile:
     return EvalFile(path, resolved, items)
 
 
-def _rows(path: Path) -> Iterator[RawRecord]:
-    if path.suffix.lower() in (".csv", ".tsv"):
-        yield from _csv_rows(path)
-    else:
-        yield from iter_raw(path)
+# Benchmark records are told from chat and preference records by their keys: a question, an answer, and
+# (multiple choice) the choices. Records with any of these keys are training records, never benchmarks.
+_CHAT_KEYS = {"src", "tgt", "messages", "instruction", "output", "chosen", "rejected", "text_info"}
+QUESTION_KEYS = ("question", "Question")
+ANSWER_KEYS = ("answer", "Answer", "answerKey")
 
 
-def _csv_rows(path: Path) -> Iterator[RawRecord]:
-    """C-Eval / CMMLU ship CSV: a header row, then one question per row (line numbers as in the file)."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        for row in reader:
-            yield RawRecord(reader.line_num, record={(k or "").strip(): v for k, v in row.items()})
+def benchmark_type(record: Any) -> str | None:
+    """``multiple_choice`` or ``gsm8k`` when a record has a benchmark's shape, else None."""
+    if not isinstance(record, dict) or record.keys() & _CHAT_KEYS:
+        return None
+    if _field(record, *QUESTION_KEYS) is None or _field(record, *ANSWER_KEYS) is None:
+        return None
+    choices, _ = _choices(record)
+    return "multiple_choice" if choices else "gsm8k"
+
+
+def detect_benchmark(path: str | Path, probe: int = 20) -> str | None:
+    """The benchmark type of a file (the one most of its first readable records have), or None when most of
+    them are no benchmark questions; the one detection ``eval_dataset_type: auto`` and the studio use."""
+    votes: dict[str | None, int] = {}
+    for i, raw in enumerate(iter_raw(path)):
+        if i >= probe:
+            break
+        if raw.error is None:
+            found = benchmark_type(raw.record)
+            votes[found] = votes.get(found, 0) + 1
+    if not votes:
+        return None
+    best = max(votes, key=lambda k: votes[k])
+    return best if best is not None and 2 * votes[best] >= sum(votes.values()) else None
 
 
 def _item(raw: RawRecord, type_: str, key: str) -> tuple[Any, list[str]]:

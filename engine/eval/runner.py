@@ -277,7 +277,7 @@ class Evaluation:
 
 def run_eval(cfg: EvalConfig, on_event: Callable[[dict], None] | None = None) -> EvalSummary:
     """Evaluate as configured; writes eval_samples.jsonl and eval_results.json in output_dir."""
-    from engine.train.scalars import ScalarWriters
+    from engine.train.scalars import ScalarWriters, run_name
 
     emit = on_event or (lambda event: None)
     out = Path(cfg.output_dir)
@@ -305,7 +305,7 @@ def run_eval(cfg: EvalConfig, on_event: Callable[[dict], None] | None = None) ->
     finally:
         if evaluation is not None:
             evaluation.close()
-    writers = ScalarWriters(cfg.logging_dir, cfg.report_to)
+    writers = ScalarWriters(cfg.logging_dir, cfg.report_to, run_name(out))
     writers.write({"step": 0, **{f"eval_{k}": v for k, v in summary.metrics.items()}})
     writers.close()
     emit({"type": "results", "metrics": summary.metrics})
@@ -314,9 +314,10 @@ def run_eval(cfg: EvalConfig, on_event: Callable[[dict], None] | None = None) ->
 
 def _finish(summary: EvalSummary, cfg: EvalConfig, out: Path) -> EvalSummary:
     summary.ended_at = _now()
-    write_json(
-        out / RESULTS_FILE, {**asdict(summary), "config": json.loads(json.dumps(asdict(cfg), default=str))}
-    )
+    config = json.loads(json.dumps(asdict(cfg), default=str))
+    if config.get("judge_api_key"):  # the results are shared; the key is not
+        config["judge_api_key"] = "***"
+    write_json(out / RESULTS_FILE, {**asdict(summary), "config": config})
     return summary
 
 

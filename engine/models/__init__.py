@@ -16,7 +16,6 @@ _EXPORTS = {
     "save_model": "engine.models.checkpoint",
     "ErnieConfig": "engine.models.config",
     "VisionConfig": "engine.models.config",
-    "parameter_count": "engine.models.config",
     "CausalLMOutput": "engine.models.ernie",
     "DynamicCache": "engine.models.ernie",
     "ErnieForCausalLM": "engine.models.ernie",

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 # compute_type values whose frozen base is weight-only quantized (int8, or int4 experts + int8 elsewhere). A
 # LoRA directory records its compute_type, and loading quantizes the base the same way before the adapter.
 WEIGHT_ONLY_COMPUTE_TYPES = ("wint8", "wint4/8")
+# Which decoder layers an elastic sub-model of fewer layers keeps (engine.models.elastic.kept_layers).
+ELASTIC_DEPTH_PATTERNS = ("contiguous", "strided")
 
 
 def parse_size(size: str | int) -> int:
@@ -144,6 +146,8 @@ class ErnieConfig:
     video_token_id: int | None = None
     video_start_token_id: int | None = None
     video_end_token_id: int | None = None
+    # GPAS gates after every residual add (engine.models.gpas); written to config.json only when true
+    gpas: bool = False
     # transformers' form of the MoE layer rule: "dense" / "sparse" per layer (overrides start/end/interval)
     mlp_layer_types: list[str] | None = None
 
@@ -331,6 +335,8 @@ class ErnieConfig:
             for k in list(d):
                 if k.startswith("moe_"):
                     d.pop(k)
+        if not self.gpas:
+            d.pop("gpas")
         d["architectures"] = [self.architecture]
         return d
 
@@ -377,33 +383,6 @@ def vision_dict(v: VisionConfig) -> dict[str, Any]:
     d["mlp_ratio"] = v.intermediate_size / v.hidden_size
     d["rms_norm_eps"] = d.pop("layer_norm_eps")
     return d
-
-
-def parameter_count(config: ErnieConfig, active: bool = False) -> int:
-    """Decoder weights implied by a config, without building (or importing Paddle for) a model.
-
-    ``active`` counts ``moe_k`` routed experts per token. The MoE correction bias (``moe_statics``, a
-    balancing statistic, not a weight) is not counted; a VL model's vision tower and resampler are.
-    """
-    h, hd = config.hidden_size, config.head_dim
-    attn = (
-        h * (config.num_attention_heads + 2 * config.num_key_value_heads) * hd
-        + config.num_attention_heads * hd * h
-    )
-    dense_ffn = 3 * h * config.intermediate_size
-    total = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
-    for i in range(config.num_hidden_layers):
-        total += attn + 2 * h
-        if not config.is_moe_layer(i):
-            total += dense_ffn
-            continue
-        sizes = config.expert_intermediate_sizes
-        total += 3 * h * sizes[0] * config.moe_num_shared_experts
-        for n, inter in zip(config.expert_counts, sizes, strict=True):
-            total += h * n + 3 * h * inter * (min(config.moe_k, n) if active else n)
-    if config.vision_config is not None:
-        total += vision_parameter_count(config.vision_config, h)
-    return total
 
 
 def vision_parameter_count(v: VisionConfig, text_hidden: int) -> int:

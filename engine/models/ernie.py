@@ -15,6 +15,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from engine.models.config import ErnieConfig
+from engine.models.gpas import GPASGate
 from engine.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
 from engine.models.moe import MoELayer, RouterStats, aux_loss, orthogonal_loss, z_loss
 from engine.models.positions import batch_positions, vision_routed_ids
@@ -69,6 +70,9 @@ class DecoderLayer(nn.Layer):
         # Dropout on the attention and FFN outputs before each residual add (ERNIEKit's hidden dropout);
         # training sets it per step, and at 0 (the default) the layer is exactly the plain decoder layer.
         self.hidden_dropout = 0.0
+        # GPAS (engine.models.gpas): a gate after each residual add; None keeps the plain Pre-LN layer.
+        self.gpas_attn = GPASGate() if config.gpas else None
+        self.gpas_mlp = GPASGate() if config.gpas else None
 
     def forward(
         self,
@@ -94,14 +98,18 @@ class DecoderLayer(nn.Layer):
             if not self.is_moe:
                 return self.dense_ffn_block(x), None
         y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
-        return x + self.dropout(y), stats
+        return self.scaled(x + self.dropout(y), self.gpas_mlp), stats
 
     def attention_block(self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False):
         y = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal)
-        return x + self.dropout(y)
+        return self.scaled(x + self.dropout(y), self.gpas_attn)
 
     def dense_ffn_block(self, x):
-        return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+        return self.scaled(x + self.dropout(self.mlp(self.post_attention_layernorm(x))), self.gpas_mlp)
+
+    @staticmethod
+    def scaled(x, gate):
+        return x if gate is None else gate(x)
 
     def dropout(self, y):
         if self.hidden_dropout and self.training:
@@ -120,6 +128,8 @@ class ErnieModel(nn.Layer):
             config.head_dim, config.rope_theta, config.freq_allocation if config.rope_3d else None
         )
         self.gradient_checkpointing = False
+        # Elastic training (engine.models.elastic): the decoder layers a sub-model runs; None runs all.
+        self.active_layers: frozenset[int] | None = None
 
     def forward(self, embeds, position_ids, attn_mask, cache, token_type_ids, causal: bool | tuple = False):
         """``causal``: ``attn_mask`` is known to hide all later keys (built by our padding/packing helpers);
@@ -129,6 +139,8 @@ class ErnieModel(nn.Layer):
         all_stats = []
         recompute = self.gradient_checkpointing and self.training
         for layer in self.layers:
+            if self.active_layers is not None and layer.index not in self.active_layers:
+                continue
             x, stats = layer(
                 x, cos, sin, attn_mask, cache, token_type_ids, recompute=recompute, causal=causal
             )

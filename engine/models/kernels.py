@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 import itertools
 import logging
@@ -54,6 +55,77 @@ MIN_COMPUTE_CAPABILITY = {
     "weight_only_linear": 70,
 }
 HALF_DTYPES = (paddle.float16, paddle.bfloat16)
+THREADS_ENV = "ERNIE_STUDIO_CPU_THREADS"
+
+
+def cpu_threads() -> int:
+    """Threads for Paddle's CPU kernels (MKL and OpenMP): ``ERNIE_STUDIO_CPU_THREADS``, else the cores this
+    process may use shared out among the ranks on this node. ``OMP_NUM_THREADS`` is not read: importing
+    Paddle sets it to 1 when unset, and child processes inherit that."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{THREADS_ENV}={value!r}: expected a whole number of threads (1 or more)")
+        return int(value)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ranks = int(os.environ.get("PADDLE_LOCAL_SIZE") or os.environ.get("PADDLE_TRAINERS_NUM") or 1)
+    return max(cores // max(ranks, 1), 1)
+
+
+def set_cpu_threads() -> int:
+    """Paddle runs its CPU kernels on one thread unless told otherwise (its ``paddle_num_threads`` flag
+    defaults to 1), so a 2-core machine trained at half speed; this sets the count once per process, at
+    the import of this module, before any model runs (docs/benchmarks.md, CPU training step)."""
+    n = cpu_threads()
+    if not paddle.is_compiled_with_cuda():
+        paddle.base.core.set_num_threads(n)
+    return n
+
+
+CPU_THREADS = set_cpu_threads()
+
+MALLOC_ENV = "ERNIE_STUDIO_CPU_MALLOC"
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+# The free memory at the top of the heap kept for reuse before any is handed back to the system.
+TRIM_THRESHOLD = 1 << 30
+
+
+def tune_cpu_malloc() -> str:
+    """Keep freed tensor memory for reuse instead of handing it back to the system; returns what was done.
+
+    Paddle's CPU kernels allocate every output with malloc, and glibc serves blocks above its mmap threshold
+    (128 KiB at first, 32 MiB at most) with fresh mappings, unmapped again when freed, and returns the top
+    of its heap beyond its trim threshold: each activation, gradient and logits tensor of a training step
+    was new memory that the kernel zero-filled page by page on first touch (~215,000-460,000 page faults
+    and 2-3 s of system time per step of the 0.3B shape). Here every block comes from the heap (no mmap)
+    and up to 1 GiB of free heap is kept: an elementwise multiply of two 512 x 1024 fp32 tensors 1.02 ->
+    0.042 ms, the 0.3B step 10.45 -> 8.50 s at the same peak RSS (docs/benchmarks.md, CPU training step).
+    The price: memory freed after a peak stays with the process (reused by it, not returned).
+    ``ERNIE_STUDIO_CPU_MALLOC=default`` leaves glibc's defaults."""
+    value = os.environ.get(MALLOC_ENV, "tuned").strip() or "tuned"
+    if value not in ("tuned", "default"):
+        raise ValueError(f"{MALLOC_ENV}={value!r}: expected 'tuned' (the default) or 'default'")
+    if value == "default":
+        return f"glibc defaults ({MALLOC_ENV}=default)"
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+        libc.gnu_get_libc_version  # noqa: B018 (glibc only: musl and others have no such settings)
+    except (OSError, AttributeError):
+        return "glibc defaults (not a glibc process)"
+    # mmap stays glibc's fallback when the heap cannot grow; the threshold is set too, which also stops
+    # glibc from moving it (its dynamic threshold).
+    if not (
+        mallopt(_M_MMAP_MAX, 0)
+        and mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    ):
+        return "glibc defaults (mallopt refused the settings)"
+    return f"freed memory kept for reuse (heap only, no mmap; trim threshold {TRIM_THRESHOLD >> 20} MiB)"
+
+
+CPU_MALLOC = tune_cpu_malloc()
 # The grouped MoE path copies a group's expert weights into one stack per call (and the gradient back out).
 # On CPU that copy outweighs the saved per-expert dispatch beyond a couple of MB (bench/bench_moe.py
 # --sweep: 1.2x faster at 1.1 MB, 0.9x at 6 MB, 0.5x at 48 MB); on a GPU the copy is cheap but lives
@@ -140,6 +212,7 @@ def capabilities() -> dict[str, FastPath]:
             decided[name] = _probe(name)
     on = [p.name for p in decided.values() if p.on]
     log.info("fast paths on: %s", ", ".join(on) or "none")
+    log.info("CPU: %d threads, %s", CPU_THREADS, CPU_MALLOC)
     for p in decided.values():
         if not p.on:
             log.info("fast path %s off: %s", p.name, p.reason)

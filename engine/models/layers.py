@@ -79,7 +79,9 @@ def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> pa
 def apply_rotary_plain(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
     b, t, h, d = x.shape
     pairs = x.astype("float32").reshape([b, t, h, d // 2, 2])
-    even, odd = pairs[..., 0], pairs[..., 1]
+    # unbind, not two slices: a slice's gradient is a zero-filled tensor of the whole input (profiled on
+    # the CPU step), unbind's is one stack
+    even, odd = paddle.unbind(pairs, axis=-1)
     out = paddle.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1)
     return out.reshape([b, t, h, d]).astype(x.dtype)
 
@@ -197,9 +199,16 @@ def attention_plain(
     # Two blocks at least: below that the extra kernels cost more than the skipped keys save.
     if (mask is None or causal) and t == s and t >= 2 * ATTENTION_BLOCK:
         key_starts = causal if isinstance(causal, tuple) else None
+        # Blocks by split and concat, not by slicing: each slice's gradient is a zero-filled tensor of the
+        # whole q / k / v (profiled on the CPU step), split's is one concat.
+        starts = list(range(0, t, ATTENTION_BLOCK))
+        sizes = [min(ATTENTION_BLOCK, t - start) for start in starts]
+        q_blocks = paddle.split(qh, sizes, axis=3)
+        k_blocks = paddle.split(kh, sizes, axis=2)
+        v_blocks = paddle.split(vh, sizes, axis=2)
         outs = []
-        for i, start in enumerate(range(0, t, ATTENTION_BLOCK)):
-            end = min(start + ATTENTION_BLOCK, t)
+        for i, start in enumerate(starts):
+            end = start + sizes[i]
             k0 = key_starts[i] if key_starts else 0
             if mask is None:
                 m = paddle.triu(
@@ -207,13 +216,24 @@ def attention_plain(
                 )
             else:
                 m = mask[..., start:end, k0:end]
-            outs.append(_attend(qh[:, :, :, start:end], kh[:, :, k0:end], vh[:, :, k0:end], m))
+            keys, values = _key_span(k_blocks, k0, i), _key_span(v_blocks, k0, i)
+            outs.append(_attend(q_blocks[i], keys, values, m))
         out = paddle.concat(outs, axis=3)
     else:
         if mask is None and t > 1:
             mask = paddle.triu(paddle.full([t, s], float("-inf"), dtype="float32"), diagonal=s - t + 1)
         out = _attend(qh, kh, vh, mask)
     return out.transpose([0, 3, 1, 2, 4]).reshape([b, t, nq, hd])
+
+
+def _key_span(blocks: list[paddle.Tensor], k0: int, last: int) -> paddle.Tensor:
+    """Keys k0 .. the end of block `last` from the [B, Hkv, block, D] blocks (only the first is sliced)."""
+    first = k0 // ATTENTION_BLOCK
+    head = blocks[first]
+    if k0 > first * ATTENTION_BLOCK:
+        head = head[:, :, k0 - first * ATTENTION_BLOCK :]
+    parts = [head, *blocks[first + 1 : last + 1]]
+    return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=2)
 
 
 def _attend(

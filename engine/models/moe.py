@@ -228,6 +228,10 @@ class MoELayer(nn.Layer):
             else None
         )
         self.moe_statics = MoEStatics(len(self.group_sizes), max(self.group_sizes))
+        # Elastic training (engine.models.elastic): a sub-model routes among the first ``active_experts``
+        # experts of each group (the router's softmax over those alone) with ``active_k`` experts per token.
+        self.active_experts: int | None = None
+        self.active_k: int | None = None
 
     def gate_weight(self, group: int) -> paddle.Tensor:
         return getattr(self.gate, "weight" if group == 0 else f"weight_{group}")
@@ -246,6 +250,7 @@ class MoELayer(nn.Layer):
                 (g, paddle.nonzero(types == g).reshape([-1])) for g in range(len(self.group_sizes))
             ]
         out = paddle.zeros_like(flat)
+        k = self.active_k or self.k
         offset = 0
         for g, idx in routed_groups:
             n_experts = self.group_sizes[g]
@@ -255,9 +260,13 @@ class MoELayer(nn.Layer):
             if tokens.shape[0] == 0:
                 continue
             w = self.gate_weight(g)
+            if self.active_experts and self.active_experts < n_experts:
+                # a prefix, so the kept experts' indices are their indices in the whole group
+                n_experts = self.active_experts
+                experts, w = experts[:n_experts], w[:, :n_experts]
             logits = paddle.matmul(tokens.astype("float32"), w)
             bias = self.moe_statics.e_score_correction_bias[g, :n_experts]
-            probs, selected, weights = route(logits, bias, self.k, self.norm_min)
+            probs, selected, weights = route(logits, bias, k, self.norm_min)
             y = run_experts(tokens, experts, selected, weights)
             if idx is None:
                 out = out + y

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 import uvicorn
 
@@ -21,10 +22,29 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    p.add_argument("--model", required=True, help="model directory (config.json, weights, tokenizer)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="model directory (config.json, weights, tokenizer); llamacpp also takes a .gguf file or a GGUF export",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8188)
-    p.add_argument("--backend", default="auto", choices=["auto", "paddle", "fastdeploy"])
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "paddle", "fastdeploy", "llamacpp"],
+        help="auto: FastDeploy on a GPU node where installed, llama.cpp on a CPU node where installed, "
+        "else the built-in Paddle server",
+    )
+    p.add_argument(
+        "--gguf-type",
+        default=None,
+        help="llamacpp only: which GGUF of an export to serve, or the type a checkpoint is written as "
+        "(default q8_0)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="llamacpp only: CPU threads (0: llama.cpp's choice)"
+    )
     p.add_argument("--served-model-name", default="default", help="the name clients pass as `model`")
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences decoded together in one batch")
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + completion token limit")
@@ -42,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-dir",
         default=None,
-        help="FastDeploy logs and its serving export (default: <model>/fastdeploy-logs)",
+        help="FastDeploy / llama.cpp logs and their serving export (default: <model>/fastdeploy-logs, "
+        "<model>/llamacpp-logs)",
     )
     p.add_argument(
         "--gpu-memory-utilization",
@@ -69,18 +90,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # ---- serve ------------------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.serve import llamacpp
     from engine.serve.fastdeploy import choose_backend
 
     model_dir = Path(args.model).expanduser()
+    if llamacpp.is_gguf(model_dir) and args.backend in ("auto", "llamacpp"):
+        llamacpp.choose("llamacpp", model_dir)  # a GGUF has one engine: refuse clearly when it is missing
+        return _serve_llamacpp(args, model_dir)
     if not (model_dir / "config.json").exists() and not (model_dir / "adapter_config.json").exists():
         raise FileNotFoundError(
             f"{model_dir}: neither config.json (a model) nor adapter_config.json (a LoRA run); "
-            "--model must be a model directory or a LoRA run directory"
+            "--model must be a model directory, a LoRA run directory, or (--backend llamacpp) a GGUF"
         )
+    if args.backend == "llamacpp":
+        llamacpp.choose("llamacpp", model_dir)
+        return _serve_llamacpp(args, model_dir)
     backend, reason = choose_backend(args.backend, model_dir)
-    log.info("backend %s (%s)", backend, reason)
+    if args.backend == "auto" and backend == "paddle":
+        chosen, why = llamacpp.choose("auto", model_dir)
+        backend, reason = (chosen, f"{reason}; {why}") if chosen else (backend, f"{reason}; {why}")
+    print(f"backend {backend}: {reason}", flush=True)
     if backend == "fastdeploy":
         return _serve_fastdeploy(args, model_dir)
+    if backend == "llamacpp":
+        return _serve_llamacpp(args, model_dir)
     return _serve_paddle(args, model_dir)
 
 
@@ -150,18 +183,66 @@ def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
         devices=args.devices,
         log_dir=log_dir,
     )
-    server = FastDeployServer(plan)
+    return run_until_signalled(FastDeployServer(plan), args.served_model_name, args.host, args.port)
+
+
+def _serve_llamacpp(args: argparse.Namespace, model: Path) -> int:
+    from engine.llamacpp import require_tool
+    from engine.serve import llamacpp
+
+    base = model.parent if model.is_file() else model
+    log_dir = Path(args.log_dir) if args.log_dir else base / "llamacpp-logs"
+    gguf = llamacpp.gguf_for_serving(model, log_dir, args.gguf_type or llamacpp.SERVE_GGUF_TYPE)
+    print(f"llama.cpp serves {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB)", flush=True)
+    plan = llamacpp.LlamaCppArgs(
+        gguf=gguf,
+        port=args.port,
+        host=args.host,
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len or llamacpp.DEFAULT_CTX,
+        parallel=args.max_num_seqs,
+        threads=args.threads,
+    )
+    argv = llamacpp.build_argv(require_tool("llama-server"), plan)
+    server = llamacpp.LlamaCppServer(argv, args.host, args.port, log_dir / "llama-server.log")
+    return run_until_signalled(server, args.served_model_name, args.host, args.port)
+
+
+class ExternalServer(Protocol):
+    """A server process we launch (FastDeploy's api_server, llama-server)."""
+
+    def start(self) -> object: ...
+    def wait(self) -> int: ...
+    def terminate(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def run_until_signalled(server: ExternalServer, name: str, host: str, port: int) -> int:
+    """Start `server`, announce it, and wait for it to exit; SIGTERM / SIGINT stop it and exit 0, a failed
+    start prints its error and exits 1.
+
+    The handler only asks the server to stop (SIGTERM to its group, no wait): it runs in the main thread
+    while that thread is inside the server's `Popen.wait()`, whose lock a second wait (or a poll loop that
+    never sees the exit) would block on forever. The main thread's wait returns once the server has exited
+    and `stop()` then reaps it and whatever it left.
+    """
     stopping = threading.Event()
 
     def on_signal(signum, frame):
         stopping.set()
-        server.stop()
+        server.terminate()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        server.start()
-        _ready(args.served_model_name, args.host, args.port)
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError, ValueError) as e:
+            if stopping.is_set():
+                return 0
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 1
+        _ready(name, host, port)
         code = server.wait()
     finally:
         server.stop()

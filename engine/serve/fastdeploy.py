@@ -686,6 +686,13 @@ class FastDeployServer:
     def wait(self) -> int:
         return self.proc.wait() if self.proc else 0
 
+    def terminate(self) -> None:
+        """SIGTERM to the api_server's process group without waiting (safe in a signal handler); `stop()`
+        then reaps it and its recorded workers."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
     def stop(self, grace: float = 30.0) -> None:
         """FastDeploy's own shutdown first (SIGTERM to the api_server's group), then SIGKILL to whatever of
         it outlives ``grace``: the group and every recorded process (its setsid workers included)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, parse_size
+from engine.models.config import ELASTIC_DEPTH_PATTERNS, WEIGHT_ONLY_COMPUTE_TYPES, parse_size
 from engine.train.scalars import REPORT_TO, report_to_problems
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,15 @@ MIX_STRATEGIES = ("random", "concat", "interleave_under", "interleave_over")
 LAYOUTS = ("paddle", "hf")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 PTQ_METHODS = ("", "wint8", "wint4", "fp8")
+# `export_format: gguf` writes llama.cpp / Ollama files; its types are llama.cpp's names (f16 and q8_0 are
+# written by the gguf package, q4_K_M by llama.cpp's llama-quantize from the f16 file).
+EXPORT_FORMATS = ("safetensors", "gguf")
+GGUF_TYPES = ("f32", "f16", "q8_0", "q4_K_M")
 LORA_TARGETS = ("qkv_proj", "o_proj", "up_gate_proj", "down_proj")
 # VL models: adapters on the vision tower's / resampler's linears too (engine.models.lora.TARGET_GROUPS)
 LORA_VL_TARGETS = ("vision", "resampler")
 OPTIMIZERS = ("adamw", "adamw_custom")
+GPAS_EXPORT = ("keep", "fold")
 # ERNIEKit's dataset type names for formats this engine calls otherwise (its Thinking configs say messages).
 DATASET_TYPE_NAMES = {"messages": "chatml"}
 STRATEGIES = ("steps", "epoch", "no")
@@ -281,10 +286,12 @@ class TrainConfig:
     )
     output_dir: str = option("./output", "Run directory: metrics, checkpoints and the final model.")
     logging_dir: str = option(
-        "", "Where report_to's TensorBoard / VisualDL logs go (a folder per tool); empty means output_dir."
+        "",
+        "Where report_to's TensorBoard / VisualDL / MLflow logs go (a folder per tool); empty means output_dir.",
     )
     report_to: list[str] | None = option(  # noqa: RUF009 (a field with a default_factory)
-        help="Scalar logs besides metrics.jsonl: visualdl (ERNIEKit's default), tensorboard, all, or none.",
+        help="Scalar logs besides metrics.jsonl: visualdl (ERNIEKit's default), tensorboard, all (both), "
+        "mlflow (with the tracking extra), or none; comma-separated.",
         choices=REPORT_TO,
         factory=lambda: ["visualdl"],
     )
@@ -433,6 +440,52 @@ class TrainConfig:
     )
     moe_use_aux_free: bool | None = option(None, "Balance experts with correction biases (aux-free).")
     moe_correction_bias_rate: float = option(1e-3, "Step size of the aux-free bias update.", minimum=0)
+    # GPAS (engine.models.gpas)
+    gpas: bool = option(
+        False,
+        "GPAS: a learnable gate after every residual add scales activations down while gradients pass "
+        "unchanged; starts as the plain model (Full runs; a model trained with GPAS keeps its gates).",
+    )
+    gpas_gate_grad_clip: float = option(
+        0.0,
+        "GPAS: clip the gates' gradients by this global norm after max_grad_norm (the reference's "
+        "clip_gate_grad, 0.01 for its 1B and 7B runs); 0 turns it off.",
+        minimum=0,
+    )
+    # elastic MoE training (engine.train.elastic)
+    elastic: bool = option(
+        False,
+        "Elastic MoE training: each step trains a sub-model sampled over depth, experts and top-k, so one "
+        "run yields a family of smaller models (PT / SFT on a text MoE model).",
+    )
+    elastic_depth_choices: str = option(
+        "",
+        "Elastic: depths (decoder layers kept; the first and the last always stay) a sub-model may have, "
+        "comma-separated, e.g. 20,24; empty keeps every layer.",
+    )
+    elastic_depth_pattern: str = option(
+        "contiguous",
+        "Elastic: which layers a shallower sub-model drops: one contiguous block before the last layer, "
+        "or evenly strided ones.",
+        choices=ELASTIC_DEPTH_PATTERNS,
+    )
+    elastic_experts_choices: str = option(
+        "",
+        "Elastic: routed experts per MoE layer a sub-model may keep (the first N; the router renormalises "
+        "over them), comma-separated, e.g. 32,48; empty keeps every expert.",
+    )
+    elastic_topk_choices: str = option(
+        "",
+        "Elastic: experts per token (k' <= moe_k) a sub-model may route to, comma-separated, e.g. 2,4; "
+        "empty keeps moe_k.",
+    )
+    elastic_full_share: float = option(
+        0.5,
+        "Elastic: share of steps that train the full model; the others train a sub-model sampled uniformly "
+        "from the elastic_* lists.",
+        minimum=0,
+        maximum=1,
+    )
     # quantization-aware training and weight-only bases
     fp8_hadamard: bool = option(True, "FP8 QAT: rotate blocks with a Hadamard transform before quantizing.")
     fp8_hadamard_block_size: int = option(32, "FP8 QAT: Hadamard block size (a power of two).", minimum=1)
@@ -526,6 +579,49 @@ class TrainConfig:
             problems.append(
                 f"fp8_hadamard_block_size must be a power of two, got {self.fp8_hadamard_block_size}"
             )
+        return problems + self._elastic_problems()
+
+    def elastic_choices(self, key: str) -> list[int]:
+        """The numbers one ``elastic_*_choices`` key lists (ValueError when they are not numbers)."""
+        return [int(v) for v in _split(str(getattr(self, key)))]
+
+    def _elastic_problems(self) -> list[str]:
+        """What can be checked without the model (engine.train.elastic checks the rest against it)."""
+        keys = ("elastic_depth_choices", "elastic_experts_choices", "elastic_topk_choices")
+        problems = []
+        for key in keys:
+            try:
+                values = self.elastic_choices(key)
+            except ValueError:
+                problems.append(
+                    f"{key} must be whole numbers separated by commas, got {getattr(self, key)!r}"
+                )
+                continue
+            low = [v for v in values if v < (2 if key == "elastic_depth_choices" else 1)]
+            if low:
+                what = (
+                    "a sub-model keeps the first and the last layer"
+                    if key == "elastic_depth_choices"
+                    else (
+                        "zero experts would leave the MoE layers empty"
+                        if key == "elastic_experts_choices"
+                        else "k' >= 1"
+                    )
+                )
+                problems.append(f"{key}: {low[0]} is too small ({what})")
+        if not self.elastic:
+            given = [k for k in (*keys, "elastic_full_share") if getattr(self, k) not in ("", 0.5)]
+            if given:
+                problems.append(
+                    f"{given[0]} is set but elastic is false; set elastic: true to train sub-models"
+                )
+            return problems
+        if self.stage not in ("PT", "SFT"):
+            problems.append(f"elastic: stage {self.stage} is not supported; elastic training runs PT and SFT")
+        if self.elastic_full_share < 1 and not any(getattr(self, k) for k in keys):
+            problems.append(
+                "elastic: true needs at least one of elastic_depth_choices, elastic_experts_choices, elastic_topk_choices"
+            )
         return problems
 
 
@@ -591,6 +687,16 @@ class ExportConfig:
     dtype: str = option("float32", "Dtype of the exported weights.", choices=EXPORT_DTYPES)
     quantization: str = option("", "Post-training quantization of the export.", choices=PTQ_METHODS)
     weight_quant_group_size: int = option(64, "PTQ group size; -1 is per channel.")
+    export_format: str = option(
+        "safetensors",
+        "safetensors: a checkpoint directory (layout, dtype, PTQ); gguf: llama.cpp / Ollama files.",
+        choices=EXPORT_FORMATS,
+    )
+    gguf_types: list[str] = option(  # noqa: RUF009 (a field with a default_factory)
+        help="GGUF files to write with export_format gguf, one per type (q4_K_M needs llama.cpp's llama-quantize).",
+        choices=GGUF_TYPES,
+        factory=lambda: ["f16", "q8_0"],
+    )
     # the perplexity report of PTQ uses these
     eval_dataset_type: str = option("erniekit", "Format of the PTQ perplexity set.")
     eval_dataset_path: str = option("", "Data for the PTQ perplexity report (optional).")
@@ -599,6 +705,35 @@ class ExportConfig:
     max_seq_len: int = option(512, "Sequence length of the perplexity report.", minimum=1)
     batch_size: int = option(4, "Batch size of the perplexity report.", minimum=1)
     seed: int = option(42, "Seed of the perplexity report's sampling.")
+    # an elastic run's member (engine.models.elastic): a real smaller model directory
+    elastic_depth: int = option(
+        0, "Elastic member to write: decoder layers kept (first and last stay); 0 keeps all.", minimum=0
+    )
+    elastic_experts: int = option(
+        0, "Elastic member to write: routed experts kept per MoE layer (the first N); 0 keeps all.", minimum=0
+    )
+    elastic_topk: int = option(
+        0, "Elastic member to write: experts per token (moe_k of the export); 0 keeps moe_k.", minimum=0
+    )
+    elastic_depth_pattern: str = option(
+        "",
+        "Elastic member to write: which layers a shallower member drops; empty takes the run's "
+        "(train_config.json), else contiguous.",
+        choices=("", *ELASTIC_DEPTH_PATTERNS),
+    )
+    # GPAS models (engine.models.gpas)
+    gpas_gates: str = option(
+        "keep",
+        "A GPAS model's gates: keep them (this engine's Paddle layout reads them) or fold them into the "
+        "weights (a plain ERNIE 4.5 model for transformers, FastDeploy and PTQ; exact up to RMSNorm's eps).",
+        choices=GPAS_EXPORT,
+    )
+    gpas_fold_tolerance: float = option(
+        1e-3,
+        "Folding refuses when the folded model's logits move by more than this share of the largest logit "
+        "on a probe batch.",
+        minimum=0,
+    )
 
     notices: typing.ClassVar[list[Notice]]
 
@@ -631,6 +766,14 @@ class ExportConfig:
             )
         if self.quantization and not self.eval_dataset_path:
             log.info("no eval_dataset_path: PTQ perplexity will not be reported")
+        if self.export_format == "gguf":
+            if not self.gguf_types:
+                problems.append(f"gguf_types is empty; name one or more of {', '.join(GGUF_TYPES)}")
+            if self.quantization:
+                problems.append(
+                    "quantization (PTQ) applies to safetensors exports; a GGUF export quantizes through "
+                    "gguf_types (q8_0, q4_K_M)"
+                )
         return problems
 
 

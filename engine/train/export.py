@@ -26,6 +26,12 @@ class ExportSummary:
     quantization: str = ""
     perplexity: dict[str, float] = field(default_factory=dict)
     notices: list[dict[str, str]] = field(default_factory=list)
+    export_format: str = "safetensors"
+    # export_format gguf: one entry per file {type, path, size_bytes, perplexity, relative_to_f16}
+    gguf: list[dict] = field(default_factory=list)
+    elastic_member: str = ""  # d<depth>-e<experts>-k<topk> when an elastic member was cut out
+    gpas: str = ""  # "kept" / "folded" for a GPAS model
+    gpas_fold_deviation: float | None = None  # max |logit change| / max |logit| of the fold on a probe
 
 
 def source_model(cfg: ExportConfig):
@@ -97,7 +103,20 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         print(n.line(), flush=True)
     model, tokenizer_src, merged = source_model(cfg)
     model.eval()
+    member = elastic_member(cfg, model.config)
+    if member is not None:
+        from engine.models.elastic import extract_submodel
+
+        model = extract_submodel(model, member)
+        log.info("elastic member %s: %d layers", member.name, model.config.num_hidden_layers)
+    gpas_action, deviation = gpas_for_export(cfg, model)
     out = Path(cfg.export_dir)
+    if cfg.export_format == "gguf":
+        summary = _export_gguf(cfg, model, tokenizer_src, merged, notices)
+        summary.elastic_member = member.name if member is not None else ""
+        summary.gpas, summary.gpas_fold_deviation = gpas_action, deviation
+        (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+        return summary
     out.mkdir(parents=True, exist_ok=True)
     ppl: dict[str, float] = {}
     if cfg.quantization:
@@ -131,9 +150,164 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         quantization=cfg.quantization,
         perplexity={k: float(v) for k, v in ppl.items() if not math.isnan(v)},
         notices=[{"key": n.key, "message": n.message} for n in notices],
+        elastic_member=member.name if member is not None else "",
+        gpas=gpas_action,
+        gpas_fold_deviation=deviation,
     )
     (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
+
+
+def _export_gguf(cfg: ExportConfig, model, tokenizer_src: Path, merged: bool, notices: list) -> ExportSummary:
+    """One GGUF per ``cfg.gguf_types`` plus an Ollama Modelfile each; with an eval set, the perplexity of
+    every file measured by llama.cpp on its text (the quality figure of each type)."""
+    from engine.tokenizer import load_tokenizer
+    from engine.train import gguf_export as G
+
+    problems = G.gguf_problems(model.config)
+    if problems:  # before anything is written
+        raise G.GGUFExportError("cannot export to GGUF: " + "; ".join(problems))
+    tokenizer = load_tokenizer(_tokenizer_source(tokenizer_src))
+    out = Path(cfg.export_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "model"
+    written: dict[str, Path] = {}
+    for t in ("f32", "f16", "q8_0"):
+        if t in cfg.gguf_types or (t == "f16" and "q4_K_M" in cfg.gguf_types):
+            written[t] = G.write_gguf(model, tokenizer, out / f"{stem}-{t}.gguf", t)
+            log.info("wrote %s", written[t])
+    if "q4_K_M" in cfg.gguf_types:  # llama.cpp's k-quants come from its own quantizer, from the f16 file
+        written["q4_K_M"] = G.quantize_gguf(written["f16"], out / f"{stem}-q4_K_M.gguf", "q4_K_M")
+    ppl = _gguf_perplexities(cfg, tokenizer, written, out) if cfg.eval_dataset_path else {}
+    files = []
+    for t in cfg.gguf_types:
+        path = written[t]
+        (out / f"{path.name}.Modelfile").write_text(G.modelfile(path.name, tokenizer))
+        entry = {"type": t, "path": str(path), "size_bytes": path.stat().st_size, "perplexity": ppl.get(t)}
+        if t in ppl and "f16" in ppl:
+            entry["relative_to_f16"] = ppl[t] / ppl["f16"] - 1
+        files.append(entry)
+    if "f16" in written and "f16" not in cfg.gguf_types:
+        written["f16"].unlink()  # made for q4_K_M and as the quality figures' reference only
+    # `ollama create NAME` reads ./Modelfile: the first listed type
+    (out / "Modelfile").write_text(G.modelfile(written[cfg.gguf_types[0]].name, tokenizer))
+    summary = ExportSummary(
+        export_dir=str(out),
+        layout="gguf",
+        files=sorted(p.name for p in out.iterdir()),
+        merged_lora=merged,
+        perplexity={k: float(v) for k, v in ppl.items()},
+        notices=[{"key": n.key, "message": n.message} for n in notices],
+        export_format="gguf",
+        gguf=files,
+    )
+    (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    return summary
+
+
+def _gguf_perplexities(cfg: ExportConfig, tokenizer, written: dict[str, Path], out: Path) -> dict[str, float]:
+    """llama.cpp's perplexity of each written GGUF on the eval set's text (decoded from its samples)."""
+    from engine.train import gguf_export as G
+
+    rows = [[int(i) for i in ids] for batch in eval_batches(cfg, tokenizer) for ids in batch["input_ids"]]
+    text = "\n".join(tokenizer.decode([i for i in r if i != tokenizer.pad_token_id]) for r in rows)
+    n_tokens = len(tokenizer.encode(text))
+    n_ctx = min(cfg.max_seq_len, n_tokens // 2)
+    if n_ctx < 16:
+        log.warning("eval set too short for llama-perplexity (%d tokens); no GGUF quality figures", n_tokens)
+        return {}
+    text_file = out / ".perplexity.txt"
+    text_file.write_text(text)
+    try:
+        series = {t: G.perplexity_series(p, text_file, n_ctx) for t, p in written.items()}
+    finally:
+        text_file.unlink(missing_ok=True)
+    # Every file over the same chunks: all of them, unless llama-perplexity's output ended early for one
+    # (see perplexity_series); then the chunks every file reached, said in the log.
+    total = min(n for _, n in series.values())
+    reached = min(len(r) for r, _ in series.values())
+    if reached < total:
+        log.warning(
+            "llama-perplexity's output ended early (chunk %d of %d); GGUF perplexities over the first %d chunks",
+            reached, total, reached,
+        )  # fmt: skip
+    ppl = {t: running[reached - 1] for t, (running, _) in series.items()}
+    for t, v in ppl.items():
+        log.info("GGUF %s: perplexity %.4f (llama.cpp, n_ctx %d, %d chunks)", t, v, n_ctx, reached)
+    return ppl
+
+
+def elastic_member(cfg: ExportConfig, config):
+    """The member ``elastic_depth`` / ``elastic_experts`` / ``elastic_topk`` name (None: the whole model).
+
+    Unset numbers keep the model's; top-k defaults to min(moe_k, experts). The depth pattern is the
+    config's, else the training run's (train_config.json in output_dir), else contiguous."""
+    from engine.models.elastic import SubModel, check_member
+
+    if not (cfg.elastic_depth or cfg.elastic_experts or cfg.elastic_topk):
+        return None
+    pattern = cfg.elastic_depth_pattern or _run_depth_pattern(cfg) or "contiguous"
+    full = SubModel.full(config, pattern) if config.is_moe else SubModel(config.num_hidden_layers, 0, 0)
+    experts = cfg.elastic_experts or full.experts
+    member = SubModel(
+        cfg.elastic_depth or full.depth, experts, cfg.elastic_topk or min(full.k, experts), pattern
+    )
+    check_member(config, member)
+    return member
+
+
+def _run_depth_pattern(cfg: ExportConfig) -> str:
+    path = Path(cfg.output_dir, "train_config.json") if cfg.output_dir else None
+    if path is None or not path.exists():
+        return ""
+    return json.loads(path.read_text()).get("elastic_depth_pattern", "")
+
+
+def gpas_for_export(cfg: ExportConfig, model) -> tuple[str, float | None]:
+    """Keep a GPAS model's gates where the written model can hold them, fold them on request; refuse the
+    formats that would drop them (the hf layout, PTQ) unless folded. Returns (action, fold deviation)."""
+    if not model.config.gpas:
+        return "", None
+    if cfg.gpas_gates == "fold":
+        return "folded", fold_gpas(model, cfg.gpas_fold_tolerance)
+    if cfg.layout == "hf" or cfg.quantization or cfg.export_format == "gguf":
+        if cfg.export_format == "gguf":
+            what = "a GGUF file (llama.cpp's ERNIE 4.5)"
+        elif cfg.layout == "hf":
+            what = "the hf layout (transformers' ERNIE 4.5)"
+        else:
+            what = "a PTQ export"
+        raise ValueError(
+            f"gpas: this model was trained with GPAS gates, which {what} cannot hold; set gpas_gates=fold to fold "
+            "them into the weights (exact up to RMSNorm's eps; the deviation is checked and reported), or "
+            "export layout=paddle without quantization to keep them"
+        )
+    return "kept", None
+
+
+def fold_gpas(model, tolerance: float) -> float:
+    """``engine.models.gpas.fold_gates`` with its deviation measured on a probe batch; refuses past
+    ``tolerance`` (the share of the largest logit the fold may move any logit by)."""
+    import numpy as np
+    import paddle
+
+    from engine.models.gpas import fold_gates
+
+    rng = np.random.default_rng(0)
+    ids = paddle.to_tensor(rng.integers(3, model.config.vocab_size, (2, 64)), dtype="int64")
+    with paddle.no_grad():
+        before = model(ids).logits.numpy()
+        fold_gates(model)
+        after = model(ids).logits.numpy()
+    deviation = float(np.abs(after - before).max() / max(np.abs(before).max(), 1e-12))
+    if deviation > tolerance:
+        raise ValueError(
+            f"gpas_gates=fold: folding the GPAS gates moves the logits by {deviation:.2e} of the largest logit on a "
+            f"probe batch, above gpas_fold_tolerance ({tolerance:g}): the stream is scaled so far down that "
+            "RMSNorm's eps matters; keep the gates (layout=paddle, gpas_gates=keep) and serve with this engine"
+        )
+    log.info("GPAS gates folded; logits moved by %.2e of the largest", deviation)
+    return deviation
 
 
 # ---- the form FastDeploy loads ---------------------------------------------------------------------------
@@ -185,13 +359,7 @@ def serving_problems(model_dir: str | Path, dtype: str = "bfloat16") -> list[str
         cfg = json.loads((d / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         return [f"config.json unreadable: {e}"]
-    problems = []
-    if "torch_dtype" in cfg:
-        problems.append("config.json has torch_dtype (FastDeploy takes it for the PyTorch layout)")
-    if cfg.get("dtype") not in SERVING_DTYPES:
-        problems.append(f"dtype {cfg.get('dtype')!r} (FastDeploy's attention takes float16 / bfloat16 only)")
-    if "quantization_config" in cfg and "quantization" not in cfg["quantization_config"]:
-        problems.append("quantization_config without FastDeploy's `quantization` key")
+    problems = _config_problems(cfg)
     store = TensorStore(d)
     if not any(k.startswith("ernie.") for k in store):
         problems.append("not the Paddle layout (no ernie.* tensors)")
@@ -202,6 +370,19 @@ def serving_problems(model_dir: str | Path, dtype: str = "bfloat16") -> list[str
         pre = d / "preprocessor_config.json"
         if not pre.exists() or "min_pixels" not in json.loads(pre.read_text()):
             problems.append("no preprocessor_config.json with min_pixels / max_pixels")
+    return problems
+
+
+def _config_problems(cfg: dict) -> list[str]:
+    problems = []
+    if "torch_dtype" in cfg:
+        problems.append("config.json has torch_dtype (FastDeploy takes it for the PyTorch layout)")
+    if cfg.get("gpas"):
+        problems.append("GPAS gates (FastDeploy's ERNIE 4.5 has none: they are folded into the weights)")
+    if cfg.get("dtype") not in SERVING_DTYPES:
+        problems.append(f"dtype {cfg.get('dtype')!r} (FastDeploy's attention takes float16 / bfloat16 only)")
+    if "quantization_config" in cfg and "quantization" not in cfg["quantization_config"]:
+        problems.append("quantization_config without FastDeploy's `quantization` key")
     return problems
 
 
@@ -231,6 +412,8 @@ def export_for_serving(
         quantization = {v: k for k, v in QUANT_METHODS.items()}.get(method, quantization)
     model = load_model(src, "float32")  # merges a LoRA run, reads a PTQ export quantized
     dequantize_linears(model)
+    if model.config.gpas:
+        fold_gpas(model, ExportConfig.gpas_fold_tolerance)
     out.mkdir(parents=True, exist_ok=True)
     cfg = serving_config(model.config.replace(dtype=dtype).to_dict(), quantization)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -68,23 +68,39 @@ def add_counts(total: list | None, new: list) -> list:
     return total
 
 
-def update_correction_biases(model, counts: list[list[np.ndarray]], rate: float) -> None:
-    """Aux-free balancing step for every MoE layer (bias is not trained by gradients)."""
-    for layer, layer_counts in zip(moe_layers(model), counts, strict=True):
+def update_correction_biases(
+    model,
+    counts: list[list[np.ndarray]],
+    rate: float,
+    layers: list[int] | None = None,
+    experts: int | None = None,
+) -> None:
+    """Aux-free balancing step for every MoE layer (bias is not trained by gradients).
+
+    An elastic sub-model's step (engine.train.elastic) moves only what it routed through: ``layers`` are the
+    positions, among the model's MoE layers, that ``counts`` belong to, and only the first ``experts``
+    biases of each move (a dropped expert got no tokens because it was absent, not because it is idle)."""
+    targets = moe_layers(model)
+    if layers is not None:
+        targets = [targets[i] for i in layers]
+    for layer, layer_counts in zip(targets, counts, strict=True):
         bias = layer.moe_statics.e_score_correction_bias
         value = bias.numpy().copy()
         for g, c in enumerate(layer_counts):
+            c = c[:experts] if experts else c
             if c.sum() == 0:
                 continue
             value[g, : len(c)] = update_correction_bias(value[g, : len(c)], c, rate)
         bias.set_value(paddle.to_tensor(value))
 
 
-def load_metrics(counts: list[list[np.ndarray]]) -> dict[str, float]:
-    """How balanced the step was: experts without tokens, and the max/min load relative to the mean."""
+def load_metrics(counts: list[list[np.ndarray]], experts: int | None = None) -> dict[str, float]:
+    """How balanced the step was: experts without tokens, and the max/min load relative to the mean
+    (over the first ``experts`` of each layer when an elastic sub-model kept only those)."""
     dead, worst_max, worst_min = 0, 0.0, float("inf")
     for layer in counts:
         for c in layer:
+            c = c[:experts] if experts else c
             if c.sum() == 0:
                 continue
             dead += int((c == 0).sum())

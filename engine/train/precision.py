@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from pathlib import Path
 
 import paddle
 from paddle import nn
@@ -94,14 +95,45 @@ def resolve_precision(compute_type: str) -> Precision:
             dtype,
             "float32",
             False,
-            f"no bfloat16 kernels on {paddle.get_device()}: weights held in bfloat16, each linear upcast "
-            "to float32 and its output rounded to bfloat16",
+            f"no bfloat16 kernels on {paddle.get_device()}{_cpu_bf16_note()}: weights held in bfloat16, "
+            "each linear upcast to float32 and its output rounded to bfloat16",
         )
     raise ValueError(
         f"compute_type fp16: {paddle.get_device()} has no float16 kernels, and fp16 training needs "
         "paddle.amp.GradScaler's loss scaling, which runs on GPUs only; use compute_type bf16 (held in "
         "bfloat16 here, computed in float32) or fp32, or run on a GPU node"
     )
+
+
+def cpu_bf16_features() -> list[str]:
+    """The bf16 instructions this CPU has (``avx512_bf16``, ``amx_bf16``), from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+def cpu_bf16_matmul() -> bool:
+    """Whether Paddle runs a bfloat16 matmul on the CPU. Paddle 3.3.1 does not: its oneDNN bf16 matmul
+    serves Paddle Inference only, the eager kernel is fp32 / fp64 (also under ``paddle.amp.auto_cast``
+    and with ``FLAGS_use_mkldnn``), and add / softmax / silu have no CPU bf16 kernel either."""
+    x = paddle.ones([2, 2], dtype="float32").astype("bfloat16").cpu()
+    try:
+        paddle.matmul(x, x)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _cpu_bf16_note() -> str:
+    features = cpu_bf16_features() if paddle.get_device() == "cpu" else []
+    if not features or cpu_bf16_matmul():
+        return ""
+    return f" (the CPU has {' / '.join(features)}, but Paddle's CPU build has no bfloat16 matmul kernel)"
 
 
 def _gpu_with_kernels(dtype: str) -> str | None:

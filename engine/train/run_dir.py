@@ -175,9 +175,10 @@ def persistent_state(model, trainable: dict | None = None) -> dict[str, paddle.T
 
 
 def save_checkpoint(
-    out_dir: Path, step: int, model, optimizer, trainable: dict, data, ema, elapsed: float
+    out_dir: Path, step: int, model, optimizer, trainable: dict, data, ema, elapsed: float, elastic=None
 ) -> Path:
-    """Model (trainable part), optimizer, RNG, data position and EMA as ``checkpoint-<step>``."""
+    """Model (trainable part), optimizer, RNG, data position, EMA and the elastic sampler as
+    ``checkpoint-<step>``."""
     tmp = begin_checkpoint(out_dir, step)
     paddle.save(persistent_state(model, trainable), str(tmp / "model.pdparams"))
     paddle.save(_state_by_name(optimizer, trainable), str(tmp / "optimizer.pdopt"))
@@ -187,6 +188,7 @@ def save_checkpoint(
         "paddle": list(paddle.get_rng_state()),
         "data": data.state_dict(),
         "ema": ema.shadow if ema is not None else None,
+        "elastic": elastic.state_dict() if elastic is not None else None,
     }
     with open(tmp / "rng_state.pkl", "wb") as f:
         pickle.dump(rng, f)
@@ -196,7 +198,9 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(ckpt: Path, model, optimizer, trainable: dict, data, ema) -> tuple[int, float]:
+def load_checkpoint(
+    ckpt: Path, model, optimizer, trainable: dict, data, ema, elastic=None
+) -> tuple[int, float]:
     """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds)."""
     state = json.loads((ckpt / "trainer_state.json").read_text())
     weights = paddle.load(str(ckpt / "model.pdparams"))
@@ -214,4 +218,6 @@ def load_checkpoint(ckpt: Path, model, optimizer, trainable: dict, data, ema) ->
     data.load_state_dict(rng["data"])
     if ema is not None and rng.get("ema") is not None:
         ema.shadow = rng["ema"]
+    if elastic is not None:
+        elastic.load_state_dict(rng.get("elastic"), str(ckpt))
     return int(state["global_step"]), float(state.get("elapsed_s", 0.0))

@@ -15,6 +15,7 @@ import math
 import random
 import resource
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from engine.models import gpas
 from engine.models.lora import apply_lora
 from engine.models.quantized import apply_weight_only, hold_in_low_precision
 from engine.train import lora as lora_mod
@@ -33,6 +35,7 @@ from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import WEIGHT_ONLY_COMPUTE_TYPES, Notice, TrainConfig
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
+from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
 from engine.train.parallel import DataParallel
 from engine.train.precision import (
     MasterWeights,
@@ -51,7 +54,7 @@ from engine.train.run_dir import (
     save_checkpoint,
     write_json,
 )
-from engine.train.scalars import ScalarWriters
+from engine.train.scalars import ScalarWriters, run_name
 from engine.train.sft import evaluate_lm, labelled_tokens, language_model_loss
 
 log = logging.getLogger(__name__)
@@ -143,6 +146,7 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None):
     for key in ("moe_aux_loss_lambda", "moe_z_loss_lambda", "moe_orthogonal_loss_lambda", "moe_use_aux_free"):
         if getattr(cfg, key) is not None:
             setattr(mc, key, getattr(cfg, key))
+    add_gpas_gates(cfg, model)
     if cfg.compute_type == "fp8":
         n = quant.apply_fp8_qat(
             model, cfg.fp8_hadamard_block_size if cfg.fp8_hadamard else 0, cfg.fp8_scale_ema_rate
@@ -169,6 +173,18 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None):
     model.train()
     trainable = {n: p for n, p in model.named_parameters() if not p.stop_gradient}
     return model, trainable
+
+
+def add_gpas_gates(cfg: TrainConfig, model) -> None:
+    """``gpas: true`` on a model without gates: fresh ones (the model computes the same until they train)."""
+    if not cfg.gpas or model.config.gpas:
+        return
+    if cfg.lora:
+        raise ValueError(
+            "gpas: a LoRA run trains adapters only and its adapter file cannot hold new GPAS gates; "
+            "use fine_tuning: Full (a model already trained with GPAS keeps its gates under LoRA)"
+        )
+    log.info("GPAS: %d gates added", gpas.add_gates(model))
 
 
 # freeze_config's parts: the parameter-name prefixes they keep frozen. The resampler always trains (it
@@ -374,6 +390,7 @@ class TrainRun:
     masters: MasterWeights | None = None  # emulated bf16: the fp32 weights ``trainable`` holds
     scaler: Any = None  # fp16 on a GPU: paddle.amp.GradScaler
     scalars: ScalarWriters | None = None  # report_to: TensorBoard / VisualDL copies of metrics.jsonl rows
+    elastic: ElasticTraining | None = None  # elastic: the family and the per-step sampler
 
     def __post_init__(self) -> None:
         mc = self.model.config
@@ -399,12 +416,14 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
         end = train_loop(cfg, dp, out_dir, run, emit, stop)
     finally:
         if run.scalars is not None:
-            run.scalars.close()
+            run.scalars.close(failed=sys.exc_info()[1] is not None)
     if end.cancelled:
         summary.status, summary.steps, summary.final_metrics = "cancelled", end.step, end.metrics
         return
     t_save = time.time()
     _finish_training(cfg, dp, out_dir, run, summary)
+    if run.elastic is not None and dp.main:
+        write_json(out_dir / ELASTIC_FAMILY_FILE, run.elastic.summary(run.model, end.metrics))
     end.metrics.update(final_save_s=round(time.time() - t_save, 3), peak_rss_mib=peak_rss_mib())
     summary.status, summary.steps, summary.final_metrics = "succeeded", end.step, end.metrics
 
@@ -449,9 +468,12 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     run = TrainRun(tokenizer, model, trainable, optimizer, data, total, objective, dpo_loss, ema, None)
     run.epoch_steps, run.notices = epoch_steps, runtime_notices(cfg, model, precision)
     run.precision, run.masters, run.scaler = precision, masters, scaler
+    run.elastic = ElasticTraining(cfg, model) if cfg.elastic else None
     ckpt = latest_checkpoint(out_dir) if data is not None else None
     if ckpt is not None:
-        run.step, run.elapsed_before = load_checkpoint(ckpt, model, optimizer, trainable, data, ema)
+        run.step, run.elapsed_before = load_checkpoint(
+            ckpt, model, optimizer, trainable, data, ema, run.elastic
+        )
         if masters is not None:
             masters.write_back()
         log.info("resuming from %s (step %d)", ckpt, run.step)
@@ -459,7 +481,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     if data is not None:  # every rank must continue from the same checkpoint, or the weights would differ
         dp.check_same(run.step, "the step resumed from")
     run.metrics_log = MetricsLog(out_dir / "metrics.jsonl") if dp.main else None
-    run.scalars = ScalarWriters(cfg.logging_dir, cfg.report_to) if dp.main else None
+    run.scalars = ScalarWriters(cfg.logging_dir, cfg.report_to, run_name(out_dir)) if dp.main else None
     return run
 
 
@@ -507,9 +529,15 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
         run.optimizer.set_lr(lr)
         if cfg.hidden_dropout_prob:
             set_dropout(run.model, cfg, step)
-        sums, tokens, counts = accumulate_gradients(
-            run.model, run.objective, micro, dp, run.moe_groups, run.dpo_loss, run.scaler
-        )
+        if run.elastic is not None:
+            run.elastic.begin_step(run.model)
+        try:
+            sums, tokens, counts = accumulate_gradients(
+                run.model, run.objective, micro, dp, run.moe_groups, run.dpo_loss, run.scaler
+            )
+        finally:
+            if run.elastic is not None:
+                run.elastic.end_step(run.model)
         grad_norm = optimizer_step(cfg, run, dp)
         step += 1
         metrics, all_tokens = step_metrics(cfg, run, dp, sums, tokens, counts)
@@ -538,7 +566,15 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
         if (saving or step == total or cancelled) and dp.main:
             t_save = time.time()
             path = save_checkpoint(
-                out_dir, step, run.model, run.optimizer, run.trainable, run.data, run.ema, now - t_start
+                out_dir,
+                step,
+                run.model,
+                run.optimizer,
+                run.trainable,
+                run.data,
+                run.ema,
+                now - t_start,
+                run.elastic,
             )
             timing.saved(time.time() - t_save)
             emit({"type": "checkpoint", "step": step, "path": str(path)})
@@ -616,7 +652,9 @@ def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
     if run.scaler is not None:  # fp16: clip the true gradients, not the scaled ones
         run.scaler.unscale_(run.optimizer)
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-    grad_norm = float(paddle.nn.utils.clip_grad_norm_(run.params, max_norm))
+    grad_norm = clip_grad_norm(run.params, max_norm)
+    if cfg.gpas_gate_grad_clip > 0:
+        gpas.clip_gate_grads(run.model, cfg.gpas_gate_grad_clip)
     if run.scaler is not None:  # skips the step when a gradient overflowed, and adapts the scale
         run.scaler.step(run.optimizer)
         run.scaler.update()
@@ -630,6 +668,31 @@ def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
     return grad_norm
 
 
+def clip_grad_norm(params: list[paddle.Tensor], max_norm: float) -> float:
+    """Global L2 norm of the gradients; scales them in place to ``max_norm`` when above it, as
+    ``paddle.nn.utils.clip_grad_norm_`` does.
+
+    Each tensor's square sum is Paddle's ``squared_l2_norm`` (the op of its own ``ClipGradByGlobalNorm``): a
+    tree reduction, 2e-8 from a float64 sum on the 0.3B model's gradients in 56 ms, where a BLAS dot product
+    (sequential float32 sums: 4% off on the 106M-value embedding) took 317 ms and the ``p_norm`` kernel of
+    ``clip_grad_norm_`` 1.7 s (bench/bench_cpu_step.py, docs/benchmarks.md)."""
+    squares = []
+    for p in params:
+        if p.grad is not None:
+            g = p.grad if p.grad.dtype == paddle.float32 else p.grad.astype("float32")
+            squares.append(paddle._C_ops.squared_l2_norm(g).reshape([]))
+    if not squares:
+        return 0.0
+    total = float(paddle.add_n(squares).sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:  # multiplying by 1 would change nothing and cost a pass over every gradient
+        with paddle.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.scale_(coef)
+    return total
+
+
 def step_metrics(
     cfg: TrainConfig, run: TrainRun, dp: DataParallel, sums: dict, tokens: int, counts
 ) -> tuple[dict[str, Any], float]:
@@ -641,10 +704,17 @@ def step_metrics(
     if counts is not None:
         flat = dp.sum(np.concatenate([c for layer in counts for c in layer]).astype(np.float64))
         counts = _unflatten(counts, flat)
+        layers, experts = run.elastic.routed(run.model) if run.elastic is not None else (None, None)
         # a LoRA run leaves the base untouched, correction biases included (the adapter file would lose them)
         if mc.is_moe and mc.moe_use_aux_free and not cfg.lora:
-            moe_balance.update_correction_biases(run.model, counts, cfg.moe_correction_bias_rate)
-        metrics.update(moe_balance.load_metrics(counts))
+            moe_balance.update_correction_biases(
+                run.model, counts, cfg.moe_correction_bias_rate, layers=layers, experts=experts
+            )
+        metrics.update(moe_balance.load_metrics(counts, experts))
+    if run.elastic is not None:
+        metrics.update(run.elastic.step_metrics(metrics))
+    if mc.gpas:
+        metrics.update(gpas.gate_values(run.model))
     if run.ema is not None:
         run.ema.update(run.trainable)
     return metrics, float(totals[-1])
@@ -656,7 +726,7 @@ def log_step(cfg: TrainConfig, run: TrainRun, step: int, metrics: dict, emit) ->
     evaluating = due(cfg.evaluation_strategy, cfg.eval_steps, step, run.epoch_steps) or step == run.total
     if cfg.do_eval and cfg.eval_dataset_path and evaluating:
         t0 = time.time()
-        metrics.update(_evaluate(cfg, run.model, run.tokenizer, run.objective, run.dpo_loss))
+        metrics.update(_evaluate(cfg, run.model, run.tokenizer, run.objective, run.dpo_loss, run.elastic))
         metrics["eval_s"] = round(time.time() - t0, 3)
         logged = True
     if logged and run.metrics_log is not None:
@@ -673,7 +743,10 @@ def record(run: TrainRun, row: dict[str, Any]) -> None:
 
 def evaluate_only(cfg: TrainConfig, run: TrainRun, emit) -> dict[str, Any]:
     """``do_train: false``: evaluate the model once and record it as step 0; no model is written."""
-    metrics = {"step": 0, **_evaluate(cfg, run.model, run.tokenizer, run.objective, run.dpo_loss)}
+    metrics = {
+        "step": 0,
+        **_evaluate(cfg, run.model, run.tokenizer, run.objective, run.dpo_loss, run.elastic),
+    }
     if run.metrics_log is not None:
         record(run, metrics)
     emit({"type": "metrics", **metrics})
@@ -769,7 +842,9 @@ def _epoch_steps(cfg: TrainConfig, data, epochs: float | None = None) -> int:
     return max(1, round(per_epoch * (cfg.num_train_epochs if epochs is None else epochs)))
 
 
-def _evaluate(cfg: TrainConfig, model, tokenizer, objective: Objective, dpo_loss: DPOLoss | None) -> dict:
+def _evaluate(
+    cfg: TrainConfig, model, tokenizer, objective: Objective, dpo_loss: DPOLoss | None, elastic=None
+) -> dict:
     rows = cfg.per_device_eval_batch_size or cfg.batch_size
     data = build_data(cfg, tokenizer, "eval", rows, model.config.vision_config)
     model.eval()
@@ -777,7 +852,8 @@ def _evaluate(cfg: TrainConfig, model, tokenizer, objective: Objective, dpo_loss
         limit = cfg.max_evaluate_steps if cfg.max_evaluate_steps > 0 else None
         batches = list(itertools.islice(data.one_pass(), limit))
         if objective is Objective.LM:
-            return evaluate_lm(model, batches)
+            out = evaluate_lm(model, batches)
+            return out if elastic is None else {**out, **elastic.evaluate(model, batches)}
         return evaluate_dpo(model, batches, dpo_loss)
     finally:
         model.train()

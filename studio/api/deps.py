@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from studio.config import Settings
@@ -24,7 +25,14 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     try:
         yield session
     finally:
-        session.close()
+        # Closing a session that holds a connection rolls its transaction back: a round trip to the
+        # database, which on the event loop would hold up every request in flight until the database
+        # answers (with a remote PostgreSQL, a network round trip per request). A session that never
+        # touched the database has nothing to send and closes here.
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -19,6 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from engine.data.formats import FORMATS
+from engine.data.records import TABLE_SUFFIXES
+from engine.eval.config import BENCHMARK_TYPES
 from studio.config import Settings
 from studio.models import Dataset
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
@@ -31,6 +33,10 @@ log = logging.getLogger(__name__)
 MAX_REPORTED_PROBLEMS = 50
 CHUNK = 1024 * 1024
 ARCHIVE_SUFFIX = ".zip"
+# Formats a dataset may have: the engine's training formats, and benchmark files (kind BENCHMARK), which
+# only evaluations read.
+DATASET_FORMATS = (*FORMATS, *BENCHMARK_TYPES)
+BENCHMARK = "benchmark"
 # Files macOS adds to archives; they are neither data nor images, so they are not extracted.
 _ARCHIVE_JUNK = ("__MACOSX/", ".DS_Store")
 
@@ -107,10 +113,11 @@ def safe_dataset_upload_name(filename: str | None) -> str:
         # The same checks on the name's parts; only the suffix differs.
         checked = safe_upload_name(filename[: -len(ARCHIVE_SUFFIX)] + ".jsonl")
         return checked[: -len(".jsonl")] + ARCHIVE_SUFFIX
-    if filename and not filename.lower().endswith(ALLOWED_DATASET_SUFFIXES):
+    if filename and not filename.lower().endswith(ALLOWED_DATASET_SUFFIXES + TABLE_SUFFIXES):
         raise InvalidInput(
             f"file: {filename!r} is not a .jsonl or .json file, nor a .zip of one with the images it "
-            "names; datasets are JSON Lines (one record a line) or a JSON array"
+            "names; datasets are JSON Lines (one record a line) or a JSON array (benchmark files may also "
+            "be .csv / .tsv tables)"
         )
     return safe_upload_name(filename)
 
@@ -191,24 +198,31 @@ def create_dataset(
             validate=validate,
             data_file=data_file,
         )
+    # The file is validated in a folder of its own, which becomes the dataset's folder: images its records
+    # name by URL are fetched into it while it is validated (engine.data.remote), so training and the
+    # preview find them there and never fetch again.
+    work = incoming_dir(settings) / f"{uuid.uuid4().hex}.d"
     try:
         if staged.stat().st_size == 0:
             raise InvalidInput(f"file: {filename} is empty")
+        work.mkdir()
+        data = work / filename
+        os.replace(staged, data)
         fmt, kind, num_records, num_valid, problems = _check_dataset(
-            staged,
+            data,
             filename,
             name=name,
             format=format,
             validate=validate,
-            strip=lambda m: _strip_path(m, staged, filename),
+            strip=_folder_strip(work),
         )
+        final_dir = settings.datasets_dir / uuid.uuid4().hex
+        os.replace(work, final_dir)
     except BaseException:
         staged.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
         raise
-    final_dir = settings.datasets_dir / uuid.uuid4().hex
-    final_dir.mkdir(parents=True)
     final = final_dir / filename
-    os.replace(staged, final)
     return _record(
         session,
         settings,
@@ -224,6 +238,18 @@ def create_dataset(
     )
 
 
+def _folder_strip(work: Path) -> Callable[[str], str]:
+    """Problems name files by their staging path; users know them by their path inside the upload."""
+    prefixes = sorted({str(work) + os.sep, str(work.resolve()) + os.sep}, key=len, reverse=True)
+
+    def strip(message: str) -> str:
+        for prefix in prefixes:
+            message = message.replace(prefix, "")
+        return message
+
+    return strip
+
+
 def _check_dataset(
     path: Path,
     label: str,
@@ -236,12 +262,22 @@ def _check_dataset(
 ) -> tuple[str, str, int, int, list[str]]:
     """(format, kind, records, valid, problems) of a data file; raises InvalidInput naming `label`."""
     from engine.data import detect_format, validate_file
+    from engine.eval.items import detect_benchmark
 
-    if format is not None and format not in FORMATS:
-        raise InvalidInput(f"format: {format!r} is not one of {', '.join(FORMATS)}")
+    if format is not None and format not in DATASET_FORMATS:
+        raise InvalidInput(f"format: {format!r} is not one of {', '.join(DATASET_FORMATS)}")
     if name is not None and (len(name) > 200 or not name.strip()):
         raise InvalidInput("name: must be 1 to 200 characters")
     _check_utf8(path, utf8_label)
+    benchmark = format if format in BENCHMARK_TYPES else None if format else detect_benchmark(path)
+    if benchmark:
+        return _check_benchmark(path, label, benchmark, validate=validate, strip=strip)
+    if path.suffix.lower() in TABLE_SUFFIXES:
+        raise InvalidInput(
+            f"file: {label}: a table is read as a benchmark file, and this one's rows are no benchmark "
+            "questions: give columns question, A, B, C, D, answer (C-Eval / CMMLU) or question, answer "
+            "(GSM8K); see docs/evaluation.md"
+        )
     try:
         detected, kind = detect_format(path)
     except ValueError as e:
@@ -262,6 +298,27 @@ def _check_dataset(
                 details={"problems": problems, "format": fmt, "kind": kind},
             )
     return fmt, kind, num_records, num_valid, problems
+
+
+def _check_benchmark(
+    path: Path, label: str, type_: str, *, validate: bool, strip: Callable[[str], str]
+) -> tuple[str, str, int, int, list[str]]:
+    """(format, kind, records, valid, problems) of a benchmark file, read as `ernie-studio eval` reads it: every
+    problem (an answer not among the choices, no question, ...) is refused with its file and line."""
+    from engine.eval.items import EvalDataError, read_eval_file
+
+    if not validate:
+        return type_, BENCHMARK, 0, 0, []
+    try:
+        n = len(read_eval_file(str(path), type_).items)
+    except EvalDataError as e:
+        problems = [strip(p) for p in e.problems[:MAX_REPORTED_PROBLEMS]]
+        raise InvalidInput(
+            f"file: {label} is not a valid {type_} benchmark file ({len(e.problems)} problem(s)): "
+            + "; ".join(problems[:5]),
+            details={"problems": problems, "format": type_, "kind": BENCHMARK},
+        ) from None
+    return type_, BENCHMARK, n, n, []
 
 
 def _record(
@@ -314,21 +371,13 @@ def _create_from_archive(
         data = work / rel
         if data.stat().st_size == 0:
             raise InvalidInput(f"file: {filename}: {rel} is empty")
-        prefixes = sorted({str(work) + os.sep, str(work.resolve()) + os.sep}, key=len, reverse=True)
-
-        def strip(message: str) -> str:
-            # Name files as they are inside the archive, not by their staging path.
-            for prefix in prefixes:
-                message = message.replace(prefix, "")
-            return message
-
         fmt, kind, num_records, num_valid, problems = _check_dataset(
             data,
             rel,
             name=name,
             format=format,
             validate=validate,
-            strip=strip,
+            strip=_folder_strip(work),
             utf8_label=f"file: {filename}: {rel}",
         )
         final_dir = settings.datasets_dir / uuid.uuid4().hex
@@ -483,11 +532,6 @@ def _pick_data_file(filename: str, members: list[str], data_file: str | None) ->
     return candidates[0]
 
 
-def _strip_path(message: str, staged: Path, filename: str) -> str:
-    # Problems name the staged temp file; users know the file by the name they uploaded.
-    return message.replace(str(staged), filename)
-
-
 def list_datasets(session: Session) -> list[Dataset]:
     return list(session.scalars(select(Dataset).order_by(Dataset.id.desc())).all())
 
@@ -567,6 +611,11 @@ def preview_dataset(
         "total": page.total,
         "next_offset": page.next_offset,
     }
+    if render_with and ds.kind == BENCHMARK:
+        raise InvalidInput(
+            f"render_with: dataset {ds.id} is a {ds.format} benchmark; its questions are scored as they are "
+            "(docs/evaluation.md), not rendered in the chat template"
+        )
     if render_with:
         from engine.data import render_record
 
@@ -598,6 +647,11 @@ def dataset_stats(
     if not 16 <= max_seq_len <= 1_048_576:
         raise InvalidInput(f"max_seq_len: must be between 16 and 1048576, got {max_seq_len}")
     ds = get_dataset(session, dataset_id)
+    if ds.kind == BENCHMARK:
+        raise InvalidInput(
+            f"dataset {ds.id} is a {ds.format} benchmark: token statistics are for training data, and "
+            "benchmarks are not trained on"
+        )
     key = f"{model}@{max_seq_len}"
     cached = dict(ds.stats or {})
     if key not in cached:

@@ -14,9 +14,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from engine.models.paths import architecture_dir
+from engine.serve.llamacpp import SERVE_GGUF_TYPE
 from studio import queue
 from studio.config import Settings
-from studio.models import Deployment, DeploymentStatus, RunStatus, utcnow
+from studio.models import Deployment, DeploymentStatus, Export, RunStatus, utcnow
 from studio.schemas import RequestModel
 from studio.services.errors import Conflict, InvalidInput, ServiceError, Unavailable
 from studio.services.events import add_event
@@ -27,7 +28,7 @@ from studio.services.store import RowId, get_or_404
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "paddle", "fastdeploy")
+BACKENDS = ("auto", "paddle", "fastdeploy", "llamacpp")
 ACTIVE = (DeploymentStatus.STARTING, DeploymentStatus.RUNNING, DeploymentStatus.STOPPING)
 
 
@@ -37,18 +38,49 @@ class DeploymentSpec(RequestModel):
     model: str | None = Field(
         default=None, max_length=1024, description="a name /api/v1/models lists, or a model directory"
     )
+    export_id: RowId | None = Field(
+        default=None,
+        description="a finished export: a checkpoint export's model directory, or a GGUF export's file "
+        "(served by llama.cpp)",
+    )
+    gguf_type: str | None = Field(
+        default=None, max_length=16, description="with export_id: which of its GGUF files (default q8_0)"
+    )
     backend: str = "auto"
 
 
 def create_deployment(session: Session, settings: Settings, spec: DeploymentSpec) -> Deployment:
     """Record a deployment and ask a serving worker to start it (LoRA runs are merged by the worker)."""
-    if (spec.run_id is None) == (spec.model is None):
+    dep = new_deployment(session, settings, spec)
+    session.commit()
+    send_deployment(settings, dep.id)
+    return dep
+
+
+def new_deployment(session: Session, settings: Settings, spec: DeploymentSpec) -> Deployment:
+    """The deployment row of ``spec``, checked and added to the session (committed and sent by the caller)."""
+    if sum(x is not None for x in (spec.run_id, spec.model, spec.export_id)) != 1:
         raise InvalidInput(
-            "give exactly one of run_id (a finished run) or model (preset, model dir or run:<id>)"
+            "give exactly one of run_id (a finished run), model (preset, model dir or run:<id>) or "
+            "export_id (a finished export)"
         )
     if spec.backend not in BACKENDS:
         raise InvalidInput(f"backend: {spec.backend!r} is not one of {', '.join(BACKENDS)}")
-    if spec.run_id is not None:
+    if spec.gguf_type is not None and spec.export_id is None:
+        raise InvalidInput("gguf_type: picks a file of a GGUF export; give export_id with it")
+    run_id = spec.run_id
+    if spec.export_id is not None:
+        export = get_or_404(session, Export, spec.export_id, "export")
+        run_id = export.run_id
+        if export.export_format == "gguf":
+            model_dir, default_name = gguf_export_file(session, settings, export.id, spec.gguf_type)
+            if spec.backend not in ("auto", "llamacpp"):
+                raise InvalidInput(
+                    f"backend: a GGUF export is served by llama.cpp; give backend llamacpp (or auto), not {spec.backend}"
+                )
+        else:
+            model_dir, default_name = checkpoint_export_dir(settings, export, spec.gguf_type)
+    elif spec.run_id is not None:
         run = get_run(session, spec.run_id)
         if run.status != RunStatus.SUCCEEDED:
             raise Conflict(f"run {run.id} is {run.status}; deploy it once it has succeeded")
@@ -59,7 +91,7 @@ def create_deployment(session: Session, settings: Settings, spec: DeploymentSpec
         default_name = Path(model_dir).name
     dep = Deployment(
         name=spec.name or default_name,
-        run_id=spec.run_id,
+        run_id=run_id,
         model_dir=model_dir,
         backend=spec.backend,
         status=DeploymentStatus.STARTING,
@@ -67,9 +99,71 @@ def create_deployment(session: Session, settings: Settings, spec: DeploymentSpec
     session.add(dep)
     session.flush()
     add_event(session, "deployment.starting", f"deploying {model_dir}", deployment_id=dep.id)
-    session.commit()
-    queue.send(settings, queue.DEPLOYMENT_TASK, [dep.id], queue.SERVE_QUEUE)
     return dep
+
+
+def failed_deployment(
+    session: Session, name: str, run_id: int | None, model_dir: str, error: str
+) -> Deployment:
+    """A deployment that could not be made, recorded as failed with the reason (for one made on someone's
+    behalf, such as an export's deploy-on-success, where no request is left to refuse)."""
+    dep = Deployment(
+        name=name, run_id=run_id, model_dir=model_dir, status=DeploymentStatus.FAILED, error=error,
+        stopped_at=utcnow(),
+    )  # fmt: skip
+    session.add(dep)
+    session.flush()
+    add_event(session, "deployment.failed", error, deployment_id=dep.id)
+    return dep
+
+
+def send_deployment(settings: Settings, deployment_id: int) -> None:
+    """Ask a serving worker to start it; on a broker outage the reconciler sends it later."""
+    queue.send(settings, queue.DEPLOYMENT_TASK, [deployment_id], queue.SERVE_QUEUE)
+
+
+def checkpoint_export_dir(settings: Settings, export: Export, gguf_type: str | None) -> tuple[str, str]:
+    """(model directory, name) of a succeeded checkpoint export (an elastic member's included)."""
+    if gguf_type is not None:
+        raise InvalidInput(
+            f"gguf_type: export {export.id} is a {export.layout} checkpoint, not a GGUF export; leave it out"
+        )
+    if export.status != RunStatus.SUCCEEDED:
+        raise Conflict(f"export_id: export {export.id} is {export.status}; deploy it once it has succeeded")
+    path = confine(settings, export.export_dir, field="export_id")
+    if not (path / "config.json").is_file():
+        raise Conflict(f"export_id: export {export.id}'s model directory {path} is gone; export again")
+    return str(path), path.name
+
+
+def gguf_export_file(
+    session: Session, settings: Settings, export_id: int, gguf_type: str | None
+) -> tuple[str, str]:
+    """(path, name) of the GGUF file of type ``gguf_type`` (default: the serving type, else the export's
+    first) of a succeeded GGUF export."""
+    export = get_or_404(session, Export, export_id, "export")
+    if export.status != RunStatus.SUCCEEDED or not export.gguf_files:
+        raise Conflict(f"export {export_id} is {export.status}; deploy it once it has succeeded")
+    files = {f["type"]: f["path"] for f in export.gguf_files}
+    wanted = gguf_type or (SERVE_GGUF_TYPE if SERVE_GGUF_TYPE in files else next(iter(files)))
+    if wanted not in files:
+        raise InvalidInput(f"gguf_type: export {export_id} holds {', '.join(files)}, not {wanted!r}")
+    path = confine(settings, files[wanted], field="export_id")
+    if not path.is_file():
+        raise Conflict(f"export {export_id}'s {wanted} file {path} is gone; export again")
+    return str(path), f"{Path(export.export_dir).name}-{wanted}"
+
+
+def record_backend_choice(session: Session, deployment_id: int, backend: str, why: str) -> None:
+    """The serving engine a worker chose for a deployment, and why, as one of its events."""
+    add_event(
+        session,
+        "deployment.backend",
+        f"backend {backend}: {why}",
+        deployment_id=deployment_id,
+        data={"backend": backend, "reason": why},
+    )
+    session.commit()
 
 
 def list_deployments(session: Session, *, active_only: bool = False) -> list[Deployment]:

@@ -3,16 +3,15 @@ the model then shows up in /models like any other. One download per model direct
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from engine.models.download import resolve_name
-from studio import queue
 from studio.config import Settings
 from studio.models import ModelDownload, RunStatus, utcnow
+from studio.services import jobs
 from studio.services.errors import Conflict, InvalidInput
 from studio.services.events import add_event
 from studio.services.store import get_or_404
@@ -50,9 +49,7 @@ def create_download(session: Session, settings: Settings, name: str) -> ModelDow
 
 def dispatch_download(session: Session, settings: Settings, download: ModelDownload) -> None:
     # Downloads go with exports: serving workers take them, so they never wait behind a training run.
-    if queue.send(settings, queue.DOWNLOAD_TASK, [download.id], queue.EXPORT_QUEUE) is not None:
-        download.dispatched_at = utcnow()
-        session.commit()
+    jobs.dispatch(session, settings, jobs.DOWNLOADS, download)
 
 
 def list_downloads(session: Session) -> list[ModelDownload]:
@@ -72,23 +69,17 @@ def active_download(session: Session, model_dir: Path) -> ModelDownload | None:
     ).first()
 
 
-# ---- state transitions made by the worker ---------------------------------------------------------------
+# ---- state transitions made by the worker (studio.services.jobs holds the life cycle) --------------------
 
 
 def claim_download(session: Session, download_id: int, worker: str) -> ModelDownload | None:
-    now = utcnow()
-    n = session.execute(
-        update(ModelDownload)
-        .where(ModelDownload.id == download_id, ModelDownload.status == RunStatus.QUEUED)
-        .values(status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now)
-    ).rowcount
-    session.commit()
-    return session.get(ModelDownload, download_id) if n else None
+    return jobs.claim(session, jobs.DOWNLOADS, download_id, worker)
 
 
 def download_heartbeat(
     session: Session, download_id: int, bytes_done: int, bytes_total: int | None, commit: str | None
 ) -> None:
+    # Progress is recorded even after the end (the final byte count of a finished download).
     session.execute(
         update(ModelDownload)
         .where(ModelDownload.id == download_id)
@@ -100,30 +91,6 @@ def download_heartbeat(
 def finish_download(
     session: Session, download_id: int, status: RunStatus, *, error: str | None = None
 ) -> None:
-    session.execute(
-        update(ModelDownload)
-        .where(ModelDownload.id == download_id, ModelDownload.status == RunStatus.RUNNING)
-        .values(status=status, ended_at=utcnow(), error=error)
-    )
     download = session.get(ModelDownload, download_id)
     message = error or f"{download.repo_id} downloaded to {Path(download.model_dir).name}"
-    add_event(session, f"download.{status.value}", message, data={"download_id": download_id})
-    session.commit()
-
-
-def requeue_stale_downloads(session: Session, settings: Settings, stale_after_s: float) -> int:
-    """Downloads whose worker stopped heartbeating go back to the queue; the next attempt keeps the files
-    already verified in the staging directory."""
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    stale = session.scalars(
-        select(ModelDownload).where(
-            ModelDownload.status == RunStatus.RUNNING, ModelDownload.heartbeat_at < cutoff
-        )
-    ).all()
-    for download in stale:
-        download.status, download.worker, download.dispatched_at = RunStatus.QUEUED, None, None
-        add_event(session, "download.requeued", "its worker is gone", data={"download_id": download.id})
-    session.commit()
-    for download in stale:
-        dispatch_download(session, settings, download)
-    return len(stale)
+    jobs.finish(session, jobs.DOWNLOADS, download_id, status, message, error=error)

@@ -12,16 +12,18 @@ from sqlalchemy.orm import Session
 
 from engine.train.config import (
     EXPORT_DTYPES,
+    EXPORT_FORMATS,
+    GPAS_EXPORT,
     LAYOUTS,
     PTQ_METHODS,
     ConfigError,
     ExportConfig,
     config_from_dict,
 )
-from studio import queue
 from studio.config import Settings
-from studio.models import Export, Run, RunStatus, utcnow
-from studio.services.errors import Conflict, InvalidInput
+from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
+from studio.services import deployments, jobs
+from studio.services.errors import Conflict, InvalidInput, NotFound, ServiceError
 from studio.services.events import add_event
 from studio.services.runs import confine_config_paths
 from studio.services.store import get_or_404
@@ -29,7 +31,8 @@ from studio.services.store import get_or_404
 
 def export_default(key: str) -> Any:
     """The engine's default of one `ernie-studio export` key (ExportConfig), which REST and the UI start from."""
-    return next(f.default for f in dataclasses.fields(ExportConfig) if f.name == key)
+    f = next(f for f in dataclasses.fields(ExportConfig) if f.name == key)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 DTYPE_NAMES = {"float32": "", "bfloat16": "bf16", "float16": "fp16"}  # as export folder names show them
@@ -44,16 +47,72 @@ def create_export(
     ptq: str | None = None,
     dtype: str | None = None,
     max_shard_size: str | None = None,
+    export_format: str | None = None,
+    gguf_types: list[str] | None = None,
+    elastic_member: str | None = None,
+    gpas_gates: str | None = None,
+    deploy_on_success: bool = False,
 ) -> Export:
-    """Queue an export of a succeeded run into home/models/run-<id>-<layout>[-<bf16|fp16>][-<ptq>]; dtype
-    and max_shard_size default to the engine's (ExportConfig) and are checked by it."""
+    """Queue an export of a succeeded run into home/models/run-<id>[-<member>]-<layout>[-<bf16|fp16>][-<ptq>]
+    (GGUF: run-<id>[-<member>]-gguf); dtype, max_shard_size and gguf_types default to the engine's
+    (ExportConfig) and are checked by it; ``elastic_member`` names a member of an elastic run's family to
+    write as a model of its own; ``deploy_on_success`` starts a deployment of it once it is written."""
     run = get_or_404(session, Run, run_id, "run")
     if run.status != RunStatus.SUCCEEDED:
         raise Conflict(f"run {run_id} is {run.status}; export it once it has succeeded")
+    member = (elastic_member or "").strip()
+    if member:
+        check_member(run, member)
     confine_config_paths(settings, run.config, f"run {run.id}'s config")
     ptq = ptq or ""
     dtype = dtype or export_default("dtype")
     max_shard_size = (max_shard_size or export_default("max_shard_size")).strip()
+    export_format = export_format or export_default("export_format")
+    if export_format not in EXPORT_FORMATS:
+        raise InvalidInput(f"export_format: {export_format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+    gpas_gates = gpas_gates or export_default("gpas_gates")
+    if gpas_gates not in GPAS_EXPORT:
+        raise InvalidInput(f"gpas_gates: {gpas_gates!r} is not one of {', '.join(GPAS_EXPORT)}")
+    if export_format == "gguf":
+        return _create_gguf_export(
+            session, settings, run, gguf_types, ptq, member, gpas_gates, deploy_on_success
+        )
+    if gguf_types:
+        raise InvalidInput("gguf_types: GGUF types apply to export_format gguf")
+    _check_checkpoint_choices(layout, ptq, dtype)
+    try:  # the engine's own checks of these choices (max_shard_size's form and bound)
+        config_from_dict(
+            ExportConfig,
+            {"layout": layout, "quantization": ptq, "dtype": dtype, "max_shard_size": max_shard_size,
+             "output_dir": run.output_dir},
+            source="export",
+        )  # fmt: skip
+    except ConfigError as e:
+        raise InvalidInput(str(e).removeprefix("export: ")) from None
+    parts = (DTYPE_NAMES[dtype], ptq)
+    name = f"run-{run.id}{f'-{member}' if member else ''}-{layout}" + "".join(f"-{p}" for p in parts if p)
+    export = Export(
+        run_id=run.id,
+        elastic_member=member,
+        gpas_gates=gpas_gates,
+        layout=layout,
+        quantization=ptq,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        status=RunStatus.QUEUED,
+        export_dir=str(settings.models_dir / name),
+        deploy_on_success=deploy_on_success,
+    )
+    session.add(export)
+    session.flush()
+    add_event(session, "export.queued", f"export {name} queued", run_id=run.id, data={"export_id": export.id})
+    session.commit()
+    dispatch_export(session, settings, export)
+    return export
+
+
+def _check_checkpoint_choices(layout: str, ptq: str, dtype: str) -> None:
+    """The layout, PTQ and dtype of a checkpoint export, each against the engine's choices."""
     if layout not in LAYOUTS:
         raise InvalidInput(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     if ptq not in PTQ_METHODS:
@@ -67,37 +126,154 @@ def create_export(
             f"dtype: a {ptq} export stores quantized weights with fp32 scales; leave dtype at "
             f"{export_default('dtype')} or export without ptq"
         )
-    try:  # the engine's own checks of these choices (max_shard_size's form and bound)
+
+
+def _create_gguf_export(
+    session: Session,
+    settings: Settings,
+    run: Run,
+    gguf_types: list[str] | None,
+    ptq: str,
+    member: str,
+    gpas_gates: str,
+    deploy_on_success: bool,
+) -> Export:
+    types = list(gguf_types or export_default("gguf_types"))
+    try:  # the engine's checks: each type one of GGUF_TYPES, no PTQ beside it
         config_from_dict(
             ExportConfig,
-            {"layout": layout, "quantization": ptq, "dtype": dtype, "max_shard_size": max_shard_size,
-             "output_dir": run.output_dir},
+            {"export_format": "gguf", "gguf_types": types, "quantization": ptq, "output_dir": run.output_dir},
             source="export",
-        )  # fmt: skip
+        )
     except ConfigError as e:
         raise InvalidInput(str(e).removeprefix("export: ")) from None
-    name = f"run-{run.id}-{layout}" + "".join(f"-{part}" for part in (DTYPE_NAMES[dtype], ptq) if part)
     export = Export(
         run_id=run.id,
-        layout=layout,
-        quantization=ptq,
-        dtype=dtype,
-        max_shard_size=max_shard_size,
+        elastic_member=member,
+        gpas_gates=gpas_gates,
+        layout="gguf",
+        quantization="",
+        export_format="gguf",
+        gguf_types=",".join(types),
         status=RunStatus.QUEUED,
-        export_dir=str(settings.models_dir / name),
+        export_dir=str(settings.models_dir / f"run-{run.id}{f'-{member}' if member else ''}-gguf"),
+        deploy_on_success=deploy_on_success,
     )
     session.add(export)
     session.flush()
-    add_event(session, "export.queued", f"export {name} queued", run_id=run.id, data={"export_id": export.id})
+    add_event(
+        session, "export.queued", f"GGUF export of run {run.id} ({', '.join(types)}) queued", run_id=run.id,
+        data={"export_id": export.id},
+    )  # fmt: skip
     session.commit()
     dispatch_export(session, settings, export)
     return export
 
 
+def family_of(session: Session, run_id: int) -> dict[str, Any] | None:
+    """The family an elastic run wrote when it finished (engine.train.elastic.read_family), else None."""
+    run = get_or_404(session, Run, run_id, "run")
+    from engine.train.elastic import read_family  # Paddle loads with it: not at the API's start
+
+    family = read_family(run.output_dir)
+    return None if family is None else {"run_id": run.id, **family}
+
+
+def elastic_family(session: Session, run_id: int) -> dict[str, Any]:
+    """``family_of``, or NotFound for a run without one."""
+    family = family_of(session, run_id)
+    if family is None:
+        raise NotFound(
+            f"run {run_id} has no elastic family: it was trained without elastic: true, or has not finished"
+        )
+    return family
+
+
+def check_member(run: Run, member: str, field: str = "elastic_member") -> None:
+    """``member`` must be one of the run's family (the members it trained and evaluated); errors name
+    ``field``."""
+    from engine.train.elastic import read_family  # Paddle loads with it: not at the API's start
+
+    family = read_family(run.output_dir)
+    if family is None:
+        raise InvalidInput(f"{field}: run {run.id} was not trained with elastic: true (or has not finished)")
+    names = [m["member"] for m in family["members"]]
+    if member not in names:
+        raise InvalidInput(f"{field}: {member!r} is not in run {run.id}'s family ({', '.join(names)})")
+
+
+# An export on its way to a deployment: a second click on the same member would only race it.
+DEPLOY_BUSY = ("exporting", "deploying", "running")
+
+
+def deploy_member(session: Session, settings: Settings, run_id: int, member: str) -> Export:
+    """One click on an elastic run's family: export ``member`` (Paddle layout, the engine's default dtype)
+    and deploy it once it is written; the export worker (or the reconciler) starts the deployment."""
+    member = (member or "").strip()
+    if not member:
+        raise InvalidInput(f"member: name one of run {run_id}'s family (GET /api/v1/runs/{run_id}/elastic)")
+    run = get_or_404(session, Run, run_id, "run")
+    if run.status == RunStatus.SUCCEEDED:
+        check_member(run, member, field="member")
+    for e in list_exports(session, run_id):
+        if e.elastic_member == member and e.deploy_state in DEPLOY_BUSY:
+            what = f"deployment {e.deployment_id}" if e.deployment_id else f"export {e.id}"
+            then = "stop that deployment to deploy it again" if e.deployment_id else "wait for it"
+            raise Conflict(f"member: {member} of run {run_id} is already {e.deploy_state} ({what}); {then}")
+    return create_export(session, settings, run_id, elastic_member=member, deploy_on_success=True)
+
+
+def deploy_exported(session: Session, settings: Settings, export_id: int) -> Deployment | None:
+    """Start the deployment a succeeded export was asked to make, once: the export is marked deployed in
+    the same transaction that adds the deployment, so the worker and a reconciler never both make one. A
+    deployment that cannot be made is recorded as a failed one, with the reason."""
+    marked = session.execute(
+        update(Export)
+        .where(
+            Export.id == export_id,
+            Export.status == RunStatus.SUCCEEDED,
+            Export.deploy_on_success.is_(True),
+            Export.deployed_at.is_(None),
+        )
+        .values(deployed_at=utcnow())
+    ).rowcount
+    if not marked:  # not asked, not succeeded, or made already (nothing changed: no rollback of others' work)
+        return None
+    export = session.get(Export, export_id, populate_existing=True)
+    spec = deployments.DeploymentSpec(export_id=export_id)
+    try:
+        dep = deployments.new_deployment(session, settings, spec)
+    except ServiceError as e:
+        dep = deployments.failed_deployment(
+            session, Path(export.export_dir).name, export.run_id, export.export_dir, e.message
+        )
+    session.execute(update(Export).where(Export.id == export_id).values(deployment_id=dep.id))
+    add_event(
+        session, "export.deploying", f"export {export_id} deployed as deployment {dep.id}",
+        run_id=export.run_id, data={"export_id": export_id, "deployment_id": dep.id},
+    )  # fmt: skip
+    session.commit()
+    session.refresh(export)
+    if dep.status == DeploymentStatus.STARTING:
+        deployments.send_deployment(settings, dep.id)
+    return dep
+
+
+def deploy_finished_exports(session: Session, settings: Settings) -> int:
+    """The reconciler's part: succeeded exports to deploy whose deployment was never made (the worker died
+    between finishing the export and making it)."""
+    pending = session.scalars(
+        select(Export.id).where(
+            Export.status == RunStatus.SUCCEEDED,
+            Export.deploy_on_success.is_(True),
+            Export.deployed_at.is_(None),
+        )
+    ).all()
+    return sum(deploy_exported(session, settings, i) is not None for i in pending)
+
+
 def dispatch_export(session: Session, settings: Settings, export: Export) -> None:
-    if queue.send(settings, queue.EXPORT_TASK, [export.id], queue.EXPORT_QUEUE) is not None:
-        export.dispatched_at = utcnow()
-        session.commit()
+    jobs.dispatch(session, settings, jobs.EXPORTS, export)
 
 
 def list_exports(session: Session, run_id: int | None = None) -> list[Export]:
@@ -121,10 +297,28 @@ def export_config(run: Run, export: Export) -> dict[str, Any]:
         "quantization": export.quantization,
         "dtype": export.dtype,
         "max_shard_size": export.max_shard_size,
+        "gpas_gates": export.gpas_gates,
         "export_dir": export.export_dir,
     }
+    if export.elastic_member:
+        from engine.train.elastic import member_export_keys, read_family
+
+        family = read_family(run.output_dir) or {}
+        cfg.update(member_export_keys(export.elastic_member))
+        cfg["elastic_depth_pattern"] = family.get("depth_pattern", "")
     if run.fine_tuning != "LoRA":
         cfg["model_name_or_path"] = run.model_dir or run.output_dir
+    if export.export_format == "gguf":
+        cfg.update(export_format="gguf", gguf_types=export.gguf_types.split(","), layout="paddle")
+        # the quality figures (llama.cpp's perplexity of each file): the run's eval set, else its data
+        held_out = bool(run.config.get("eval_dataset_path"))
+        prefix = "eval" if held_out else "train"
+        for key in ("type", "path", "prob"):
+            cfg[f"eval_dataset_{key}"] = run.config.get(
+                f"{prefix}_dataset_{key}", cfg.get(f"eval_dataset_{key}")
+            )
+        cfg["eval_dataset_type"] = cfg["eval_dataset_type"] or "erniekit"
+        return cfg
     if export.quantization:
         cfg["eval_dataset_type"] = run.config.get("train_dataset_type", "erniekit")
         cfg["eval_dataset_path"] = run.config.get("train_dataset_path", "")
@@ -132,68 +326,38 @@ def export_config(run: Run, export: Export) -> dict[str, Any]:
     return cfg
 
 
-# ---- state transitions made by the worker ---------------------------------------------------------------
+# ---- state transitions made by the worker (studio.services.jobs holds the life cycle) --------------------
 
 
 def claim_export(session: Session, export_id: int, worker: str) -> Export | None:
-    now = utcnow()
-    n = session.execute(
-        update(Export)
-        .where(Export.id == export_id, Export.status == RunStatus.QUEUED)
-        .values(status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now)
-    ).rowcount
-    session.commit()
-    return session.get(Export, export_id) if n else None
+    return jobs.claim(session, jobs.EXPORTS, export_id, worker)
 
 
 def export_heartbeat(session: Session, export_id: int) -> None:
-    session.execute(update(Export).where(Export.id == export_id).values(heartbeat_at=utcnow()))
-    session.commit()
-
-
-def requeue_stale_exports(session: Session, settings: Settings, stale_after_s: float) -> int:
-    """Exports whose worker stopped heartbeating go back to the queue (an export is idempotent)."""
-    from datetime import timedelta
-
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    stale = session.scalars(
-        select(Export).where(Export.status == RunStatus.RUNNING, Export.heartbeat_at < cutoff)
-    ).all()
-    for export in stale:
-        export.status, export.worker, export.dispatched_at = RunStatus.QUEUED, None, None
-        add_event(
-            session,
-            "export.requeued",
-            "its worker is gone",
-            run_id=export.run_id,
-            data={"export_id": export.id},
-        )
-    session.commit()
-    for export in stale:
-        dispatch_export(session, settings, export)
-    return len(stale)
+    jobs.heartbeat(session, jobs.EXPORTS, export_id)
 
 
 def finish_export(
     session: Session,
+    settings: Settings,
     export_id: int,
     status: RunStatus,
     *,
     error: str | None = None,
     perplexity: dict | None = None,
+    gguf_files: list | None = None,
 ) -> None:
-    now = utcnow()
-    session.execute(
-        update(Export)
-        .where(Export.id == export_id, Export.status == RunStatus.RUNNING)
-        .values(status=status, ended_at=now, error=error, perplexity=perplexity)
-    )
     export = session.get(Export, export_id)
-    add_event(
+    message = error or f"exported to {Path(export.export_dir).name}"
+    finished = jobs.finish(
         session,
-        f"export.{status.value}",
-        error or f"exported to {Path(export.export_dir).name}",
-        run_id=export.run_id,
-        data={"export_id": export_id},
+        jobs.EXPORTS,
+        export_id,
+        status,
+        message,
+        error=error,
+        perplexity=perplexity,
+        gguf_files=gguf_files,
     )
-    session.commit()
+    if finished and status == RunStatus.SUCCEEDED:
+        deploy_exported(session, settings, export_id)

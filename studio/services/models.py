@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from engine.estimate import count_parameters
-from engine.models.config import ErnieConfig, parameter_count
+from engine.models.config import ErnieConfig
+from engine.models.counts import count_parameters
 from engine.models.paths import architecture_dir, is_lora_dir, lora_base_dir, read_adapter_config
 from engine.models.presets import OFFICIAL
 from engine.models.presets import preset_config as engine_preset_config
@@ -50,20 +50,26 @@ def _describe(name: str, kind: str, path: Path | None, config: dict[str, Any] | 
         "path": str(path) if path else None,
         "available": bool(path and (path / "config.json").exists()),
         "model_type": (config or {}).get("model_type"),
-        "num_parameters": estimate_parameters(config) if config else None,
         **_sizes(config),
         **extra,
     }
 
 
 def _sizes(config: dict[str, Any] | None) -> dict[str, int | None]:
-    """Active parameters per token (MoE: the routed experts a token uses) and the bytes of the weights in
-    bf16, from `engine.estimate` (what the picker shows beside the size)."""
+    """All parameters, those a token uses (MoE: its routed experts) and the bytes of the weights in bf16,
+    counted by `engine.estimate` from config.json alone (what the picker shows beside the size)."""
+    unknown = {"num_parameters": None, "active_parameters": None, "weights_bf16_bytes": None}
+    if not config:
+        return unknown
     try:
-        counts = count_parameters(ErnieConfig.from_dict(config or {}))
+        counts = count_parameters(ErnieConfig.from_dict(config))
     except (TypeError, ValueError, KeyError):
-        return {"active_parameters": None, "weights_bf16_bytes": None}
-    return {"active_parameters": counts.active, "weights_bf16_bytes": 2 * counts.total}
+        return unknown
+    return {
+        "num_parameters": counts.total,
+        "active_parameters": counts.active,
+        "weights_bf16_bytes": 2 * counts.total,
+    }
 
 
 def _describe_run(run: Run) -> dict:
@@ -143,14 +149,6 @@ def _preset_config(preset: str) -> ErnieConfig:
     return engine_preset_config(preset, vocab_size=1024)
 
 
-def estimate_parameters(cfg: dict[str, Any]) -> int | None:
-    """Parameter count of a config.json (dense or MoE) as the engine reads it; None when it cannot."""
-    try:
-        return parameter_count(ErnieConfig.from_dict(cfg))
-    except (TypeError, ValueError, KeyError):
-        return None
-
-
 def model_config(session: Session, settings: Settings, ref: str, *, field: str = "base_model") -> ErnieConfig:
     """The architecture of model `ref` (a tiny preset's even before it is built; a LoRA run's base's), for
     estimates. `field` is the request field that named it, for errors."""
@@ -182,6 +180,11 @@ def model_dir_for(session: Session, settings: Settings, ref: str, *, field: str 
     ref = (ref or "").strip()
     if not ref:
         raise InvalidInput(f"{field}: empty; give {MODEL_REFS}")
+    if len(ref) > 4096 or any(len(part.encode()) > 255 for part in ref.split("/")):
+        # the file system would refuse it (ENAMETOOLONG), and no model can be named so
+        raise InvalidInput(
+            f"{field}: {ref[:60]!r}... is too long for a model name or path; give {MODEL_REFS}"
+        )
     if ref in BUILDABLE_PRESETS:
         return settings.models_dir / ref
     if ref.startswith("run:"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from engine.data.records import TABLE_SUFFIXES  # benchmark tables: uploaded as they are, never in a .zip
 from studio.config import Settings
 from studio.services.errors import InvalidInput
 
@@ -76,10 +77,10 @@ def safe_upload_name(filename: str | None) -> str:
         raise InvalidInput(
             f"file: the file name {filename!r} starts with '.'; use a visible name such as data.jsonl"
         )
-    if not filename.lower().endswith(ALLOWED_DATASET_SUFFIXES):
+    if not filename.lower().endswith(ALLOWED_DATASET_SUFFIXES + TABLE_SUFFIXES):
         raise InvalidInput(
-            f"file: {filename!r} is not a .jsonl or .json file; datasets are JSON Lines (one record a line) "
-            "or a JSON array"
+            f"file: {filename!r} is not a .jsonl, .json or .csv file; datasets are JSON Lines (one record a "
+            "line) or a JSON array, benchmark files may also be CSV / TSV tables with a header row"
         )
     cleaned = _SAFE_CHARS.sub("_", filename)[-120:]
     return cleaned.lstrip("._") or "data.jsonl"

@@ -30,7 +30,7 @@ from studio.config import Settings
 from studio.models import TERMINAL_RUN_STATUSES, Checkpoint, Dataset, Run, RunMetric, RunStatus, utcnow
 from studio.schemas import RequestModel
 from studio.services import metric_series
-from studio.services.datasets import dataset_path, get_dataset
+from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput, ServiceError
 from studio.services.events import add_event
 from studio.services.models import model_config, model_dir_for
@@ -94,6 +94,26 @@ METRICS_MAX_POINTS = 1000
 METRICS_PAGE = 10000
 
 
+class EvaluateAfter(RequestModel):
+    """ "Evaluate after training": once the run succeeds, its base and its result are evaluated (as two evals)
+    on a held-out split of its training data and / or chosen eval datasets."""
+
+    holdout: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="records drawn at random (seeded by the run's seed) from the training datasets and kept "
+        "out of training; the evals score them",
+    )
+    dataset_ids: list[RowId] | None = Field(
+        default=None, max_length=MAX_DATASETS, description="eval datasets (chat records) scored as well"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="ernie-studio eval keys (metrics, max_new_tokens, ...), as for POST /evals",
+    )
+
+
 class RunSpec(RequestModel):
     """What a person chooses for a run; the studio turns it into an ERNIEKit config."""
 
@@ -130,6 +150,9 @@ class RunSpec(RequestModel):
         "takes batch_size rows per step. A worker owning at least this many devices runs it and holds them "
         "all until it ends (ERNIE_STUDIO_WORKER_DEVICES)",
     )
+    evaluate: EvaluateAfter | None = Field(
+        default=None, description="evaluate the base and the result once the run has succeeded (SFT runs)"
+    )
 
 
 def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir: Path) -> dict[str, Any]:
@@ -161,6 +184,11 @@ def _datasets_for(session: Session, spec: RunSpec, ids: list[int], field: str) -
     datasets = [get_dataset(session, i) for i in ids]
     want_kind = STAGE_KINDS[spec.stage]
     for ds in datasets:
+        if ds.kind == BENCHMARK:
+            raise InvalidInput(
+                f"{field}: dataset {ds.id} ({ds.name}) is a {ds.format} benchmark file; benchmarks are for "
+                "evaluation (POST /api/v1/evals, the Evaluate tab), not training: pick chat records to train on"
+            )
         if ds.kind != want_kind:
             raise InvalidInput(
                 f"{field}: dataset {ds.id} ({ds.name}) holds {ds.kind} records; stage {spec.stage} needs "
@@ -265,6 +293,7 @@ def create_run(
 ) -> Run:
     """Record a queued run and put it on its queue."""
     queue_name = _queue_for(settings, spec)
+    check_evaluate(session, settings, spec)
     # before the run row exists: computing token statistics commits the dataset's cache
     estimate = _recorded_estimate(session, settings, spec, queue_name)
     run = Run(
@@ -284,6 +313,12 @@ def create_run(
     out = run_dir(settings, run.id) / "output"
     run.config = build_config(session, settings, spec, out)
     run.output_dir = str(out)
+    if spec.evaluate is not None:
+        try:
+            run.evaluate = _evaluate_plan(session, settings, spec, run)
+        except ServiceError:
+            shutil.rmtree(run_dir(settings, run.id), ignore_errors=True)  # a split written before the refusal
+            raise
     run.name = spec.name or f"{spec.stage.lower()}-{spec.fine_tuning.lower()}-{run.id}"
     run.estimate = estimate
     waits_for = f" (waits for a worker owning {spec.num_devices} devices)" if spec.num_devices > 1 else ""
@@ -292,6 +327,50 @@ def create_run(
     run_dir(settings, run.id).mkdir(parents=True, exist_ok=True)
     dispatch_run(session, settings, run)
     return run
+
+
+def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
+    """What can be checked of "evaluate after training" before the run exists (`create_run` splits the data)."""
+    from studio.services.evals import check_options, eval_datasets
+
+    ev = spec.evaluate
+    if ev is None:
+        return
+    if spec.stage != "SFT":
+        raise InvalidInput(
+            f"evaluate: runs of stage SFT are evaluated after training (chat records with reference answers); "
+            f"this run is {spec.stage}"
+        )
+    if not ev.holdout and not ev.dataset_ids:
+        raise InvalidInput(
+            "evaluate: give holdout (records kept out of training) or dataset_ids (eval datasets)"
+        )
+    check_options(ev.options, "evaluate.options")
+    if ev.dataset_ids:
+        eval_datasets(session, settings, list(ev.dataset_ids), "evaluate.dataset_ids")
+
+
+def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run) -> dict[str, Any]:
+    """Hold out the split (the trainer is given the rest) and keep what the evals after training need."""
+    from studio.services.evals import engine_config, hold_out
+
+    ev = spec.evaluate
+    plan: dict[str, Any] = ev.model_dump()
+    plan["holdout_files"] = []
+    if ev.holdout:
+        datasets = [get_dataset(session, i) for i in spec.dataset_ids]
+        seed = effective_config(run.config).seed
+        train, held = hold_out(settings, session, run, datasets, ev.holdout, seed, "evaluate.holdout")
+        run.config = {**run.config, "train_dataset_path": ",".join(train)}
+        plan["holdout_files"], plan["seed"] = held, seed
+    # The engine's checks of the eval options, on the files the evals will read.
+    files = [(f["path"], f["type"]) for f in plan["holdout_files"]]
+    evals = [get_dataset(session, i) for i in ev.dataset_ids or []]
+    files += [(str(dataset_path(settings, ds)), ds.format) for ds in evals]
+    engine_config(
+        run.config["model_name_or_path"], files, ev.options, "<eval dir>/output", "evaluate.options"
+    )
+    return plan
 
 
 def _check_gpu(settings: Settings, gpu: int | None) -> None:
@@ -346,6 +425,9 @@ def spec_of(run: Run) -> RunSpec:
         fine_tuning=run.fine_tuning,
         hyperparameters=hyper,
         num_devices=queue.devices_of(run.queue),
+        evaluate=EvaluateAfter(**{k: run.evaluate[k] for k in ("holdout", "dataset_ids", "options")})
+        if run.evaluate
+        else None,
     )
 
 

@@ -18,12 +18,13 @@ from studio.ui.compare_tab import CompareTab, build_compare_tab
 from studio.ui.context import UIContext, echo
 from studio.ui.datasets_tab import DatasetsTab, build_datasets_tab
 from studio.ui.deploy_tab import DeployTab, build_deploy_tab
+from studio.ui.evaluate_tab import EvaluateTab, build_evaluate_tab
 from studio.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, Texts, remember_language, text
 from studio.ui.nodes_tab import NodesTab, build_nodes_tab
 from studio.ui.runs_tab import RunsTab, build_runs_tab
 from studio.ui.train_tab import TrainTab, build_train_tab
 
-TAB_IDS = ("datasets", "train", "runs", "compare", "deploy", "nodes")
+TAB_IDS = ("datasets", "train", "runs", "compare", "evaluate", "deploy", "nodes")
 
 # A few layout touches. Gradio 6 takes css at mount time (gr.mount_gradio_app), which studio.app owns, so
 # the rules travel inside the Blocks as a <style> element instead.
@@ -32,6 +33,11 @@ CSS = """
 #studio-header p { margin-top: 0; color: var(--body-text-color-subdued); }
 #studio-tabs .row > button { align-self: center; }
 #studio-style { display: none; }
+/* Tables show every column: cells wrap (each table's wrap=True), and one wider than its box scrolls. */
+#studio-tabs .table-wrap { overflow-x: auto; }
+/* A failed event's outputs would carry Gradio's bare "Error" badge; the failure's toast (which stays until
+   closed) says what happened, so the badge and its overlay are hidden. */
+#studio-tabs [data-testid=status-tracker]:has(> .error) { display: none !important; }
 """
 
 # Keeps ?tab=...&run=... in the address bar so a refresh reopens the same view.
@@ -40,6 +46,30 @@ SET_TAB_JS = """(tabId) => {
   url.searchParams.set("tab", tabId);
   window.history.replaceState(null, "", url.toString());
   return tabId;
+}"""
+
+# Gradio's own component texts ("Drop File Here", "Click to Upload", ...) come from its front end's i18n,
+# whose locale it takes from the browser (navigator.language) at start and which only its settings panel
+# changes, through `changeLocale` of its core module. That module is imported by URL (its name carries a
+# build hash), so it is found among the modules the page loaded; importing it again returns the same
+# instance. A component reads the locale when it is drawn, so the ones showing such texts are hidden and
+# shown again after the switch. Without the module (another Gradio build) they stay in the browser's language.
+GRADIO_LOCALE_JS = """async (lang) => {
+  const locale = lang === "zh" ? "zh-CN" : "en";
+  const urls = [
+    ...[...document.querySelectorAll("link[rel=modulepreload]")].map((l) => l.href),
+    ...performance.getEntriesByType("resource").map((e) => e.name),
+  ];
+  const core = urls.find((u) => /\\/assets\\/core-[\\w-]+\\.js$/.test(u));
+  if (core) {
+    try {
+      const gradio = await import(core);
+      if (typeof gradio.changeLocale === "function") gradio.changeLocale(locale);
+    } catch (e) {
+      console.warn("could not set Gradio's locale", e);
+    }
+  }
+  return lang;
 }"""
 
 
@@ -61,6 +91,7 @@ class _Tabs:
     train: TrainTab
     runs: RunsTab
     compare: CompareTab
+    evaluate: EvaluateTab
     deploy: DeployTab
     nodes: NodesTab
 
@@ -82,11 +113,12 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 train=build_train_tab(ctx),
                 runs=build_runs_tab(ctx, states.run),
                 compare=build_compare_tab(ctx),
+                evaluate=build_evaluate_tab(ctx),
                 deploy=build_deploy_tab(ctx, states.deployment),
                 nodes=build_nodes_tab(ctx),
             )
         _wire_tab_changes(demo, built, states)
-        _wire_language(demo, texts, language, header, states)
+        _wire_language(ctx, texts, language, header, states)
         _wire_across_tabs(built, states)
     # Table headers follow the session's language wherever a callback fills a table.
     texts.localize_tables(demo)
@@ -131,14 +163,28 @@ def _wire_tab_changes(demo: gr.Blocks, built: _Tabs, states: _BrowserStates) -> 
 
 
 def _wire_language(
-    demo: gr.Blocks, texts: Texts, language: gr.Radio, header: gr.Markdown, states: _BrowserStates
+    ctx: UIContext, texts: Texts, language: gr.Radio, header: gr.Markdown, states: _BrowserStates
 ) -> None:
     """Relabel every registered component; the choice is remembered in browser storage."""
     # Tables take their current values in so their headers can be translated in place.
+    demo = ctx.demo
     relabel = [*texts.components, header, states.lang]
     h = LanguageHandlers(texts)
-    language.input(h.set_language, [language, *texts.tables], relabel)
-    demo.load(known_language, states.lang, language).then(h.set_language, [language, *texts.tables], relabel)
+    switched = language.input(h.set_language, [language, *texts.tables], relabel)
+    restored = demo.load(known_language, states.lang, language).then(
+        h.set_language, [language, *texts.tables], relabel
+    )
+    # Gradio's own texts (e.g. "Drop File Here") follow its front end's locale, which it takes from the
+    # browser; the switch sets that locale too.
+    for event, always in ((switched, True), (restored, False)):
+        chained = event.then(None, language, None, js=GRADIO_LOCALE_JS)
+        if texts.uploads:
+            # On load an English page is drawn in English already (a redraw would drop a file being picked).
+            for shown in (False, True):
+                redraw = partial(visibility, shown, len(texts.uploads), always)
+                chained = chained.then(redraw, language, texts.uploads, show_progress="hidden")
+        for follower in ctx.language_followers:
+            chained = chained.then(follower.fn, follower.inputs, follower.outputs, show_progress="hidden")
 
 
 def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
@@ -177,6 +223,13 @@ def restore_tab(saved: Any, request: gr.Request) -> tuple[Any, ...]:
     if request and request.query_params.get("run") and not request.query_params.get("tab"):
         wanted = "runs"
     return (gr.Tabs(selected=wanted), *tab_timers(wanted)[:2])
+
+
+def visibility(shown: bool, count: int, always: bool, lang: str) -> Any:
+    """``count`` components shown or hidden (one update, or a list of them); unless ``always``, only for
+    a language other than English."""
+    update = gr.update(visible=shown) if always or lang != DEFAULT_LANGUAGE else gr.skip()
+    return update if count == 1 else [update] * count
 
 
 def known_language(lang: Any) -> str:

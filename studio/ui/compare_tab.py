@@ -16,9 +16,10 @@ from studio.services import compare as compare_svc
 from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
 from studio.ui import charts
-from studio.ui.context import UIContext, parse_id
+from studio.ui.context import UIContext, parse_id, refusal
 from studio.ui.deploy_tab import chat_messages, deployment_choices, message_text
-from studio.ui.i18n import Texts
+from studio.ui.evaluate_tab import EvaluateHandlers, build_compare_evals
+from studio.ui.i18n import Texts, current_language, text
 from studio.ui.runs_tab import run_choices
 from studio.ui.sampling import sampling_controls, sampling_params
 
@@ -30,6 +31,14 @@ SERIES_COLORS = [
     ("#ef4444", "🟥"),
     ("#eab308", "🟨"),
 ]
+# Keeps ?runs=1,2 in the address bar in step with the runs picked, so a reload compares them again.
+URL_JS = """(chosen) => {
+  const url = new URL(window.location.href);
+  const ids = (chosen || []).map(String).filter((s) => s !== "");
+  if (ids.length) { url.searchParams.set("runs", ids.join(",")); } else { url.searchParams.delete("runs"); }
+  window.history.replaceState(null, "", url.toString());
+  return chosen;
+}"""
 FINAL_KEYS_FIRST = ("loss", "eval_loss", "rewards/accuracy", "tokens_per_second", "elapsed_s", "step")
 
 
@@ -128,19 +137,36 @@ class CompareHandlers:
     def refresh(self) -> tuple[Any, Any, Any]:
         """Fresh run and deployment choices."""
         # Choices only: the values are the person's, and this may land after they picked something.
+        lang = current_language()
         items = self.ctx.read(runs_svc.list_runs, default=[])
         deps = self.ctx.read(deployments_svc.list_deployments, default=[])
         return (
-            gr.update(choices=run_choices(items)),
-            gr.update(choices=deployment_choices(deps)),
-            gr.update(choices=deployment_choices(deps)),
+            gr.update(choices=run_choices(items, lang)),
+            gr.update(choices=deployment_choices(deps, lang)),
+            gr.update(choices=deployment_choices(deps, lang)),
         )
+
+    def restore(self, request: gr.Request) -> tuple[Any, Any, Any]:
+        """On page load: fresh choices, and the runs named in ?runs=1,2 picked again (those that exist)."""
+        runs_u, dep_a, dep_b = self.refresh()
+        wanted = request.query_params.get("runs", "") if request else ""
+        known = {value for _, value in runs_u["choices"]}
+        picked = [i for i in (parse_id(w) for w in wanted.split(",")) if i in known]
+        if picked:
+            runs_u["value"] = picked
+        return runs_u, dep_a, dep_b
+
+    def compare_restored(self, chosen: list[Any] | None, metric: str) -> tuple[Any, ...]:
+        """:meth:`compare` for runs restored from the URL; fewer than two change nothing."""
+        if len([c for c in chosen or [] if parse_id(c) is not None]) < 2:
+            return tuple(gr.skip() for _ in range(5))
+        return self.compare(chosen, metric)
 
     def compare(self, chosen: list[Any] | None, metric: str) -> tuple[Any, ...]:
         """(curves, legend, metric dropdown, config diff, final metrics) of two or more runs."""
         ids = [i for i in (parse_id(c) for c in chosen or []) if i is not None]
         if len(ids) < 2:
-            raise gr.Error("Pick two or more runs to compare.")
+            raise refusal(text("cmp.err.two_runs", current_language()))
         result = self.ctx.call(compare_svc.compare_runs, ids)
         names = metric_names(result)
         metric = pick_metric(names, metric)
@@ -155,13 +181,13 @@ class CompareHandlers:
         )
 
     def ab_chat(
-        self, text: str, a: Any, b: Any, temperature: float, ignore_eos: bool, hist_a: list, hist_b: list
+        self, prompt: str, a: Any, b: Any, temperature: float, ignore_eos: bool, hist_a: list, hist_b: list
     ) -> Iterator[tuple[Any, ...]]:
         """Send one prompt to deployments A and B; both replies stream side by side."""
         da, db = parse_id(a), parse_id(b)
-        if not text or da is None or db is None:
-            raise gr.Error("Pick deployments A and B and type a prompt.")
-        histories = _ab_histories(text, hist_a, hist_b)
+        if not prompt or da is None or db is None:
+            raise refusal(text("cmp.err.ab", current_language()))
+        histories = _ab_histories(prompt, hist_a, hist_b)
         params = sampling_params({"temperature": temperature, "ignore_eos": ignore_eos})
         # Both deployments stream at once; deltas arrive on one queue tagged with their side.
         events: queue.Queue[tuple[int, str | None, str | None]] = queue.Queue()
@@ -205,7 +231,14 @@ def _runs_panel(t: Texts) -> dict[str, Any]:
             gr.Button, "cmp.btn", prop="value", variant="primary", elem_id="cmp-btn", scale=1
         )
     curves = t.make(
-        gr.LinePlot, "cmp.curves", x="step", y="value", color="series", height=340, elem_id="cmp-curves"
+        gr.LinePlot,
+        "cmp.curves",
+        x="step",
+        y="value",
+        color="series",
+        height=340,
+        elem_id="cmp-curves",
+        also={"x_title": "plot.step", "y_title": "plot.value", "color_title": "plot.series"},
     )
     legend = gr.Markdown("", elem_id="cmp-legend")
     with gr.Row():
@@ -224,6 +257,7 @@ def _runs_panel(t: Texts) -> dict[str, Any]:
             headers=["metric"],
             interactive=False,
             elem_id="cmp-final",
+            wrap=True,
             max_height=300,
         )
     return {
@@ -268,10 +302,13 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
     t = ctx.texts
     with t.make(gr.Tab, "tab.compare", id="compare") as tab:
         r = _runs_panel(t)
+        evals = build_compare_evals(ctx)  # eval metrics of the compared runs, next to their curves
         ab = _ab_panel(t)
     h = CompareHandlers(ctx)
     compared = [r["curves"], r["legend"], r["metric"], r["diff"], r["final"]]
-    r["compare_btn"].click(h.compare, [r["runs"], r["metric"]], compared)
+    r["compare_btn"].click(h.compare, [r["runs"], r["metric"]], compared).then(
+        EvaluateHandlers(ctx).runs_evals, r["runs"], evals
+    )
     r["metric"].input(h.compare, [r["runs"], r["metric"]], compared)
     ab_inputs = [ab["prompt"], ab["dep_a"], ab["dep_b"], *ab["sampling"].values(), ab["chat_a"], ab["chat_b"]]
     ab_outputs = [ab["prompt"], ab["chat_a"], ab["chat_b"]]
@@ -279,5 +316,11 @@ def build_compare_tab(ctx: UIContext) -> CompareTab:
     ab["prompt"].submit(h.ab_chat, ab_inputs, ab_outputs)
     pickers = [r["runs"], ab["dep_a"], ab["dep_b"]]
     tab.select(h.refresh, None, pickers, show_progress="hidden")
-    ctx.demo.load(h.refresh, None, pickers, show_progress="hidden")
+    # However the runs got picked, the URL follows; a reload picks them again and compares them.
+    r["runs"].change(None, r["runs"], None, js=URL_JS)
+    ctx.demo.load(h.restore, None, pickers, show_progress="hidden").then(
+        h.compare_restored, [r["runs"], r["metric"]], compared, show_progress="hidden"
+    )
+    # The language restored on load rewrites the tables it saw, which may be before the compare above.
+    ctx.on_language(h.compare_restored, [r["runs"], r["metric"]], compared, needs_selection=False)
     return CompareTab(tab=tab, runs=r["runs"])

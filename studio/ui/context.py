@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import gradio as gr
@@ -12,10 +13,26 @@ import gradio as gr
 from studio.config import Settings
 from studio.db import session_scope
 from studio.services.errors import ServiceError
-from studio.ui.i18n import Texts
+from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, current_language, localize_message, text
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def refusal(message: str) -> gr.Error:
+    """The error a handler raises when it cannot do what was asked: its toast says why and stays until the
+    person closes it (the page's CSS hides Gradio's bare "Error" badge on the outputs, so this is the one
+    place the failure shows)."""
+    return gr.Error(message, duration=None, print_exception=False)
+
+
+@dataclass
+class LanguageFollower:
+    """An event run again after a language switch, so text a handler made shows in the new language."""
+
+    fn: Callable[..., Any]
+    inputs: Any
+    outputs: Any
 
 
 @dataclass
@@ -23,14 +40,33 @@ class UIContext:
     settings: Settings
     texts: Texts
     demo: gr.Blocks
+    language_followers: list[LanguageFollower] = field(default_factory=list)
+
+    def on_language(
+        self, fn: Callable[..., Any], inputs: Any, outputs: Any, *, needs_selection: bool = True
+    ) -> None:
+        """Run ``fn(inputs) -> outputs`` after every language switch (and after the language is restored
+        when the page loads). With ``needs_selection``, ``inputs`` start with a selection (an id) and with
+        none it changes nothing (on load it may run before the selection is restored)."""
+        count = len(outputs) if isinstance(outputs, list | tuple) else 1
+
+        def follow(selection: Any, *rest: Any) -> Any:
+            if needs_selection and parse_id(selection) is None:
+                return gr.skip() if count == 1 else tuple(gr.skip() for _ in range(count))
+            result = fn(selection, *rest)
+            # A generator handler (one that says it is busy first) is run to its last value.
+            return deque(result, maxlen=1)[0] if isinstance(result, Iterator) else result
+
+        self.language_followers.append(LanguageFollower(follow, inputs, outputs))
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a service function in its own session; its error message becomes a visible Gradio error."""
+        """Run a service function in its own session; its error message becomes a visible Gradio error (in the
+        session's language where ``i18n.MESSAGE_PATTERNS`` knows it)."""
         try:
             with session_scope(self.settings) as session:
                 return fn(session, *args, **kwargs)
         except ServiceError as e:
-            raise gr.Error(e.message, print_exception=False) from e
+            raise refusal(localize_message(e.message, current_language())) from e
 
     def attempt(
         self, fn: Callable[..., T], *args: Any, **kwargs: Any
@@ -49,7 +85,7 @@ class UIContext:
                 deltas = fn(session, *args, **kwargs)
             yield from deltas
         except ServiceError as e:
-            raise gr.Error(e.message, print_exception=False) from e
+            raise refusal(localize_message(e.message, current_language())) from e
 
     def read(self, fn: Callable[..., T], *args: Any, default: T, **kwargs: Any) -> T:
         """Like :meth:`call` for background refreshes: a failure is logged and ``default`` returned."""
@@ -79,7 +115,7 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def model_choices(models: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def model_choices(models: list[dict[str, Any]], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str]]:
     """``list_models`` entries -> dropdown choices whose values are the refs a RunSpec takes."""
     choices = []
     for m in models:
@@ -90,14 +126,16 @@ def model_choices(models: list[dict[str, Any]]) -> list[tuple[str, str]]:
             size = f" · {_count(m['num_parameters'])}"
             active = m.get("active_parameters")
             if active and active < m["num_parameters"] * 0.9:
-                size += f" ({_count(active)} active)"
+                size += text("model.active", lang, n=_count(active))
             if m.get("kind") == "official" and m.get("weights_bf16_bytes"):
-                size += f" · {m['weights_bf16_bytes'] / 2**30:.1f} GB in bf16"
+                size += text("model.bf16_size", lang, gb=m["weights_bf16_bytes"] / 2**30)
         if m.get("available") or m.get("kind") == "preset":
             tag = " · LoRA" if m.get("adapter") else ""
         else:
-            tag = " · LoRA, base missing" if m.get("adapter") else " · not downloaded"
-        choices.append((f"{label} [{m.get('kind')}]{size}{tag}", ref))
+            tag = text("model.base_missing" if m.get("adapter") else "model.not_downloaded", lang)
+        kind = m.get("kind") or ""
+        kind = text(f"model.kind.{kind}", lang) if f"model.kind.{kind}" in STRINGS else kind
+        choices.append((f"{label} [{kind}]{size}{tag}", ref))
     return choices
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,22 +14,29 @@ import gradio as gr
 import pandas as pd
 from PIL import Image
 
-from engine.data.formats import FORMATS as ENGINE_FORMATS
 from studio.services import datasets as datasets_svc
 from studio.services import models as models_svc
 from studio.services.errors import ServiceError
 from studio.ui import charts
-from studio.ui.context import UIContext, fmt_time, model_choices, parse_id
-from studio.ui.i18n import Texts
+from studio.ui.context import UIContext, fmt_time, model_choices, parse_id, refusal
+from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, text
 
-# "auto" lets the studio detect the format; the rest are the engine's readers.
-FORMATS = ["auto", *ENGINE_FORMATS]
+# "auto" lets the studio detect the format; the rest are the engine's readers and benchmark files.
+FORMATS = ["auto", *datasets_svc.DATASET_FORMATS]
 DATASET_COLUMNS = ["id", "name", "format", "kind", "records", "valid", "problems", "uploaded"]
 PROBLEM_COLUMNS = ["line", "problem"]
-TRAINED = "trained"
-# The legend lists every colour-mapped category, so only "trained" is mapped; DPO previews' "chosen" and
-# "rejected" answers get Gradio's own colours and appear in the legend only when a record has them.
-SPAN_COLORS = {TRAINED: "#f97316"}
+TRAINED_COLOR = "#f97316"
+
+
+def trained_label(lang: str = DEFAULT_LANGUAGE) -> str:
+    """The legend's name for the part that carries loss."""
+    return text("ds.span.trained", lang)
+
+
+def span_colors(lang: str = DEFAULT_LANGUAGE) -> dict[str, str]:
+    """The legend lists every colour-mapped category, so only the trained part is mapped; DPO previews'
+    "chosen" and "rejected" answers get Gradio's own colours and show in the legend only when present."""
+    return {trained_label(lang): TRAINED_COLOR}
 
 
 @dataclass
@@ -63,52 +71,66 @@ def dataset_choices(datasets: list[Any]) -> list[tuple[str, int]]:
 PROBLEM_RE = re.compile(r"^(?P<file>.*?):(?P<line>\d+): (?P<message>.*)$", re.S)
 
 
-def problem_rows(problems: list[Any]) -> pd.DataFrame:
-    """``file:line: message`` strings (or dicts) -> one row per problem, line number in its own column."""
+def problem_rows(problems: list[Any], lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+    """``file:line: message`` strings (or dicts) -> one row per problem, line number in its own column, the
+    message in ``lang`` where ``i18n.MESSAGE_PATTERNS`` knows it."""
     rows = []
     for p in problems or []:
         if isinstance(p, dict):
-            rows.append([p.get("line", ""), p.get("message", "")])
+            rows.append([p.get("line", ""), localize_message(str(p.get("message", "")), lang)])
             continue
         m = PROBLEM_RE.match(str(p))
-        rows.append([int(m["line"]), m["message"]] if m else ["", str(p)])
+        rows.append(
+            [int(m["line"]), localize_message(m["message"], lang)]
+            if m
+            else ["", localize_message(str(p), lang)]
+        )
     return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
 
 
-def summary_markdown(d: Any) -> str:
+def summary_markdown(d: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     bad = d.num_records - d.num_valid
     verdict = (
-        "✅ all records valid"
+        text("ds.msg.all_valid", lang)
         if not (d.problems or [])
-        else f"⚠️ {bad} of {d.num_records} records have problems"
+        else text("ds.msg.some_invalid", lang, bad=bad, records=d.num_records)
     )
-    return (
-        f"**{d.name}** · file `{d.filename}` · {d.size_bytes / 1024:.1f} KiB  \n"
-        f"detected format **{d.format}** · kind **{d.kind}** · {d.num_records} records, {d.num_valid} valid  \n"
-        f"{verdict}"
+    head = text(
+        "ds.msg.summary",
+        lang,
+        name=d.name,
+        filename=d.filename,
+        kib=d.size_bytes / 1024,
+        format=d.format,
+        kind=d.kind,
+        records=d.num_records,
+        valid=d.num_valid,
     )
+    return f"{head}  \n{verdict}"
 
 
-def rendered_spans(spans: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+def rendered_spans(spans: list[dict[str, Any]], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str | None]]:
     """``render_record`` spans -> HighlightedText value: the trained (loss) part highlighted."""
-    return [(s["text"], s.get("label") or (TRAINED if s.get("trained") else None)) for s in spans]
+    trained = trained_label(lang)
+    return [(s["text"], s.get("label") or (trained if s.get("trained") else None)) for s in spans]
 
 
-def stats_markdown(stats: dict[str, Any], max_seq_len: int) -> str:
+def stats_markdown(stats: dict[str, Any], max_seq_len: int, lang: str = DEFAULT_LANGUAGE) -> str:
     """Summary of ``dataset_stats``: lengths, truncated share at ``max_seq_len``, trained share, turns."""
     share = 100.0 * float(stats.get("truncated_share") or 0.0)
-    parts = [f"{stats.get('num_valid', stats.get('num_records', 0))} samples"]
+    parts = [text("ds.msg.stats_samples", lang, n=stats.get("num_valid", stats.get("num_records", 0)))]
     for key in ("mean", "p50", "p95", "max"):
         value = stats.get(f"{key}_length")
         if isinstance(value, int | float):
-            parts.append(f"{key} **{value:.0f}**")
-    lines = [" · ".join(parts) + " tokens"]
-    lines.append(f"**{share:.1f}%** of samples are longer than max_seq_len {max_seq_len} and get truncated")
+            parts.append(f"{text(f'ds.stat.{key}', lang)} **{value:.0f}**")
+    lines = [" · ".join(parts) + text("ds.msg.stats_tokens", lang)]
+    lines.append(text("ds.msg.stats_truncated", lang, share=share, max_seq_len=max_seq_len))
     if isinstance(stats.get("trained_share"), int | float):
-        lines.append(f"{100 * stats['trained_share']:.1f}% of tokens carry loss")
+        lines.append(text("ds.msg.stats_trained", lang, share=100 * stats["trained_share"]))
     turns = stats.get("turns_per_sample")
     if isinstance(turns, dict) and turns:
-        lines.append("turns per sample: " + ", ".join(f"{k}: {v}" for k, v in turns.items()))
+        shown = ", ".join(f"{k}: {v}" for k, v in turns.items())
+        lines.append(text("ds.msg.stats_turns", lang, turns=shown))
     return "  \n".join(lines)
 
 
@@ -117,30 +139,34 @@ def _open_image(path: Path) -> Image.Image:
         return im.convert("RGB")
 
 
-def record_view(page: dict[str, Any], index: int) -> tuple[str, list[tuple[str, str | None]], str]:
+def record_view(
+    page: dict[str, Any], index: int, lang: str = DEFAULT_LANGUAGE
+) -> tuple[str, list[tuple[str, str | None]], str]:
     """A ``preview_dataset`` page of one record -> (position line, highlighted template, raw JSON)."""
     total = page.get("total")
     if not page["records"]:
-        return f"no record #{index + 1} (the file has {total} records)", [], ""
+        return text("ds.msg.no_record", lang, n=index + 1, total=total), [], ""
     spans = (page.get("rendered") or [None])[0]
-    position = f"record **{index + 1}** of {total if total is not None else '?'}"
+    position = text("ds.msg.position", lang, n=index + 1, total=total if total is not None else "?")
     if spans:
-        highlighted = rendered_spans(spans)
+        highlighted = rendered_spans(spans, lang)
     else:
-        highlighted = [
-            (page.get("render_error") or "pick a tokenizer model to render the chat template", None)
-        ]
+        highlighted = [(page.get("render_error") or text("ds.msg.pick_tokenizer", lang), None)]
     return position, highlighted, json.dumps(page["records"][0], ensure_ascii=False, indent=2)
 
 
-def rejected_upload(filename: str, err: ServiceError) -> tuple[str, pd.DataFrame]:
+def rejected_upload(
+    filename: str, err: ServiceError, lang: str = DEFAULT_LANGUAGE
+) -> tuple[str, pd.DataFrame]:
     """A refused upload's headline and its problems, one row per line, shown next to the upload."""
     details = err.details if isinstance(err.details, dict) else {}
     found = details.get("problems") or [err.message]
-    head = f"❌ **{filename} was not added.** {len(found)} problem(s)"
+    head = text("ds.msg.not_added", lang, filename=filename, n=len(found))
     if details.get("format"):
-        head += f" — detected format **{details['format']}** ({details.get('kind')})"
-    return head, problem_rows(found)
+        head += text(
+            "ds.msg.not_added_format", lang, format=details["format"], kind=details.get("kind") or "?"
+        )
+    return head, problem_rows(found, lang)
 
 
 def previous_record(index: Any) -> int:
@@ -164,6 +190,12 @@ class DatasetsHandlers:
         value = keep if keep in {d.id for d in items} else (items[0].id if items else None)
         return gr.update(choices=dataset_choices(items), value=value), dataset_rows(items)
 
+    def relabel_list(self, current: Any) -> tuple[Any, pd.DataFrame]:
+        """The table and choices again (after a language switch), the picked dataset kept."""
+        update, rows = self.refresh_list(current)
+        update.pop("value", None)
+        return update, rows
+
     def on_select(self, current: Any) -> tuple[Any, pd.DataFrame]:
         update, rows = self.refresh_list(current)
         if parse_id(current) is not None:
@@ -177,30 +209,46 @@ class DatasetsHandlers:
             return "", problem_rows([]), 0, did, "", charts.empty_histogram()
         d, err = self.ctx.attempt(datasets_svc.get_dataset, did)
         if err is not None:
-            return f"⚠️ {err.message}", problem_rows([]), 0, None, "", charts.empty_histogram()
-        return summary_markdown(d), problem_rows(d.problems), 0, did, "", charts.empty_histogram()
+            shown = localize_message(err.message, current_language())
+            return f"⚠️ {shown}", problem_rows([]), 0, None, "", charts.empty_histogram()
+        lang = current_language()
+        return summary_markdown(d, lang), problem_rows(d.problems, lang), 0, did, "", charts.empty_histogram()
+
+    def show_summary(self, dataset_id: Any) -> str:
+        """The picked dataset's summary alone (after a language switch)."""
+        did = parse_id(dataset_id)
+        d = self.ctx.read(datasets_svc.get_dataset, did, default=None) if did is not None else None
+        return summary_markdown(d, current_language()) if d is not None else gr.skip()
 
     def show_record(self, dataset_id: Any, index: Any, model: str | None) -> tuple[Any, ...]:
         """(position, rendered template, raw JSON, images) of record ``index``."""
+        lang = current_language()
         did = parse_id(dataset_id)
+        colors = span_colors(lang)
         if did is None:
-            return "", [], "", gr.update(value=None, visible=False)
+            return "", gr.update(value=[], color_map=colors), "", gr.update(value=None, visible=False)
         idx = max(int(index or 0), 0)
         page = self._preview_page(did, idx, model)
-        position, highlighted, raw = record_view(page, idx)
+        position, highlighted, raw = record_view(page, idx, lang)
+        rendered = gr.update(value=highlighted, color_map=colors)
         if not page["records"]:
-            return position, highlighted, raw, gr.update(value=None, visible=False)
-        return position, highlighted, raw, self._record_gallery(did, page["records"][0])
+            return position, rendered, raw, gr.update(value=None, visible=False)
+        return position, rendered, raw, self._record_gallery(did, page["records"][0])
 
     def _preview_page(self, did: int, idx: int, model: str | None) -> dict[str, Any]:
         ctx = self.ctx
+        ds = ctx.read(datasets_svc.get_dataset, did, default=None)
+        if ds is not None and ds.kind == datasets_svc.BENCHMARK:  # nothing to render: the raw question
+            page = ctx.call(datasets_svc.preview_dataset, ctx.settings, did, offset=idx, limit=1)
+            page["render_error"] = text("ds.msg.benchmark_render", current_language(), format=ds.format)
+            return page
         page, err = ctx.attempt(
             datasets_svc.preview_dataset, ctx.settings, did, offset=idx, limit=1, render_with=model or None
         )
         if err is not None:
             # Rendering needs the tokenizer; show the raw record even when the model cannot be loaded.
             page = ctx.call(datasets_svc.preview_dataset, ctx.settings, did, offset=idx, limit=1)
-            page["render_error"] = err.message
+            page["render_error"] = localize_message(err.message, current_language())
         return page
 
     def _record_gallery(self, did: int, record: Any) -> Any:
@@ -212,8 +260,9 @@ class DatasetsHandlers:
 
     def upload(self, path: str | None, name_value: str, format_value: str) -> tuple[Any, ...]:
         """(result, problems, summary, dropdown, table, file, name) after validating an upload."""
+        lang = current_language()
         if not path:
-            raise gr.Error("Choose a .jsonl, .json or .zip file first.")
+            raise refusal(text("ds.err.no_file", lang))
         ctx = self.ctx
         filename = Path(path).name
         d, err = ctx.attempt(
@@ -226,14 +275,14 @@ class DatasetsHandlers:
         )
         items = ctx.read(datasets_svc.list_datasets, default=[])
         if err is not None:
-            head, problems = rejected_upload(filename, err)
+            head, problems = rejected_upload(filename, err, lang)
             choices = gr.update(choices=dataset_choices(items))
             return head, problems, "", choices, dataset_rows(items), gr.update(), gr.update()
-        gr.Info(f"{d.name}: {d.num_records} records, format {d.format}.")
+        gr.Info(text("ds.msg.added_info", lang, name=d.name, records=d.num_records, format=d.format))
         return (
-            f"✅ added **{d.name}** — detected format **{d.format}** ({d.kind}), {d.num_records} records",
-            problem_rows(d.problems),
-            summary_markdown(d),
+            text("ds.msg.added", lang, name=d.name, format=d.format, kind=d.kind, records=d.num_records),
+            problem_rows(d.problems, lang),
+            summary_markdown(d, lang),
             gr.update(choices=dataset_choices(items), value=d.id),
             dataset_rows(items),
             None,
@@ -241,27 +290,53 @@ class DatasetsHandlers:
         )
 
     def compute_stats(self, dataset_id: Any, model: str, seq_len: Any) -> tuple[str, pd.DataFrame]:
+        lang = current_language()
         did = parse_id(dataset_id)
         if did is None:
-            raise gr.Error("Pick a dataset first.")
+            raise refusal(text("ds.err.no_dataset", lang))
         if not model:
-            raise gr.Error("Pick the model whose tokenizer should count the tokens.")
+            raise refusal(text("ds.err.no_model", lang))
         seq = int(seq_len or 512)
         stats = self.ctx.call(
             datasets_svc.dataset_stats, self.ctx.settings, did, model=model, max_seq_len=seq
         )
-        return stats_markdown(stats, seq), charts.histogram_frame(stats)
+        return stats_markdown(stats, seq, lang), charts.histogram_frame(stats)
+
+    def auto_stats(self, dataset_id: Any, model: str | None, seq_len: Any) -> Iterator[tuple[Any, Any]]:
+        """Token lengths of the dataset just shown or uploaded, without a click: a line saying they are being
+        counted first (a large file takes a while; the page stays usable), then the numbers. A failure (say,
+        the tokenizer's model is missing) is shown in the stats box instead of as an error."""
+        lang = current_language()
+        did = parse_id(dataset_id)
+        d = self.ctx.read(datasets_svc.get_dataset, did, default=None) if did is not None else None
+        if d is None or not model:
+            yield gr.skip(), gr.skip()
+            return
+        if d.kind == datasets_svc.BENCHMARK:
+            yield text("ds.msg.benchmark_stats", lang, format=d.format), charts.empty_histogram()
+            return
+        seq = int(seq_len or 512)
+        yield text("ds.msg.stats_counting", lang, records=d.num_records, model=model), gr.skip()
+        stats, err = self.ctx.attempt(
+            datasets_svc.dataset_stats, self.ctx.settings, did, model=model, max_seq_len=seq
+        )
+        if err is not None:
+            yield f"⚠️ {localize_message(err.message, lang)}", charts.empty_histogram()
+            return
+        yield stats_markdown(stats, seq, lang), charts.histogram_frame(stats)
 
     def delete(self, dataset_id: Any) -> tuple[Any, ...]:
+        lang = current_language()
         did = parse_id(dataset_id)
         if did is None:
-            raise gr.Error("Pick a dataset to delete.")
+            raise refusal(text("ds.err.no_dataset_delete", lang))
         self.ctx.call(datasets_svc.delete_dataset, self.ctx.settings, did)
-        gr.Info(f"Deleted dataset #{did}.")
+        gr.Info(text("ds.msg.deleted", lang, id=did))
         return self.refresh_list(None)
 
     def refresh_models(self, current: str | None) -> Any:
-        choices = model_choices(self.ctx.read(models_svc.list_models, self.ctx.settings, default=[]))
+        models = self.ctx.read(models_svc.list_models, self.ctx.settings, default=[])
+        choices = model_choices(models, current_language())
         return gr.update(choices=choices, value=current or (choices[0][1] if choices else None))
 
 
@@ -271,7 +346,11 @@ class DatasetsHandlers:
 def _upload_column(t: Texts) -> dict[str, Any]:
     """Upload form, the dataset picker and the list of datasets."""
     upload = t.make(
-        gr.File, "ds.upload", file_types=[".jsonl", ".json", ".zip"], elem_id="ds-upload", height=120
+        gr.File,
+        "ds.upload",
+        file_types=[".jsonl", ".json", ".zip", ".csv", ".tsv"],
+        elem_id="ds-upload",
+        height=120,
     )
     with gr.Row():
         name = t.make(gr.Textbox, "ds.name", elem_id="ds-name")
@@ -287,6 +366,7 @@ def _upload_column(t: Texts) -> dict[str, Any]:
         headers=DATASET_COLUMNS,
         interactive=False,
         elem_id="ds-table",
+        wrap=True,
         max_height=260,
     )
     delete = t.make(gr.Button, "ds.delete", prop="value", variant="stop", size="sm", elem_id="ds-delete")
@@ -317,7 +397,7 @@ def _record_browser(t: Texts) -> dict[str, Any]:
         with t.make(gr.Tab, "ds.view.rendered", id="rendered"):
             rendered = gr.HighlightedText(
                 show_label=False,
-                color_map=SPAN_COLORS,
+                color_map=span_colors(),
                 show_legend=True,
                 combine_adjacent=True,
                 elem_id="ds-rendered",
@@ -368,6 +448,7 @@ def _stats_box(t: Texts) -> dict[str, Any]:
             height=260,
             x_label_angle=-45,
             elem_id="ds-histogram",
+            also={"x_title": "plot.tokens", "y_title": "plot.samples"},
         )
     return {"max_seq_len": max_seq_len, "stats_btn": stats_btn, "stats_md": stats_md, "histogram": histogram}
 
@@ -411,16 +492,22 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
     )
     c["refresh"].click(h.refresh_list, selected, [selected, table])
     shown = [c["summary"], c["problems"], c["offset"], selected_state, c["stats_md"], c["histogram"]]
-    selected.change(h.show_dataset, selected, shown).then(h.show_record, *record_io)
+    stats_io = ([selected, c["tokenizer_model"], c["max_seq_len"]], [c["stats_md"], c["histogram"]])
+    # Token lengths follow every dataset shown (a pick, an upload, a restore) without a click.
+    selected.change(h.show_dataset, selected, shown).then(h.show_record, *record_io).then(
+        h.auto_stats, *stats_io, show_progress="hidden"
+    )
     c["tokenizer_model"].input(h.show_record, *record_io)
     c["offset"].submit(h.show_record, *record_io)
     c["prev_btn"].click(previous_record, c["offset"], c["offset"]).then(h.show_record, *record_io)
     c["next_btn"].click(next_record, c["offset"], c["offset"]).then(h.show_record, *record_io)
-    c["stats_btn"].click(
-        h.compute_stats,
-        [selected, c["tokenizer_model"], c["max_seq_len"]],
-        [c["stats_md"], c["histogram"]],
-    )
+    c["stats_btn"].click(h.compute_stats, *stats_io)
+    # After a language switch, the text made at run time is made again in the new language.
+    ctx.on_language(h.relabel_list, selected, [selected, table])
+    ctx.on_language(h.show_summary, selected, c["summary"])
+    ctx.on_language(h.show_record, *record_io)
+    ctx.on_language(h.auto_stats, *stats_io)
+    ctx.on_language(h.refresh_models, c["tokenizer_model"], c["tokenizer_model"], needs_selection=False)
     c["delete"].click(h.delete, selected, [selected, table])
     tab.select(h.on_select, selected, [selected, table], show_progress="hidden")
     # On page load the dataset the person had open before a refresh (browser state) comes back.

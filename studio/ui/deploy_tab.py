@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,9 @@ from PIL import Image
 from studio.models import RunStatus
 from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
-from studio.ui.context import UIContext, echo, fmt_time, parse_id
-from studio.ui.i18n import Texts, current_language, text
+from studio.services.errors import ServiceError
+from studio.ui.context import UIContext, echo, fmt_time, parse_id, refusal
+from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, status_text, text
 from studio.ui.sampling import sampling_controls, sampling_params
 
 DEPLOYMENT_COLUMNS = ["id", "name", "status", "backend", "url", "model", "started"]
@@ -28,6 +31,28 @@ MAX_IMAGE_MB = 20
 MAX_IMAGE_BYTES = MAX_IMAGE_MB * 2**20
 # The message box's value once a turn is taken: no text, no attachments.
 EMPTY_MESSAGE: dict[str, Any] = {"text": "", "files": []}
+# A streamed reply reaches the page a few times a second, not once per token: the browser renders the whole
+# message (markdown) again on every update, and one update per token kept a 1,000-token reply's page busy for
+# 10-20 s. The pause grows with the reply, as each render costs more (on a loaded 2-core node a 2,000-
+# character reply took up to 0.8 s to render).
+STREAM_UPDATE_S = 0.2
+STREAM_UPDATE_MAX_S = 1.0
+STREAM_CHARS_PER_EXTRA_S = 8000
+
+
+def update_pause(shown_chars: int) -> float:
+    """Seconds between two updates of a streaming reply that already shows ``shown_chars`` characters."""
+    return min(STREAM_UPDATE_S + shown_chars / STREAM_CHARS_PER_EXTRA_S, STREAM_UPDATE_MAX_S)
+
+
+# Keeps ?deployment=N in the address bar in step with the picked deployment, so a reload shows it again.
+URL_JS = """(depId) => {
+  const url = new URL(window.location.href);
+  if (depId === null || depId === undefined || depId === "") { url.searchParams.delete("deployment"); }
+  else { url.searchParams.set("deployment", String(depId)); }
+  window.history.replaceState(null, "", url.toString());
+  return depId;
+}"""
 
 
 @dataclass
@@ -40,16 +65,16 @@ class DeployTab:
     refresh_outputs: list[Any]
 
 
-def deployment_choices(deps: list[Any]) -> list[tuple[str, int]]:
-    return [(f"#{d.id} {d.name} · {d.status}", d.id) for d in deps]
+def deployment_choices(deps: list[Any], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, int]]:
+    return [(f"#{d.id} {d.name} · {status_text(d.status, lang)}", d.id) for d in deps]
 
 
-def deployment_rows(deps: list[Any]) -> pd.DataFrame:
+def deployment_rows(deps: list[Any], lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
     rows = [
         [
             d.id,
             d.name,
-            f"{STATUS_ICONS.get(d.status, '')} {d.status}",
+            f"{STATUS_ICONS.get(d.status, '')} {status_text(d.status, lang)}",
             d.backend,
             d.url or "",
             d.model_dir,
@@ -60,14 +85,29 @@ def deployment_rows(deps: list[Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=DEPLOYMENT_COLUMNS)
 
 
-def deployment_status(dep: Any) -> str:
+def deployment_status(dep: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     icon = STATUS_ICONS.get(dep.status, "")
-    text = f"**{icon} #{dep.id} {dep.name} — {dep.status}**"
+    shown = f"**{icon} #{dep.id} {dep.name} — {status_text(dep.status, lang)}**"
     if dep.url:
-        text += f" · `{dep.url}` (OpenAI-compatible, model `default`)"
+        shown += text("dep.msg.endpoint", lang, url=dep.url)
     if dep.error:
-        text += f"\n\n❌ `{dep.error.strip().splitlines()[-1][:400]}`"
-    return text
+        shown += f"\n\n❌ `{dep.error.strip().splitlines()[-1][:400]}`"
+    return shown
+
+
+def wanted_deployment(deps: list[Any], *candidates: Any, run_id: Any = None) -> int | None:
+    """The deployment to show: the first candidate (dropdown, ?deployment=N, browser storage) that still
+    exists, else a running deployment of ``run_id`` (?run=N), else the newest running one."""
+    known = {d.id for d in deps}
+    for candidate in candidates:
+        did = parse_id(candidate)
+        if did in known:
+            return did
+    running = [d for d in deps if d.status == RunStatus.RUNNING.value]
+    rid = parse_id(run_id)
+    of_run = [d for d in running if rid is not None and getattr(d, "run_id", None) == rid]
+    pick = max(of_run or running, key=lambda d: d.id, default=None)
+    return pick.id if pick is not None else None
 
 
 def message_text(content: Any) -> str:
@@ -120,11 +160,11 @@ def image_data_url(path: str | Path, lang: str = "en") -> str:
         data = Path(path).read_bytes()
         mime = image_mime(path)
     except FileNotFoundError:
-        raise gr.Error(text("dep.err.image_gone", lang).format(name=name), print_exception=False) from None
+        raise refusal(text("dep.err.image_gone", lang).format(name=name)) from None
     except (OSError, ValueError, Image.DecompressionBombError):
         mime = None
     if not mime:
-        raise gr.Error(text("dep.err.not_image", lang).format(name=name), print_exception=False)
+        raise refusal(text("dep.err.not_image", lang).format(name=name))
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
@@ -177,10 +217,10 @@ def user_turn(
     else:
         words, files = message or "", []
     if not words.strip() and not files:
-        raise gr.Error(text("dep.err.empty", lang), print_exception=False)
+        raise refusal(text("dep.err.empty", lang))
     problem = turn_problem(files, history, reads_images, lang)
     if problem:
-        raise gr.Error(problem, print_exception=False)
+        raise refusal(problem)
     if not files:
         return EMPTY_MESSAGE, [*history, {"role": "user", "content": words}]
     content: list[dict[str, Any]] = [
@@ -200,18 +240,33 @@ def empty_chat() -> list[dict[str, Any]]:
     return []
 
 
+def _url_params(request: gr.Request | None) -> tuple[Any, Any]:
+    """(?deployment=N, ?run=N) of the page's address."""
+    if request is None:
+        return None, None
+    return request.query_params.get("deployment"), request.query_params.get("run")
+
+
 class DeployHandlers:
     """The Deploy & Chat tab's event handlers: component values in, plain values out."""
 
     def __init__(self, ctx: UIContext):
         self.ctx = ctx
+        # When each browser session last pressed Stop (monotonic seconds), by Gradio session hash: a reply
+        # streaming since before then ends at its next token and closes its request to the model server.
+        self._stopped_at: dict[str, float] = {}
+        self._lock = threading.Lock()
 
-    def refresh(self, run_value: Any, current: Any) -> tuple[Any, ...]:
-        """(finished-run dropdown, deployments table, deployment dropdown, status) keeping valid picks."""
+    def refresh(self, run_value: Any, current: Any, *candidates: Any, run_id: Any = None) -> tuple[Any, ...]:
+        """(finished-run dropdown, deployments table, deployment dropdown, status) keeping valid picks;
+        with nothing picked, the first of ``candidates`` that exists, else a running deployment."""
+        lang = current_language()
         finished = self.ctx.read(runs_svc.list_runs, status=RunStatus.SUCCEEDED.value, default=[])
         deps = self.ctx.read(deployments_svc.list_deployments, default=[])
-        keep = parse_id(current)
-        value = keep if keep in {d.id for d in deps} else None
+        if parse_id(current) is None and not candidates and run_id is None:
+            value = None
+        else:
+            value = wanted_deployment(deps, current, *candidates, run_id=run_id)
         dep = next((d for d in deps if d.id == value), None)
         run_keep = parse_id(run_value)
         return (
@@ -219,20 +274,37 @@ class DeployHandlers:
                 choices=[(f"#{r.id} {r.name}", r.id) for r in finished],
                 value=run_keep if run_keep in {r.id for r in finished} else None,
             ),
-            deployment_rows(deps),
-            gr.update(choices=deployment_choices(deps), value=value),
-            deployment_status(dep) if dep else "",
+            deployment_rows(deps, lang),
+            gr.update(choices=deployment_choices(deps, lang), value=value),
+            deployment_status(dep, lang) if dep else "",
         )
 
-    def on_select(self, run_value: Any, current: Any, saved: Any) -> tuple[Any, ...]:
-        """Opening the tab keeps the shown deployment, else the one in browser storage."""
-        return self.refresh(run_value, parse_id(current) or parse_id(saved))
+    def restore(self, run_value: Any, saved: Any, request: gr.Request) -> tuple[Any, ...]:
+        """On page load: the deployment in ?deployment=N, else the one in browser storage, else a running
+        deployment of ?run=N, else the newest running one."""
+        url_dep, url_run = _url_params(request)
+        return self.refresh(run_value, None, url_dep, saved, run_id=url_run)
 
-    def tick(self, run_value: Any, current: Any, saved: Any, shown: list | None) -> tuple[Any, ...]:
+    def on_select(self, run_value: Any, current: Any, saved: Any, request: gr.Request) -> tuple[Any, ...]:
+        """Opening the tab keeps the shown deployment, else as :meth:`restore`."""
+        url_dep, url_run = _url_params(request)
+        return self.refresh(run_value, current, url_dep, saved, run_id=url_run)
+
+    def relabel(self, current: Any, run_value: Any) -> tuple[Any, ...]:
+        """After a language switch: the table, choices and status line in the new language (values kept)."""
+        run_u, rows, dep_u, md = self.refresh(run_value, current)
+        run_u.pop("value", None)
+        dep_u.pop("value", None)
+        return run_u, rows, dep_u, md
+
+    def tick(
+        self, run_value: Any, current: Any, saved: Any, shown: list | None, request: gr.Request
+    ) -> tuple[Any, ...]:
         """The timer's refresh: as :meth:`refresh`, plus the choices now shown."""
         # As in the Runs tab: a tick never overrides a value the dropdowns already have (it may be stale by
-        # the time it lands), fills an empty deployment from browser storage, and skips unchanged choices.
-        run_u, rows, dep_u, md = self.refresh(run_value, parse_id(current) or parse_id(saved))
+        # the time it lands), fills an empty deployment as a page load does, and skips unchanged choices.
+        url_dep, url_run = _url_params(request)
+        run_u, rows, dep_u, md = self.refresh(run_value, current, url_dep, saved, run_id=url_run)
         sig = [[list(c) for c in run_u["choices"]], [list(c) for c in dep_u["choices"]]]
         same = shown is not None and sig == shown
         if parse_id(run_value) is not None or same:
@@ -245,19 +317,21 @@ class DeployHandlers:
 
     def deploy(self, run_id: Any) -> tuple[Any, ...]:
         """(table, deployment dropdown, status, browser state) after starting a deployment of ``run_id``."""
+        lang = current_language()
         rid = parse_id(run_id)
         if rid is None:
-            raise gr.Error("Pick a finished run to deploy.")
+            raise refusal(text("dep.err.no_run", lang))
         spec = deployments_svc.DeploymentSpec(run_id=rid)
         dep = self.ctx.call(deployments_svc.create_deployment, self.ctx.settings, spec)
-        gr.Info(f"Deployment #{dep.id} is starting.")
+        gr.Info(text("dep.msg.starting", lang, id=dep.id))
         return (*self.refresh(rid, dep.id)[1:], dep.id)
 
     def stop(self, current: Any) -> str:
+        lang = current_language()
         did = parse_id(current)
         if did is None:
-            raise gr.Error("Pick a deployment to stop.")
-        return deployment_status(self.ctx.call(deployments_svc.stop_deployment, did))
+            raise refusal(text("dep.err.no_stop", lang))
+        return deployment_status(self.ctx.call(deployments_svc.stop_deployment, did), lang)
 
     def take_turn(
         self, message: dict[str, Any] | None, history: list[dict[str, Any]], dep_id: Any
@@ -266,7 +340,9 @@ class DeployHandlers:
         lang = current_language()
         did = parse_id(dep_id)
         if did is None:
-            raise gr.Error(text("dep.err.no_deployment", lang), print_exception=False)
+            raise refusal(text("dep.err.no_deployment", lang))
+        # Checked before the message leaves the box: a deployment that is not running keeps it there.
+        self.ctx.call(deployments_svc.chat_url, did)
         reads_images = self.ctx.call(deployments_svc.deployment_reads_images, did)
         return user_turn(message, history or [], reads_images, lang)
 
@@ -296,12 +372,20 @@ class DeployHandlers:
         max_tokens: float,
         seed: float | None,
         ignore_eos: bool,
+        request: gr.Request | None = None,
     ) -> Iterator[list[dict[str, Any]]]:
-        """Stream the deployment's reply into the history's last message."""
+        """Stream the deployment's reply into the history's last message, a few updates a second
+        (:func:`update_pause`).
+
+        Stop ends it at the next token and closes the request, so the model server stops generating. A
+        failure is written into the reply and shown as a notice; the asked message stays in the chat.
+        """
         lang = current_language()
+        session = getattr(request, "session_hash", None) or ""
+        started = time.monotonic()
         did = parse_id(dep_id)
         if did is None:
-            raise gr.Error(text("dep.err.no_deployment", lang), print_exception=False)
+            raise refusal(text("dep.err.no_deployment", lang))
         sampling = {
             "temperature": temperature,
             "top_p": top_p,
@@ -311,9 +395,37 @@ class DeployHandlers:
         }
         body = {"messages": chat_messages(sys_prompt, history, lang), **sampling_params(sampling)}
         history = [*history, {"role": "assistant", "content": ""}]
-        for delta in self.ctx.stream(deployments_svc.chat_stream, did, body):
-            history[-1]["content"] += delta
-            yield history
+        deltas = self.ctx.stream(deployments_svc.chat_stream, did, body)
+        shown_at = 0.0
+        try:
+            for delta in deltas:
+                history[-1]["content"] += delta
+                if self._stop_requested(session, started):
+                    break
+                now = time.monotonic()
+                if now - shown_at >= update_pause(len(history[-1]["content"])):
+                    shown_at = now
+                    yield history
+        except (gr.Error, ServiceError, OSError) as e:
+            message = getattr(e, "message", None) or str(e)
+            notice = text("dep.err.reply_failed", lang, message=message)
+            gr.Warning(notice, duration=None)
+            history[-1]["content"] += f"\n\n⚠️ {notice}"
+        finally:
+            deltas.close()  # ends the HTTP request, so the model server stops generating
+        yield history
+
+    def stop_reply(self, request: gr.Request) -> None:
+        """Stop: the reply streaming in this browser session ends at its next token."""
+        session = getattr(request, "session_hash", None) or ""
+        with self._lock:
+            self._stopped_at[session] = time.monotonic()
+            if len(self._stopped_at) > 10_000:
+                self._stopped_at.pop(next(iter(self._stopped_at)))
+
+    def _stop_requested(self, session: str, started: float) -> bool:
+        with self._lock:
+            return self._stopped_at.get(session, -1.0) >= started
 
 
 # ---- layout ----------------------------------------------------------------------------------------------
@@ -330,6 +442,7 @@ def _deployments_panel(t: Texts) -> dict[str, Any]:
         headers=DEPLOYMENT_COLUMNS,
         interactive=False,
         elem_id="dep-table",
+        wrap=True,
         max_height=200,
     )
     with gr.Row(equal_height=True):
@@ -408,14 +521,17 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
     _wire_chat(h, c, selected)
     d["deploy"].click(h.deploy, run, [d["table"], selected, d["status"], selected_state])
     selected.input(h.refresh, [run, selected], refresh_outputs, show_progress="hidden")
-    # However the deployment got selected (a click, a deploy, a restore), browser storage follows it.
-    selected.change(echo, selected, selected_state, show_progress="hidden")
+    # However the deployment got selected (a click, a deploy, a restore), browser storage and the URL follow.
+    selected.change(echo, selected, selected_state, show_progress="hidden").then(
+        None, selected, None, js=URL_JS
+    )
     d["stop_dep"].click(h.stop, selected, d["status"])
     timer.tick(
         h.tick, [run, selected, selected_state, shown], [*refresh_outputs, shown], show_progress="hidden"
     )
     tab.select(h.on_select, [run, selected, selected_state], refresh_outputs, show_progress="hidden")
-    ctx.demo.load(h.refresh, [run, selected_state], refresh_outputs, show_progress="hidden")
+    ctx.demo.load(h.restore, [run, selected_state], refresh_outputs, show_progress="hidden")
+    ctx.on_language(h.relabel, [selected, run], refresh_outputs)
     return DeployTab(
         tab=tab,
         run=run,
@@ -443,7 +559,11 @@ def _wire_chat(h: DeployHandlers, c: dict[str, Any], selected: gr.Dropdown) -> N
         .success(h.take_turn, turn, [message, chatbot])
         .success(h.bot_turn, chat_inputs, chatbot)
     )
-    c["stop_gen"].click(None, None, None, cancels=[sent, submitted])
+    # Stop is answered at once (no queue): the streaming reply sees it at its next token and ends, closing
+    # its request; the cancel also ends a reply that waits on a silent server.
+    c["stop_gen"].click(h.stop_reply, None, None, queue=False).then(
+        None, None, None, cancels=[sent, submitted]
+    )
     c["clear"].click(empty_chat, None, chatbot, cancels=[sent, submitted])
     # However the deployment got picked (a click, a deploy, a restore), the box offers 📎 only for VL models.
     selected.change(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +18,9 @@ import gradio as gr
 import pandas as pd
 from gradio.context import LocalContext
 
-from engine.data.formats import FORMATS
-from engine.train.config import TrainConfig, field_info
+from engine.data.formats import FORMATS, KINDS
+from engine.eval.config import BENCHMARK_TYPES
+from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig, field_info
 
 LANGUAGES = {"en": "English", "zh": "中文"}
 DEFAULT_LANGUAGE = "en"
@@ -40,16 +42,17 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tab.nodes": ("Nodes", "节点"),
     # datasets
     "ds.upload": (
-        "Upload a dataset (.jsonl / .json, or a .zip with its images)",
-        "上传数据集（.jsonl / .json，或含图片的 .zip）",
+        "Upload a dataset (.jsonl / .json, a .zip with its images, or a benchmark .csv)",
+        "上传数据集（.jsonl / .json、含图片的 .zip，或基准测试 .csv）",
     ),
     "ds.images": ("Images in this record", "本条记录中的图片"),
     "ds.name": ("Name", "名称"),
     "ds.name.info": ("Defaults to the file name.", "默认使用文件名。"),
     "ds.format": ("Format", "格式"),
     "ds.format.info": (
-        f"auto detects {' / '.join(FORMATS)} from the first records.",
-        f"auto 会根据前几条记录自动识别 {' / '.join(FORMATS)}。",
+        f"auto detects {' / '.join(FORMATS)} and the benchmark files {' / '.join(BENCHMARK_TYPES)} from the "
+        "first records.",
+        f"auto 会根据前几条记录自动识别 {' / '.join(FORMATS)} 以及基准测试文件 {' / '.join(BENCHMARK_TYPES)}。",
     ),
     "ds.upload_btn": ("Upload and validate", "上传并校验"),
     "ds.list": ("Datasets", "数据集列表"),
@@ -157,8 +160,29 @@ STRINGS: dict[str, tuple[str, str]] = {
         "单个 safetensors 文件的上限，如 5GB 或 500MB（只写数字表示 GB）。",
     ),
     "runs.export_btn": ("Start export", "开始导出"),
+    "runs.family": (
+        "Elastic family: sub-models this run trained (click a row to pick that member, then export it or "
+        "export and deploy it in one click)",
+        "弹性模型家族：本次训练得到的子模型（点击一行选择该成员，再导出，或一键导出并部署）",
+    ),
+    "runs.family_plot": (
+        "Size against quality: eval loss by active weights",
+        "规模与质量：各成员的验证损失与激活参数量",
+    ),
+    "runs.export_member": ("Elastic member (empty: the whole model)", "弹性成员（留空：完整模型）"),
+    "runs.export_member.info": (
+        "d<depth>-e<experts>-k<top-k>: a smaller model cut out of the elastic run, no training needed.",
+        "d<层数>-e<专家数>-k<top-k>：从弹性训练中直接裁出的小模型，无需再训练。",
+    ),
+    "runs.member_deploy": ("Export and deploy this member", "导出并部署该成员"),
     "runs.exports": ("Exports (listed among base models when done)", "导出结果（完成后出现在基础模型中）"),
     "runs.deploy_btn": ("Deploy this run", "部署该任务"),
+    "runs.gguf_pick": ("GGUF file to serve", "要部署的 GGUF 文件"),
+    "runs.gguf_pick.info": (
+        "Served by llama.cpp; empty picks the newest export's q8_0.",
+        "由 llama.cpp 提供服务；留空则使用最新导出的 q8_0。",
+    ),
+    "runs.gguf_deploy": ("Deploy GGUF (llama.cpp)", "部署 GGUF（llama.cpp）"),
     "runs.action": ("Last action", "最近操作"),
     "runs.config": ("Config", "配置"),
     # compare
@@ -281,6 +305,16 @@ STRINGS: dict[str, tuple[str, str]] = {
     "col.dtype": ("dtype", "精度"),
     "col.perplexity": ("perplexity", "困惑度"),
     "col.model dir": ("model dir", "模型目录"),
+    "col.member": ("member", "成员"),
+    "col.depth": ("depth", "层数"),
+    "col.experts": ("experts", "专家数"),
+    "col.top-k": ("top-k", "每词专家数"),
+    "col.weights": ("weights", "参数量"),
+    "col.active weights": ("active weights", "激活参数量"),
+    "col.steps": ("steps", "训练步数"),
+    "col.eval loss": ("eval loss", "验证损失"),
+    "col.decode tok/s": ("decode tok/s", "解码速度 (token/s)"),
+    "col.deployment": ("deployment", "部署状态"),
     "col.key": ("key", "配置项"),
     "col.metric": ("metric", "指标"),
     "col.backend": ("backend", "后端"),
@@ -299,7 +333,522 @@ STRINGS: dict[str, tuple[str, str]] = {
     "col.result": ("result", "结果"),
     "col.detail": ("detail", "详情"),
     "col.seconds": ("seconds", "耗时（秒）"),
+    # evaluate (studio/ui/evaluate_tab.py)
+    "tab.evaluate": ("Evaluate", "评测"),
+    "ev.new": ("New evaluation", "新建评测"),
+    "ev.models": ("Models", "模型"),
+    "ev.models.info": (
+        "Base models, run results (run:<id>) and exports.",
+        "基座模型、训练结果（run:<id>）和导出模型。",
+    ),
+    "ev.datasets": ("Eval datasets", "评测数据集"),
+    "ev.datasets.info": (
+        "Chat records (each record's last answer is the reference) or benchmark files (multiple choice, "
+        "GSM8K).",
+        "对话记录（每条记录的最后一个回答作为参考答案）或基准测试文件（多项选择、GSM8K）。",
+    ),
+    "ev.metrics": ("Metrics", "指标"),
+    "ev.max_new_tokens": ("Max new tokens", "最大生成长度"),
+    "ev.launch": ("Evaluate", "开始评测"),
+    "ev.refresh": ("Refresh", "刷新"),
+    "ev.list": ("Evaluations", "评测列表"),
+    "ev.pick": ("Compare evaluations", "对比评测"),
+    "ev.results": ("Results side by side (95% interval)", "结果对比（95% 置信区间）"),
+    "ev.a": ("Samples of A", "样本 A"),
+    "ev.b": ("Compared with B", "对比 B"),
+    "ev.only_differ": ("Only where A and B differ", "只看 A 与 B 不同的样本"),
+    "ev.samples": (
+        "Samples (where A and B differ first; click a row)",
+        "样本（不同的排在前面；点击一行查看）",
+    ),
+    "ev.compare": ("Evaluations of these runs", "这些任务的评测"),
+    "ev.after": ("Evaluate after training", "训练后评测"),
+    "ev.after_on": ("Evaluate the base and the result", "评测基座与训练结果"),
+    "ev.holdout": ("Held-out records", "留出记录数"),
+    "ev.holdout.info": (
+        "Drawn at random (the run's seed) from the training data and never trained on.",
+        "按任务的随机种子从训练数据中抽取，不参与训练。",
+    ),
+    "ev.after_datasets": ("Eval datasets (optional)", "评测数据集（可选）"),
+    "ev.judge": ("LLM as judge (optional)", "大模型评审（可选）"),
+    "ev.judge_deployment": ("Judge: a running deployment", "评审：运行中的部署"),
+    "ev.judge_deployment.info": (
+        "A model this studio serves judges; no key needed.",
+        "由本工作室部署的模型评审，无需密钥。",
+    ),
+    "ev.judge_url": ("or an external judge URL", "或外部评审地址"),
+    "ev.judge_url.info": (
+        "Any OpenAI-compatible endpoint, e.g. https://api.example.com/v1.",
+        "任意兼容 OpenAI 的接口，例如 https://api.example.com/v1。",
+    ),
+    "ev.judge_model": ("Judge model name", "评审模型名称"),
+    "ev.judge_key": ("API key of the external judge", "外部评审的 API 密钥"),
+    "ev.judge_key.info": (
+        "Kept out of the eval's config; only the worker that scores reads it.",
+        "不写入评测配置，只有执行评测的 Worker 读取。",
+    ),
+    "ev.judge_mode": ("Judge mode", "评审方式"),
+    "ev.judge_mode.info": (
+        "score: rate each answer 1-10; pairwise: compare with the baseline both ways round (win rate).",
+        "score：每个回答打 1-10 分；pairwise：与基线双向交换位置比较（胜率）。",
+    ),
+    "ev.judge_baseline": ("Pairwise baseline (an eval)", "成对比较的基线（一次评测）"),
+    "ev.judge_baseline.info": (
+        "Its predictions on the same datasets; empty compares with the references.",
+        "使用它在相同数据集上的预测；留空则与参考答案比较。",
+    ),
+    "ev.err.no_judge": (
+        "Pick a judge (a running deployment or an external URL) for the judge mode, model, key or baseline.",
+        "请先选择评审（运行中的部署或外部地址），再设置评审方式、模型、密钥或基线。",
+    ),
+    "col.sample": ("sample", "样本"),
+    "col.reference": ("reference", "参考答案"),
+    "col.prediction A": ("prediction A", "预测 A"),
+    "col.prediction B": ("prediction B", "预测 B"),
+    "col.differ": ("differ", "不同"),
 }
+
+# Text made while the studio runs: statuses, summaries, notices and errors that handlers format (keys are
+# "<area>.<name>"; fields in braces are filled by str.format). Kept apart from the component labels above.
+RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
+    # statuses of runs, exports and deployments
+    "status.queued": ("queued", "排队中"),
+    "status.running": ("running", "运行中"),
+    "status.succeeded": ("succeeded", "已完成"),
+    "status.failed": ("failed", "失败"),
+    "status.cancelled": ("cancelled", "已取消"),
+    "status.starting": ("starting", "启动中"),
+    "status.stopping": ("stopping", "停止中"),
+    "status.stopped": ("stopped", "已停止"),
+    # the model pickers' choices
+    "model.kind.preset": ("preset", "预置"),
+    "model.kind.official": ("official", "官方"),
+    "model.kind.local": ("local", "本地"),
+    "model.kind.run": ("run", "任务"),
+    "model.kind.export": ("export", "导出"),
+    "model.active": (" ({n} active)", "（激活 {n}）"),
+    "model.bf16_size": (" · {gb:.1f} GB in bf16", " · bf16 权重 {gb:.1f} GB"),
+    "model.not_downloaded": (" · not downloaded", " · 未下载"),
+    "model.base_missing": (" · LoRA, base missing", " · LoRA，缺少基座"),
+    # plot axes
+    "plot.step": ("step", "步数"),
+    "plot.value": ("value", "数值"),
+    "plot.series": ("series", "曲线"),
+    "plot.tokens": ("tokens", "Token 数"),
+    "plot.samples": ("samples", "样本数"),
+    # datasets
+    "ds.msg.summary": (
+        "**{name}** · file `{filename}` · {kib:.1f} KiB  \ndetected format **{format}** · kind **{kind}** · "
+        "{records} records, {valid} valid",
+        "**{name}** · 文件 `{filename}` · {kib:.1f} KiB  \n识别格式 **{format}** · 类型 **{kind}** · "
+        "共 {records} 条记录，{valid} 条有效",
+    ),
+    "ds.msg.all_valid": ("✅ all records valid", "✅ 全部记录有效"),
+    "ds.msg.some_invalid": (
+        "⚠️ {bad} of {records} records have problems",
+        "⚠️ {records} 条记录中有 {bad} 条存在问题",
+    ),
+    "ds.msg.no_record": (
+        "no record #{n} (the file has {total} records)",
+        "没有第 {n} 条记录（文件共 {total} 条）",
+    ),
+    "ds.msg.position": ("record **{n}** of {total}", "第 **{n}** 条，共 {total} 条"),
+    "ds.msg.pick_tokenizer": (
+        "pick a tokenizer model to render the chat template",
+        "请选择分词器模型以渲染对话模板",
+    ),
+    "ds.msg.not_added": (
+        "❌ **{filename} was not added.** {n} problem(s)",
+        "❌ **{filename} 未添加。** 共 {n} 个问题",
+    ),
+    "ds.msg.not_added_format": (
+        " — detected format **{format}** ({kind})",
+        " — 识别格式 **{format}**（{kind}）",
+    ),
+    "ds.msg.added": (
+        "✅ added **{name}** — detected format **{format}** ({kind}), {records} records",
+        "✅ 已添加 **{name}** — 识别格式 **{format}**（{kind}），共 {records} 条记录",
+    ),
+    "ds.msg.added_info": (
+        "{name}: {records} records, format {format}.",
+        "{name}：{records} 条记录，格式 {format}。",
+    ),
+    "ds.msg.deleted": ("Deleted dataset #{id}.", "已删除数据集 #{id}。"),
+    "ds.msg.stats_samples": ("{n} samples", "{n} 个样本"),
+    "ds.msg.stats_tokens": (" tokens", " 个 Token"),
+    "ds.msg.stats_truncated": (
+        "**{share:.1f}%** of samples are longer than max_seq_len {max_seq_len} and get truncated",
+        "**{share:.1f}%** 的样本长于 max_seq_len {max_seq_len}，会被截断",
+    ),
+    "ds.msg.stats_trained": ("{share:.1f}% of tokens carry loss", "{share:.1f}% 的 Token 计算损失"),
+    "ds.msg.stats_turns": ("turns per sample: {turns}", "每个样本的轮数：{turns}"),
+    "ds.msg.benchmark_stats": (
+        "A {format} benchmark: its questions are scored on the Evaluate tab, never trained on.",
+        "{format} 基准测试：在“评测”页打分，不用于训练。",
+    ),
+    "ds.msg.benchmark_render": (
+        "A {format} benchmark: each question is scored as docs/evaluation.md shows, not in the chat template.",
+        "{format} 基准测试：按 docs/evaluation.md 所述方式逐题打分，不套用对话模板。",
+    ),
+    "ds.msg.stats_counting": (
+        "⏳ counting tokens of {records} records with {model}'s tokenizer…",
+        "⏳ 正在用 {model} 的分词器统计 {records} 条记录的 Token…",
+    ),
+    "ds.stat.mean": ("mean", "平均"),
+    "ds.stat.p50": ("p50", "中位数"),
+    "ds.stat.p95": ("p95", "95 分位"),
+    "ds.stat.max": ("max", "最大"),
+    "ds.span.trained": ("trained", "计算损失"),
+    "ds.err.no_file": ("Choose a .jsonl, .json or .zip file first.", "请先选择 .jsonl、.json 或 .zip 文件。"),
+    "ds.err.no_dataset": ("Pick a dataset first.", "请先选择数据集。"),
+    "ds.err.no_model": (
+        "Pick the model whose tokenizer should count the tokens.",
+        "请选择用于统计 Token 的分词器模型。",
+    ),
+    "ds.err.no_dataset_delete": ("Pick a dataset to delete.", "请选择要删除的数据集。"),
+    # train
+    "tr.msg.launched": (
+        "✅ run **#{id} {name}** queued — {where}. Follow it in the Runs tab.",
+        "✅ 任务 **#{id} {name}** 已排队 — {where}。可在“任务”页查看进度。",
+    ),
+    "tr.msg.position": ("position **{n}** in the queue", "排在队列第 **{n}** 位"),
+    "tr.msg.starting": ("starting", "即将开始"),
+    "tr.msg.queued": ("Run #{id} queued.", "任务 #{id} 已排队。"),
+    "tr.msg.pick": (
+        "# pick a base model and a dataset to see the config",
+        "# 选择基础模型和数据集后显示配置",
+    ),
+    "tr.msg.invalid": ("# not valid yet: {message}", "# 配置尚不完整：{message}"),
+    # runs
+    "runs.msg.stage": ("stage **{stage}** · {tuning}", "阶段 **{stage}** · {tuning}"),
+    "runs.msg.base": ("base `{base}`", "基础模型 `{base}`"),
+    "runs.msg.step": ("step **{step}**", "第 **{step}** 步"),
+    "runs.msg.eta": ("ETA {eta}", "剩余 {eta}"),
+    "runs.msg.step_s": ("{s:.1f} s/step", "{s:.1f} 秒/步"),
+    "runs.msg.queue_position": ("queue position **{n}**", "排队位置 **{n}**"),
+    "runs.msg.attempt": ("attempt {n}", "第 {n} 次尝试"),
+    "runs.msg.model": ("model: `{path}`", "模型：`{path}`"),
+    "runs.msg.memory": (
+        "peak memory predicted {peak:.2f} GiB ({lo:.2f} – {hi:.2f}), measured {measured}",
+        "峰值内存预估 {peak:.2f} GiB（{lo:.2f} – {hi:.2f}），实测 {measured}",
+    ),
+    "runs.msg.per_step": (
+        "per step predicted {predicted:.2f} s, measured {measured}",
+        "每步预估 {predicted:.2f} 秒，实测 {measured}",
+    ),
+    "runs.msg.gone": ("run #{id} no longer exists", "任务 #{id} 已不存在"),
+    "runs.msg.cancelling": ("Cancelling run #{id}.", "正在取消任务 #{id}。"),
+    "runs.msg.resumed": ("Resumed run #{id}.", "已恢复任务 #{id}。"),
+    "runs.msg.deleted": ("Deleted run #{id}.", "已删除任务 #{id}。"),
+    "runs.msg.export_queued": (
+        "Export #{id} ({kind}) queued; its model appears under base models when it is done.",
+        "导出 #{id}（{kind}）已排队；完成后其模型会出现在基础模型中。",
+    ),
+    "runs.msg.deploying": (
+        "Deployment #{id} starting; chat with it in Deploy & Chat.",
+        "部署 #{id} 正在启动；可在“部署与对话”中与之对话。",
+    ),
+    "runs.msg.gguf_export_queued": (
+        "Export #{id} ({kind}) queued; each file's size and perplexity show below when it is done.",
+        "导出 #{id}（{kind}）已排队；完成后下方显示每个文件的大小与困惑度。",
+    ),
+    "runs.msg.deploying_gguf": (
+        "Deployment #{id} of GGUF {type} starting with llama.cpp; chat with it in Deploy & Chat.",
+        "GGUF {type} 的部署 #{id} 正在用 llama.cpp 启动；可在“部署与对话”中与之对话。",
+    ),
+    "runs.err.no_gguf": (
+        "This run has no finished GGUF export; export one as GGUF first.",
+        "此任务还没有完成的 GGUF 导出；请先导出 GGUF。",
+    ),
+    "runs.msg.member_deploy_queued": (
+        "Export #{id} of member {member} queued; it is deployed as soon as it is written, without this page. "
+        "Chat with it in Deploy & Chat once the family table shows it running.",
+        "成员 {member} 的导出 #{id} 已排队；导出完成后会自动部署，无需停留在本页。"
+        "家族表显示“运行中”后即可在“部署与对话”中与之对话。",
+    ),
+    "runs.err.no_member": (
+        "Click a row of the elastic family table to pick the member first.",
+        "请先点击弹性模型家族表中的一行以选择成员。",
+    ),
+    "runs.deploy.exporting": ("exporting", "导出中"),
+    "runs.deploy.export_failed": ("export failed", "导出失败"),
+    "runs.deploy.deploying": ("deploying", "部署中"),
+    "runs.deploy.removed": ("deployment removed", "部署已删除"),
+    "runs.deploy.export_ref": (" (export #{id})", "（导出 #{id}）"),
+    "runs.deploy.deployment_ref": (" (deployment #{id})", "（部署 #{id}）"),
+    "runs.msg.member": ("{kind}, member {member}", "{kind}，成员 {member}"),
+    "runs.msg.shards": ("{dtype} · {size} shards", "{dtype} · 分片上限 {size}"),
+    "runs.err.no_run": ("Pick a run first.", "请先选择任务。"),
+    "runs.err.no_finished_run": ("Pick a finished run first.", "请先选择已完成的任务。"),
+    # deploy & chat
+    "dep.msg.endpoint": (
+        " · `{url}` (OpenAI-compatible, model `default`)",
+        " · `{url}`（兼容 OpenAI，模型名 `default`）",
+    ),
+    "dep.msg.starting": ("Deployment #{id} is starting.", "部署 #{id} 正在启动。"),
+    "dep.msg.stopped_stream": ("⏹️ stopped", "⏹️ 已停止"),
+    "dep.err.no_run": ("Pick a finished run to deploy.", "请选择要部署的已完成任务。"),
+    "dep.err.no_stop": ("Pick a deployment to stop.", "请选择要停止的部署。"),
+    "dep.err.reply_failed": (
+        "The reply stopped: {message} Your message is kept in the chat; send it again once the deployment runs.",
+        "回复中断：{message} 你的消息保留在对话中；部署运行后可重新发送。",
+    ),
+    # train: the estimate
+    "tr.est.peak": (
+        "peak {where} **{peak:.2f} GiB** ({lo:.2f} – {hi:.2f})",
+        "峰值{where} **{peak:.2f} GiB**（{lo:.2f} – {hi:.2f}）",
+    ),
+    "tr.est.where.device": ("device memory", "显存"),
+    "tr.est.where.ram": ("RAM", "内存"),
+    "tr.est.checked": (" · checked against **{node}**", " · 已对照节点 **{node}**"),
+    "tr.est.memory": ("memory", "内存项"),
+    "tr.est.part.weights": ("weights", "权重"),
+    "tr.est.part.master_weights": ("master weights", "主权重"),
+    "tr.est.part.gradients": ("gradients", "梯度"),
+    "tr.est.part.optimizer": ("optimizer", "优化器状态"),
+    "tr.est.part.activations": ("activations", "激活值"),
+    "tr.est.part.load_peak": ("load peak", "加载峰值"),
+    "tr.est.part.save_peak": ("save peak", "保存峰值"),
+    "tr.est.trainable": (
+        "trainable parameters **{trainable:,}** of {total:,} ({share:.2f}%)",
+        "可训练参数 **{trainable:,}** / {total:,}（{share:.2f}%）",
+    ),
+    "tr.est.time": (
+        "{steps:,} steps of ~{tokens:,.0f} tokens: **{step}** per step ({lo} – {hi}), ≈ **{total}** in all with "
+        "{checkpoints} checkpoint(s) and the final save ({save})",
+        "{steps:,} 步，每步约 {tokens:,.0f} 个 Token：每步 **{step}**（{lo} – {hi}），含 {checkpoints} 个检查点和"
+        "最终保存（{save}）共约 **{total}**",
+    ),
+    "tr.est.disk": ("disk: {gb:.2f} GB", "磁盘：{gb:.2f} GB"),
+    "tr.est.assumptions": ("assumptions", "估算依据"),
+    "tr.err.no_clone": ("Pick a run to clone.", "请选择要克隆的任务。"),
+    "tr.err.no_dataset": ("pick at least one dataset", "请至少选择一个数据集"),
+    "dl.msg.params": ("{n:.2f}B parameters", "{n:.2f}B 参数"),
+    "dl.msg.official": ("an official model", "官方模型"),
+    "dl.msg.downloaded": (
+        "✅ **{name}** ({size}) is downloaded in `{path}`.",
+        "✅ **{name}**（{size}）已下载到 `{path}`。",
+    ),
+    "dl.msg.listing": (
+        "⏳ **{name}**: download {status}, listing the files…",
+        "⏳ **{name}**：下载{status}，正在列出文件…",
+    ),
+    "dl.msg.progress": (
+        "⏳ **{name}**: {share:.0%} ({done} of {total})",
+        "⏳ **{name}**：{share:.0%}（{done} / {total}）",
+    ),
+    "dl.msg.failed": (
+        "❌ the last download of **{name}** failed: {error}",
+        "❌ **{name}** 上次下载失败：{error}",
+    ),
+    "dl.msg.missing": (
+        "**{name}** ({size}) is not downloaded yet: **Download** fetches it from the hub.",
+        "**{name}**（{size}）尚未下载：点击**下载**从模型仓库获取。",
+    ),
+    "dl.msg.started": ("Downloading {name}.", "正在下载 {name}。"),
+    "dl.err.not_official": (
+        "Pick an official model (marked [official]) to download.",
+        "请选择要下载的官方模型（标有 [官方]）。",
+    ),
+    # compare
+    "cmp.err.two_runs": ("Pick two or more runs to compare.", "请选择两个或更多任务进行对比。"),
+    "cmp.err.ab": ("Pick deployments A and B and type a prompt.", "请选择部署 A 和 B 并输入提示词。"),
+}
+STRINGS.update(RUNTIME_STRINGS)
+
+# Messages the services and the engine build from parts (estimate notes, fit warnings, refusals) -> Chinese, by
+# pattern: the REST API keeps them in English, the UI shows them in the session's language. A pattern matches
+# a whole message; its named groups fill the Chinese text, and groups named ``msg...`` are messages
+# themselves, translated in turn. A message no pattern matches is shown as it is.
+_N = r"[\d,.]+"
+MESSAGE_PATTERNS: list[tuple[str, str]] = [
+    # the estimate's notes (engine.estimate, studio.services.estimates)
+    (
+        rf"(?P<trainable>{_N}) of (?P<total>{_N}) weights train \((?P<kind>[^)]*)\); (?P<active>{_N}) active per token",
+        "{trainable} / {total} 个权重参与训练（{kind}）；每个 Token 激活 {active} 个",
+    ),
+    (
+        rf"host RAM: the model loads in fp32 first, about (?P<a>{_N}) GiB per rank \((?P<b>{_N}) GiB for (?P<n>\d+)\)",
+        "主机内存：模型先以 fp32 加载，每个进程约 {a} GiB（{n} 个共 {b} GiB）",
+    ),
+    (
+        r"fp16 needs a GPU \(loss scaling\); this node would refuse the run",
+        "fp16 需要 GPU（损失缩放）；此节点会拒绝该任务",
+    ),
+    (
+        r"bf16 on a CPU is emulated: bf16 weight storage, fp32 compute, fp32 master weights and moments",
+        "CPU 上的 bf16 为模拟：以 bf16 存储权重，以 fp32 计算，主权重与动量为 fp32",
+    ),
+    (
+        r"no token statistics of the data yet: every sample assumed (?P<cap>\d+) tokens long",
+        "数据尚无 Token 统计：每个样本按 {cap} 个 Token 估算",
+    ),
+    (
+        rf"packing: rows of (?P<cap>\d+) tokens holding ~(?P<per>{_N}) samples of (?P<mean>{_N}) tokens on average",
+        "打包：每行 {cap} 个 Token，平均容纳约 {per} 个长 {mean} 个 Token 的样本",
+    ),
+    (
+        rf"data: (?P<n>{_N}) samples, mean (?P<mean>{_N}) / p95 (?P<p95>{_N}) / max (?P<max>{_N}) tokens \(cut at "
+        rf"max_seq_len (?P<cap>\d+)\); a step of (?P<rows>\d+) row\(s\) pads to ~(?P<w>{_N}) tokens, long ones to "
+        rf"~(?P<mw>{_N})",
+        "数据：{n} 个样本，平均 {mean} / p95 {p95} / 最长 {max} 个 Token（按 max_seq_len {cap} 截断）；每步 {rows} 行"
+        "补齐到约 {w} 个 Token，长样本约 {mw}",
+    ),
+    (
+        r"training by epochs over datasets without statistics: 1 step per epoch assumed",
+        "按轮次训练但数据集尚无统计：按每轮 1 步估算",
+    ),
+    (
+        rf"GPU (?P<gpu>.+): (?P<rate>{_N}) TFLOP/s sustained \((?P<util>{_N})% of (?P<peak>{_N})\)",
+        "GPU {gpu}：持续 {rate} TFLOP/s（峰值 {peak} 的 {util}%）",
+    ),
+    (
+        rf"CPU: (?P<rate>{_N}) GFLOP/s in matmuls, the reference node's (?P<ref>{_N}) scaled by the square root of "
+        rf"this node's doctor throughput probe against the reference \((?P<probe>{_N}) vs (?P<refp>{_N}) tokens/s\)",
+        "CPU：矩阵乘 {rate} GFLOP/s，即参考节点的 {ref} 按本节点 doctor 吞吐探测与参考值之比的平方根缩放"
+        "（{probe} 对 {refp} Token/秒）",
+    ),
+    (
+        rf"CPU: no throughput probe from this node; the reference node's (?P<rate>{_N}) GFLOP/s assumed",
+        "CPU：此节点没有吞吐探测结果；按参考节点的 {rate} GFLOP/s 估算",
+    ),
+    (
+        rf"saves: (?P<n>\d+) checkpoint\(s\) of (?P<gb>{_N}) GB and a final adapter of (?P<final>{_N}) GB at "
+        rf"~(?P<rate>{_N}) MB/s",
+        "保存：{n} 个 {gb} GB 的检查点和 {final} GB 的最终适配器，约 {rate} MB/秒",
+    ),
+    (
+        rf"saves: (?P<n>\d+) checkpoint\(s\) of (?P<gb>{_N}) GB and a final model of (?P<final>{_N}) GB at "
+        rf"~(?P<rate>{_N}) MB/s",
+        "保存：{n} 个 {gb} GB 的检查点和 {final} GB 的最终模型，约 {rate} MB/秒",
+    ),
+    (
+        rf"evaluation: (?P<n>\d+) pass\(es\) over (?P<b>\d+) batch\(es\), ~(?P<s>{_N}) s each",
+        "评估：{n} 次，每次 {b} 个批次，约 {s} 秒",
+    ),
+    (
+        rf"(?P<n>\d+) data-parallel ranks, each holding the whole model and optimizer; on one CPU node they share "
+        rf"its RAM \((?P<gib>{_N}) GiB\) and cores",
+        "{n} 个数据并行进程，各持完整模型与优化器；在同一 CPU 节点上共享其内存（{gib} GiB）与核心",
+    ),
+    (
+        r"(?P<n>\d+) data-parallel ranks, each holding the whole model and optimizer",
+        "{n} 个数据并行进程，各持完整模型与优化器",
+    ),
+    (
+        r"(?P<n>\d+) dataset\(s\) without token statistics yet: their samples count as long as the others'",
+        "{n} 个数据集尚无 Token 统计：其样本按其他数据集的长度计",
+    ),
+    (
+        r"no worker serving this queue has reported: not checked against a node",
+        "服务此队列的工作进程尚未上报：未对照节点检查",
+    ),
+    # the estimate's warnings (engine.estimate.fit_warning); msg_where is one of the two below
+    (
+        rf"will not fit: the run needs about (?P<need>{_N}) GiB at its peak \(at least (?P<lo>{_N})\) and "
+        r"(?P<msg_where>.+) holds less; try LoRA, compute_type bf16 or wint8, recompute, a shorter max_seq_len or "
+        r"a smaller batch_size",
+        "放不下：任务峰值约需 {need} GiB（至少 {lo}），而{msg_where}不足；可试 LoRA、compute_type bf16 或 wint8、"
+        "重计算、更短的 max_seq_len 或更小的 batch_size",
+    ),
+    (
+        rf"may not fit: the run needs about (?P<need>{_N}) GiB at its peak and (?P<msg_where>.+) holds "
+        rf"(?P<have>{_N}); the estimate's low end fits",
+        "可能放不下：任务峰值约需 {need} GiB，而{msg_where}只有 {have}；估算下限可以放下",
+    ),
+    (
+        rf"may not fit: loading takes about (?P<need>{_N}) GiB of (?P<node>.+)'s host RAM \((?P<have>{_N}) GiB\)",
+        "可能放不下：加载约需 {need} GiB，{node} 的主机内存只有 {have} GiB",
+    ),
+    (rf"(?P<node>.+)'s RAM \((?P<have>{_N}) GiB\)", " {node} 的内存（{have} GiB）"),
+    (
+        rf"one device of (?P<node>.+) \((?P<gpu>.+), (?P<have>{_N}) GiB\)",
+        " {node} 的一块设备（{gpu}，{have} GiB）",
+    ),
+    # refusals of the services that the tabs show
+    (
+        r"(?P<what>dataset|run|deployment|export|eval) (?P<id>\d+) does not exist",
+        "{what} {id} 不存在",
+    ),
+    (
+        r"run (?P<id>\d+) already ended \((?P<status>\w+)\); nothing to cancel",
+        "任务 {id} 已结束（{status}）；无需取消",
+    ),
+    (
+        r"run (?P<id>\d+) is (?P<status>\w+); only failed or cancelled runs can be resumed",
+        "任务 {id} 的状态为 {status}；只有失败或已取消的任务可以恢复",
+    ),
+    (r"run (?P<id>\d+) is running; cancel it first", "任务 {id} 正在运行；请先取消"),
+    (
+        r"run (?P<id>\d+) is (?P<status>\w+); (?P<verb>deploy|export) it once it has succeeded",
+        "任务 {id} 的状态为 {status}；请在其成功完成后再{verb}",
+    ),
+    (
+        r"deployment (?P<id>\d+) is (?P<status>\w+); stop it first",
+        "部署 {id} 的状态为 {status}；请先停止",
+    ),
+    (
+        r"deployment (?P<id>\d+) is (?P<status>\w+); chat once it is running",
+        "部署 {id} 的状态为 {status}；请在其运行后再对话",
+    ),
+    (
+        r"deployment (?P<id>\d+) did not answer at (?P<url>\S+): (?P<error>.*)",
+        "部署 {id} 在 {url} 没有应答：{error}",
+    ),
+    (
+        r"dataset (?P<id>\d+) is used by queued or running run\(s\) (?P<runs>\[[\d, ]*\]); cancel them first",
+        "数据集 {id} 正被排队或运行中的任务 {runs} 使用；请先取消它们",
+    ),
+    (
+        r"(?P<field>[\w.\[\]]+): dataset (?P<id>\d+) \((?P<name>.*)\) holds (?P<kind>\w+) records; stage "
+        r"(?P<stage>[\w-]+) needs (?P<want>\w+) data",
+        "{field}：数据集 {id}（{name}）为 {kind} 数据；阶段 {stage} 需要 {want} 数据",
+    ),
+    (r"file: (?P<name>.+) is empty", "文件 {name} 是空文件"),
+    (
+        r"file: (?P<name>.+) is larger than the upload limit of (?P<mb>\d+) MB; split it or raise "
+        r"ERNIE_STUDIO_MAX_UPLOAD_MB",
+        "文件 {name} 超过上传上限 {mb} MB；请拆分文件或调大 ERNIE_STUDIO_MAX_UPLOAD_MB",
+    ),
+    # images named by URL (engine.data.remote), as a dataset's problems show them
+    (
+        r"(?P<field>[\w.]+\[\d+\]): (?P<msg>image '.*)",
+        "{field}：{msg}",
+    ),
+    (
+        r"image (?P<url>'[^']*') could not be fetched: (?P<msg_why>.+); or save it next to the data file",
+        "图片 {url} 无法获取：{msg_why}；也可把图片保存在数据文件旁边",
+    ),
+    (r"the server answered (?P<code>\d+)(?: .*)?", "服务器返回 HTTP {code}"),
+    (r"larger than (?P<n>[\d,]+) bytes", "大于 {n} 字节"),
+    (
+        r"fetching record URLs is turned off \(ERNIE_STUDIO_MEDIA_URLS=off\)",
+        "已关闭按 URL 获取记录中的图片（ERNIE_STUDIO_MEDIA_URLS=off）",
+    ),
+    (
+        r"(?P<host>\S+) is a (?P<kind>loopback|private or reserved) address \((?P<address>[^)]*)\); record URLs "
+        r"are fetched from public hosts only \(ERNIE_STUDIO_MEDIA_URLS=any allows an internal image store\)",
+        "{host} 是{kind}地址（{address}）；记录中的 URL 只从公网主机获取（ERNIE_STUDIO_MEDIA_URLS=any 允许内部图床）",
+    ),
+    (
+        r"cannot resolve (?P<host>'[^']*') \((?P<error>.*)\); is this worker offline\?",
+        "无法解析 {host}（{error}）；此节点是否离线？",
+    ),
+    (r"image (?P<url>'[^']*'): not an image PIL can read \(.*\)", "图片 {url} 不是可读取的图片"),
+]
+# Words a pattern's groups carry that are text, not data: what a refusal names, and the address kinds.
+_MESSAGE_WORDS = {
+    "dataset": "数据集",
+    "run": "任务",
+    "deployment": "部署",
+    "export": "导出",
+    "deploy": "部署",
+    "eval": "评估",
+    "loopback": "回环",
+    "private or reserved": "私有或保留",
+}
+_MESSAGE_PATTERNS = [(re.compile(pattern, re.S), zh) for pattern, zh in MESSAGE_PATTERNS]
+
 
 # Tooltips of the Train tab's config keys: the English is the engine's help text (the schema is the one
 # source, so `ernie-studio train` users and the studio read the same words); the Chinese is kept here.
@@ -333,10 +882,37 @@ _SESSION_LANGUAGE: OrderedDict[str, str] = OrderedDict()
 _SESSION_LANGUAGE_MAX = 10_000
 
 
-def text(key: str, lang: str = DEFAULT_LANGUAGE) -> str:
-    """The text for ``key`` in ``lang`` (English when the language is unknown)."""
+def text(key: str, lang: str = DEFAULT_LANGUAGE, **fields: Any) -> str:
+    """The text for ``key`` in ``lang`` (English when the language is unknown), ``fields`` filled in."""
     en, zh = STRINGS[key]
-    return zh if lang == "zh" else en
+    chosen = zh if lang == "zh" else en
+    return chosen.format(**fields) if fields else chosen
+
+
+def localize_message(message: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """A message a service or the engine wrote (in English) as the UI shows it in ``lang``: translated by the
+    first of ``MESSAGE_PATTERNS`` that matches it whole, else as it is. The REST API never translates."""
+    if lang != "zh":
+        return message
+    for pattern, zh in _MESSAGE_PATTERNS:
+        m = pattern.fullmatch(message)
+        if m is not None:
+            fields = {
+                k: localize_message(v, lang)
+                if k.startswith("msg")
+                else status_text(v, lang)
+                if k == "status"
+                else _MESSAGE_WORDS.get(v, v)
+                for k, v in m.groupdict().items()
+            }
+            return zh.format(**fields)
+    return message
+
+
+def status_text(status: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """A run's, export's or deployment's status in ``lang`` (an unknown one is shown as stored)."""
+    key = f"status.{status}"
+    return text(key, lang) if key in STRINGS else status
 
 
 def header(column: str, lang: str) -> str:
@@ -380,14 +956,27 @@ class Texts:
         # (component, {property: key})
         self._bound: list[tuple[gr.components.Component | gr.blocks.BlockContext, dict[str, str]]] = []
         self.tables: list[gr.Dataframe] = []
+        # Components that show Gradio's own texts ("Drop File Here"): drawn again after a language switch.
+        self.uploads: list[gr.File] = []
 
     def __call__(self, key: str) -> str:
         return text(key, self.lang)
 
-    def make(self, factory: Callable[..., Any], key: str, *, prop: str = "label", **kwargs: Any) -> Any:
-        """``factory(label=text(key), info=text(key + '.info') if present, **kwargs)``, remembered for relabelling."""
-        props = {prop: key}
-        kwargs[prop] = self(key)
+    def make(
+        self,
+        factory: Callable[..., Any],
+        key: str,
+        *,
+        prop: str = "label",
+        also: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``factory(label=text(key), info=text(key + '.info') if present, **kwargs)``, remembered for relabelling.
+
+        ``also`` names more translated properties, e.g. a plot's ``{"x_title": "plot.step"}``.
+        """
+        props = {prop: key, **(also or {})}
+        kwargs.update({p: self(k) for p, k in props.items()})
         if prop == "label" and f"{key}.info" in STRINGS and "info" not in kwargs:
             props["info"] = f"{key}.info"
             kwargs["info"] = self(f"{key}.info")
@@ -395,6 +984,8 @@ class Texts:
         self._bound.append((component, props))
         if isinstance(component, gr.Dataframe):
             self.tables.append(component)
+        if isinstance(component, gr.File):
+            self.uploads.append(component)
         return component
 
     def bind(self, component: Any, **props: str) -> Any:
@@ -459,3 +1050,39 @@ def _localize_value(value: Any, lang: str) -> Any:
     if isinstance(value, dict) and isinstance(value.get("value"), pd.DataFrame):
         return {**value, "value": localize_frame(value["value"], lang)}
     return value
+
+
+# ---- checking a page for untranslated text -----------------------------------------------------------------
+
+# A shown word: letters only (tokens with digits, "_", "/", ".", ":" or "@" are identifiers, paths, numbers).
+_TOKEN = re.compile(r"[^\s,;()\[\]{}<>\"'`*|·—–:：，。；（）“”、!?！？…]+")
+_WORD = re.compile(r"^[A-Za-z][A-Za-z'-]*[A-Za-z]$")
+_URL = re.compile(r"[A-Za-z][A-Za-z+.-]*://\S+")
+_FIELD = re.compile(r"\{[^{}]*\}")  # a str.format field of a text, filled at run time
+_TAG = re.compile(r"</?[A-Za-z][^<>]*>")  # markup (a Markdown text's <details>) is not shown as text
+
+
+def kept_words() -> set[str]:
+    """Words every language shows as they are: what the Chinese texts keep in Latin letters (LoRA, Token,
+    ERNIE, KiB, ...) and the engine's identifiers (formats, data kinds, stages, fine-tuning kinds, compute
+    types, schedulers), lower-cased."""
+    words: set[str] = set()
+    for zh in [*(zh for _, zh in STRINGS.values()), *(zh for _, zh in MESSAGE_PATTERNS)]:
+        words.update(w.lower() for w in _words(_FIELD.sub(" ", zh)))
+    kinds = [k for ks in KINDS.values() for k in ks] + ["benchmark"]  # studio.services.datasets.BENCHMARK
+    for names in (FORMATS, BENCHMARK_TYPES, kinds, STAGES, FINE_TUNING):
+        words.update(n.lower() for n in names)
+    words.update(n.lower() for n in (*COMPUTE_TYPES, *SCHEDULERS))
+    return words
+
+
+def _words(shown: str) -> list[str]:
+    return [t for t in _TOKEN.findall(_URL.sub(" ", _TAG.sub(" ", shown))) if _WORD.match(t)]
+
+
+def untranslated_words(shown: str, data: Any = ()) -> list[str]:
+    """Words of ``shown`` (text a page in Chinese shows) that no Chinese text of the table keeps and that
+    are not among ``data`` (names and values the person gave, such as dataset and run names): English
+    that reached the page without a translation."""
+    allowed = kept_words() | {w.lower() for value in data for w in _words(str(value))}
+    return [w for w in _words(shown) if w.lower() not in allowed]

@@ -9,8 +9,8 @@ import gradio as gr
 
 from studio.services import downloads as downloads_svc
 from studio.services import models as models_svc
-from studio.ui.context import UIContext, model_choices
-from studio.ui.i18n import Texts
+from studio.ui.context import UIContext, model_choices, refusal
+from studio.ui.i18n import Texts, current_language, localize_message, status_text, text
 
 POLL_SECONDS = 2.0
 
@@ -37,20 +37,24 @@ def download_text(ctx: UIContext, base_model: str | None) -> tuple[str, bool]:
     model = _selected(ctx, base_model)
     if model is None:
         return "", False
+    lang, name = current_language(), model["name"]
     params = model.get("num_parameters")
-    size = f"{params / 1e9:.2f}B parameters" if params else "an official model"
+    size = text("dl.msg.params", lang, n=params / 1e9) if params else text("dl.msg.official", lang)
     if model["available"]:
-        return f"✅ **{model['name']}** ({size}) is downloaded in `{model['path']}`.", False
+        return text("dl.msg.downloaded", lang, name=name, size=size, path=model["path"]), False
     active = model.get("download")
     if active:
         done, total = active.get("bytes_done") or 0, active.get("bytes_total")
         if active["status"] == "queued" or not total:
-            return f"⏳ **{model['name']}**: download {active['status']}, listing the files…", True
-        return f"⏳ **{model['name']}**: {done / total:.0%} ({_size(done)} of {_size(total)})", True
+            return text("dl.msg.listing", lang, name=name, status=status_text(active["status"], lang)), True
+        shown = text(
+            "dl.msg.progress", lang, name=name, share=done / total, done=_size(done), total=_size(total)
+        )
+        return shown, True
     last = _latest(ctx, model)
     if last is not None and last.status == "failed":
-        return f"❌ the last download of **{model['name']}** failed: {last.error}", False
-    return f"**{model['name']}** ({size}) is not downloaded yet: **Download** fetches it from the hub.", False
+        return text("dl.msg.failed", lang, name=name, error=localize_message(last.error or "", lang)), False
+    return text("dl.msg.missing", lang, name=name, size=size), False
 
 
 def show_download(ctx: UIContext, base_model: str | None) -> tuple[str, Any]:
@@ -63,10 +67,10 @@ def start_download(ctx: UIContext, base_model: str | None) -> tuple[str, Any]:
     """Queue the download of the picked official model; the timer follows it."""
     model = _selected(ctx, base_model)
     if model is None:
-        raise gr.Error("Pick an official model (marked [official]) to download.")
+        raise refusal(text("dl.err.not_official", current_language()))
     if not model["available"] and not model.get("download"):
         ctx.call(downloads_svc.create_download, ctx.settings, model["name"])
-        gr.Info(f"Downloading {model['name']}.")
+        gr.Info(text("dl.msg.started", current_language(), name=model["name"]))
     return show_download(ctx, base_model)
 
 
@@ -75,7 +79,7 @@ def follow_download(ctx: UIContext, base_model: str | None) -> tuple[str, Any, A
     text, active = download_text(ctx, base_model)
     if active:
         return text, gr.Timer(active=True), gr.update()
-    choices = model_choices(ctx.read(models_svc.list_models, ctx.settings, default=[]))
+    choices = model_choices(ctx.read(models_svc.list_models, ctx.settings, default=[]), current_language())
     return text, gr.Timer(active=False), gr.update(choices=choices)
 
 

@@ -109,6 +109,9 @@ def build_nodes_tab(ctx: UIContext) -> NodesTab:
             headers=CHECK_COLUMNS,
             interactive=False,
             wrap=True,
+            # every check of every worker in view (~15 rows a worker): a scrolled table renders only its
+            # visible rows, and an operator reads this one whole
+            max_height=4000,
             elem_id="nodes-checks",
         )
     h = NodesHandlers(ctx)

@@ -20,7 +20,8 @@ from studio.services import progress as progress_svc
 from studio.services import runs as runs_svc
 from studio.services.exports import export_default
 from studio.ui import charts
-from studio.ui.context import UIContext, echo, fmt_time, parse_id
+from studio.ui.context import UIContext, echo, fmt_time, parse_id, refusal
+from studio.ui.i18n import DEFAULT_LANGUAGE, current_language, localize_message, status_text, text
 
 RUN_COLUMNS = ["id", "name", "stage", "tuning", "status", "progress", "loss", "ETA", "created"]
 CHECKPOINT_COLUMNS = ["step", "path", "saved"]
@@ -29,15 +30,30 @@ EXPORT_OPTIONS: dict[str, dict[str, Any]] = {
     "merge LoRA (hf layout)": {"layout": "hf"},
     "PTQ wint8": {"layout": "paddle", "ptq": "wint8"},
     "PTQ wint4": {"layout": "paddle", "ptq": "wint4"},
+    "GGUF f16 + q8_0 (llama.cpp / Ollama)": {"export_format": "gguf", "gguf_types": ["f16", "q8_0"]},
+    "GGUF f16 + q8_0 + q4_K_M (llama.cpp / Ollama)": {
+        "export_format": "gguf",
+        "gguf_types": ["f16", "q8_0", "q4_K_M"],
+    },
 }
 EXPORT_KINDS = list(EXPORT_OPTIONS)
-EXPORT_COLUMNS = ["id", "layout", "ptq", "dtype", "status", "perplexity", "model dir"]
+EXPORT_COLUMNS = ["id", "member", "layout", "ptq", "dtype", "status", "perplexity", "model dir"]
+FAMILY_PLOT_COLUMNS = ["member", "active weights (M)", "eval loss"]
+FAMILY_COLUMNS = [
+    "member", "depth", "experts", "top-k", "weights", "active weights", "steps", "eval loss", "decode tok/s",
+    "deployment",
+]  # fmt: skip
 # The export box offers the engine's own choices and default (ExportConfig).
 EXPORT_DTYPES = list(field_info(ExportConfig, "dtype")["choices"])
 LOG_TAIL_BYTES = 16384
 LOG_TAIL_LINES = 20
 POLL_SECONDS = 2.0
 STATUS_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏹️"}
+# An export deployed on success: the chain's own steps, then its deployment's status (Export.deploy_state).
+DEPLOY_STATE_ICONS = {
+    "exporting": "⏳", "export_failed": "❌", "deploying": "🚀", "running": "🏃", "failed": "❌",
+    "stopping": "⏹️", "stopped": "⏹️", "removed": "🗑️",
+}  # fmt: skip
 
 # Keeps ?run=N in the address bar in step with the selection, so a refresh reopens the same run.
 URL_JS = """(runId) => {
@@ -70,7 +86,14 @@ def _eta(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def run_rows(runs: list[Any], progress: dict[int, dict[str, Any]]) -> pd.DataFrame:
+def shown_status(status: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """A status with its icon, in ``lang``."""
+    return f"{STATUS_ICONS.get(status, '')} {status_text(status, lang)}"
+
+
+def run_rows(
+    runs: list[Any], progress: dict[int, dict[str, Any]], lang: str = DEFAULT_LANGUAGE
+) -> pd.DataFrame:
     rows = []
     for r in runs:
         p = progress.get(r.id, {})
@@ -85,7 +108,7 @@ def run_rows(runs: list[Any], progress: dict[int, dict[str, Any]]) -> pd.DataFra
                 r.name,
                 r.stage,
                 r.fine_tuning,
-                f"{STATUS_ICONS.get(r.status, '')} {r.status}",
+                shown_status(r.status, lang),
                 frac,
                 f"{loss:.4f}" if loss is not None else "",
                 _eta(p.get("eta_s")) if r.status == "running" else "",
@@ -95,53 +118,141 @@ def run_rows(runs: list[Any], progress: dict[int, dict[str, Any]]) -> pd.DataFra
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
-def export_rows(items: list[Any]) -> pd.DataFrame:
-    """Exports of a run; PTQ ones carry perplexity before and after quantization."""
+def gguf_quality(files: list[dict[str, Any]] | None) -> str:
+    """Each GGUF file's size and llama.cpp's perplexity of it (change against f16)."""
+    parts = []
+    for f in files or []:
+        part = f"{f['type']} {f['size_bytes'] / 2**20:.1f} MiB"
+        if f.get("perplexity") is not None:
+            part += f" ppl {f['perplexity']:.3f}"
+            if f.get("relative_to_f16") is not None and f["type"] != "f16":
+                part += f" ({f['relative_to_f16']:+.2%})"
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def export_rows(items: list[Any], lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+    """Exports of a run; PTQ ones carry perplexity before and after quantization, GGUF ones each file's size
+    and perplexity."""
     rows = []
     for e in items:
         ppl = e.perplexity or {}
         shown = ", ".join(
             f"{k} {v:+.2%}" if k == "relative_change" else f"{k} {v:.3f}" for k, v in ppl.items()
         )
-        status = f"{STATUS_ICONS.get(e.status, '')} {e.status}" + (
-            f": {e.error.splitlines()[-1][:120]}" if e.error else ""
+        if e.export_format == "gguf":
+            shown = gguf_quality(e.gguf_files) or e.gguf_types
+        status = shown_status(e.status, lang) + (f": {e.error.splitlines()[-1][:120]}" if e.error else "")
+        dtype = (
+            text("runs.msg.shards", lang, dtype=e.dtype, size=e.max_shard_size) if not e.quantization else "—"
         )
-        dtype = f"{e.dtype} · {e.max_shard_size} shards" if not e.quantization else "—"
-        rows.append([e.id, e.layout, e.quantization or "—", dtype, status, shown, e.export_dir])
+        if e.export_format == "gguf":
+            dtype = e.gguf_types.replace(",", " · ")
+        if e.deploy_state:
+            status += " → " + deploy_state_text(e, lang)
+        member = e.elastic_member or "—"
+        rows.append([e.id, member, e.layout, e.quantization or "—", dtype, status, shown, e.export_dir])
     return pd.DataFrame(rows, columns=EXPORT_COLUMNS)
 
 
-def run_choices(runs: list[Any]) -> list[tuple[str, int]]:
-    return [(f"#{r.id} {r.name} · {r.status}", r.id) for r in runs]
+def deploy_state_text(export: Any, lang: str = DEFAULT_LANGUAGE) -> str:
+    """Where an export deployed on success stands, with its icon and the export or deployment it is at:
+    exporting (export #N), deploying, running, ... (deployment #M)."""
+    state = export.deploy_state
+    own = ("exporting", "export_failed", "deploying", "removed")
+    shown = text(f"runs.deploy.{state}", lang) if state in own else status_text(state, lang)
+    if export.deployment_id is not None:
+        ref = text("runs.deploy.deployment_ref", lang, id=export.deployment_id)
+    else:
+        ref = text("runs.deploy.export_ref", lang, id=export.id)
+    return f"{DEPLOY_STATE_ICONS.get(state, '')} {shown}{ref}"
 
 
-def status_markdown(run: Any, p: dict[str, Any], position: int | None) -> str:
+def family_rows(
+    family: dict[str, Any] | None, exports: list[Any] | None = None, lang: str = DEFAULT_LANGUAGE
+) -> pd.DataFrame:
+    """An elastic run's members, the full model first: size, active weights per token, eval loss, and
+    where the newest one-click deployment of each stands (``exports``, newest first)."""
+    deployed: dict[str, Any] = {}
+    for e in exports or []:
+        if e.deploy_state and e.elastic_member:
+            deployed.setdefault(e.elastic_member, e)
+    rows = []
+    for m in (family or {}).get("members", []):
+        loss = m.get("eval_loss")
+        state = deploy_state_text(deployed[m["member"]], lang) if m["member"] in deployed else "—"
+        rows.append(
+            [m["member"], m["depth"], m["experts"], m["topk"], f"{m['parameters']:,}",
+             f"{m['active_parameters']:,}", m["steps_trained"], "—" if loss is None else round(loss, 4),
+             m.get("decode_tokens_per_second") or "—", state]
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=FAMILY_COLUMNS)
+
+
+def gguf_choices(items: list[Any]) -> list[tuple[str, str]]:
+    """The deployable GGUF files of a run's succeeded exports, newest export first, each as
+    ("#<export> <type> · <size>", "<export id>:<type>")."""
+    out = []
+    for e in items:
+        if getattr(e, "export_format", "") != "gguf" or e.status != "succeeded":
+            continue
+        for f in e.gguf_files or []:
+            out.append((f"#{e.id} {f['type']} · {f['size_bytes'] / 2**20:.1f} MiB", f"{e.id}:{f['type']}"))
+    return out
+
+
+def family_points(family: dict[str, Any] | None) -> pd.DataFrame:
+    """The size-vs-quality plot: one point per member with an eval loss (active weights in millions)."""
+    rows = [
+        [m["member"], m["active_parameters"] / 1e6, float(m["eval_loss"])]
+        for m in (family or {}).get("members", [])
+        if m.get("eval_loss") is not None
+    ]
+    frame = pd.DataFrame(rows, columns=FAMILY_PLOT_COLUMNS)
+    return frame.astype({"member": "object", "active weights (M)": "float64", "eval loss": "float64"})
+
+
+def member_of_row(family: pd.DataFrame, row: int) -> str:
+    """The member named in row ``row`` of the family table (whatever language its headers are in)."""
+    return str(family.iloc[row, 0]) if 0 <= row < len(family) else ""
+
+
+def run_choices(runs: list[Any], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, int]]:
+    return [(f"#{r.id} {r.name} · {status_text(r.status, lang)}", r.id) for r in runs]
+
+
+def status_markdown(run: Any, p: dict[str, Any], position: int | None, lang: str = DEFAULT_LANGUAGE) -> str:
     icon = STATUS_ICONS.get(run.status, "")
-    parts = [f"### {icon} #{run.id} {run.name} — {run.status}"]
-    line = [f"stage **{run.stage}** · {run.fine_tuning}", f"base `{run.base_model}`"]
+    parts = [f"### {icon} #{run.id} {run.name} — {status_text(run.status, lang)}"]
+    line = [
+        text("runs.msg.stage", lang, stage=run.stage, tuning=run.fine_tuning),
+        text("runs.msg.base", lang, base=run.base_model),
+    ]
     if p.get("step") is not None:
         total = p.get("max_steps")
-        line.append(f"step **{p['step']}**" + (f" / {total}" if total else ""))
+        line.append(text("runs.msg.step", lang, step=p["step"]) + (f" / {total}" if total else ""))
     if run.status == "running" and p.get("eta_s") is not None:
-        line.append(f"ETA {_eta(p['eta_s'])}")
+        line.append(text("runs.msg.eta", lang, eta=_eta(p["eta_s"])))
     if p.get("step_s"):
-        line.append(f"{p['step_s']:.1f} s/step")
+        line.append(text("runs.msg.step_s", lang, s=p["step_s"]))
     if run.status == "queued" and position:
-        line.append(f"queue position **{position}**")
+        line.append(text("runs.msg.queue_position", lang, n=position))
     if run.attempt and run.attempt > 1:
-        line.append(f"attempt {run.attempt}")
+        line.append(text("runs.msg.attempt", lang, n=run.attempt))
     parts.append(" · ".join(line))
-    predicted = predicted_vs_measured(run.estimate, p)
+    predicted = predicted_vs_measured(run.estimate, p, lang)
     if predicted:
         parts.append("\n" + predicted)
     if run.error:
         parts.append(f"\n❌ `{run.error.strip().splitlines()[-1][:400]}`")
     if run.model_dir:
-        parts.append(f"\nmodel: `{run.model_dir}`")
+        parts.append("\n" + text("runs.msg.model", lang, path=run.model_dir))
     return "\n".join(parts)
 
 
-def predicted_vs_measured(estimate: dict[str, Any] | None, p: dict[str, Any]) -> str:
+def predicted_vs_measured(
+    estimate: dict[str, Any] | None, p: dict[str, Any], lang: str = DEFAULT_LANGUAGE
+) -> str:
     """The estimate recorded at launch beside what the run measured: peak memory and seconds per step."""
     if not estimate:
         return ""
@@ -152,13 +263,11 @@ def predicted_vs_measured(estimate: dict[str, Any] | None, p: dict[str, Any]) ->
         lo, hi = mem.get("range") or (mem["peak"], mem["peak"])
         peak = p.get("peak_device_gib") if estimate.get("device") == "gpu" else p.get("peak_rss_gib")
         measured = f"{peak:.2f} GiB" if peak else "—"
-        cells.append(
-            f"peak memory predicted {mem['peak']:.2f} GiB ({lo:.2f} – {hi:.2f}), measured {measured}"
-        )
+        cells.append(text("runs.msg.memory", lang, peak=mem["peak"], lo=lo, hi=hi, measured=measured))
     if t.get("step_s"):
         measured = f"{p['step_s']:.2f} s" if p.get("step_s") else "—"
-        cells.append(f"per step predicted {t['step_s']:.2f} s, measured {measured}")
-    warning = f"  \n⚠️ {estimate['warning']}" if estimate.get("warning") else ""
+        cells.append(text("runs.msg.per_step", lang, predicted=t["step_s"], measured=measured))
+    warning = f"  \n⚠️ {localize_message(estimate['warning'], lang)}" if estimate.get("warning") else ""
     return " · ".join(cells) + warning
 
 
@@ -194,7 +303,14 @@ class RunsHandlers:
         progress = ctx.read(progress_svc.runs_progress, [r.id for r in runs], default={})
         keep = parse_id(current)
         value = keep if keep in {r.id for r in runs} else None
-        return gr.update(choices=run_choices(runs), value=value), run_rows(runs, progress)
+        lang = current_language()
+        return gr.update(choices=run_choices(runs, lang), value=value), run_rows(runs, progress, lang)
+
+    def relabel_table(self, current: Any) -> tuple[Any, pd.DataFrame]:
+        """As :meth:`refresh_table` without touching the dropdown's value (after a language switch)."""
+        update, rows = self.refresh_table(current)
+        update.pop("value", None)
+        return update, rows
 
     def tick_table(
         self, current: Any, saved: Any, shown: list | None, request: gr.Request
@@ -229,7 +345,7 @@ class RunsHandlers:
         ctx = self.ctx
         run = ctx.read(runs_svc.get_run, rid, default=None)
         if run is None:
-            return blank_view(f"run #{rid} no longer exists")
+            return blank_view(text("runs.msg.gone", current_language(), id=rid))
         position = ctx.read(_queue_position, rid, default=None) if run.status == "queued" else None
         return view_of(
             run,
@@ -239,6 +355,8 @@ class RunsHandlers:
             ctx.read(_log_tail, ctx.settings, rid, default=""),
             ctx.read(runs_svc.list_checkpoints, rid, default=[]),
             ctx.read(exports_svc.list_exports, rid, default=[]),
+            ctx.read(exports_svc.family_of, rid, default=None),
+            current_language(),
         )
 
     def show_run(self, run_id: Any) -> tuple[Any, ...]:
@@ -246,44 +364,91 @@ class RunsHandlers:
         return (*self.refresh_table(run_id), *self.run_view(run_id))
 
     def cancel(self, run_id: Any) -> str:
-        return f"Cancelling run #{self._call_on_run(runs_svc.cancel_run, run_id)}."
+        rid = self._call_on_run(runs_svc.cancel_run, run_id)
+        return text("runs.msg.cancelling", current_language(), id=rid)
 
     def resume(self, run_id: Any) -> str:
-        return f"Resumed run #{self._call_on_run(runs_svc.resume_run, run_id)}."
+        rid = self._call_on_run(runs_svc.resume_run, run_id)
+        return text("runs.msg.resumed", current_language(), id=rid)
 
     def delete(self, run_id: Any) -> tuple[str, Any, pd.DataFrame]:
         rid = self._call_on_run(runs_svc.delete_run, run_id)
         update, rows = self.refresh_table(None)
-        return f"Deleted run #{rid}.", update, rows
+        return text("runs.msg.deleted", current_language(), id=rid), update, rows
 
     def export(
-        self, run_id: Any, kind: str, dtype: str | None = None, max_shard_size: str | None = None
+        self,
+        run_id: Any,
+        kind: str,
+        dtype: str | None = None,
+        max_shard_size: str | None = None,
+        member: str | None = None,
     ) -> str:
-        """Queue an export; dtype and shard size apply to unquantized exports (PTQ writes its own)."""
-        rid = _required(run_id, "Pick a run first.")
+        """Queue an export; dtype and shard size apply to unquantized exports (PTQ writes its own);
+        ``member`` cuts that member of an elastic run's family out."""
+        rid = _required(run_id, "runs.err.no_run")
         options = dict(EXPORT_OPTIONS[kind])
-        if not options.get("ptq"):
+        if not options.get("ptq") and not options.get("export_format"):
             options.update(dtype=dtype or None, max_shard_size=(max_shard_size or "").strip() or None)
-        job = self.ctx.call(runs_svc.create_export, self.ctx.settings, rid, **options)
-        return f"Export #{job.id} ({kind}) queued; its model appears under base models when it is done."
+        member = (member or "").strip()
+        job = self.ctx.call(runs_svc.create_export, self.ctx.settings, rid, elastic_member=member, **options)
+        lang = current_language()
+        what = text("runs.msg.member", lang, kind=kind, member=member) if member else kind
+        key = (
+            "runs.msg.gguf_export_queued"
+            if options.get("export_format") == "gguf"
+            else "runs.msg.export_queued"
+        )
+        return text(key, lang, id=job.id, kind=what)
+
+    def deploy_member(self, run_id: Any, member: str | None) -> str:
+        """One click: export the picked member of the family and deploy it once written (the worker chains
+        the two; the family table shows exporting -> deploying -> running)."""
+        rid = _required(run_id, "runs.err.no_run")
+        member = (member or "").strip()
+        if not member:
+            raise refusal(text("runs.err.no_member", current_language()))
+        job = self.ctx.call(exports_svc.deploy_member, self.ctx.settings, rid, member)
+        return text("runs.msg.member_deploy_queued", current_language(), id=job.id, member=member)
+
+    def pick_member(self, family: pd.DataFrame, evt: gr.SelectData) -> str:
+        """A click on the family table names that row's member for the export."""
+        return member_of_row(family, evt.index[0] if isinstance(evt.index, list | tuple) else evt.index)
 
     def deploy(self, run_id: Any) -> tuple[str, int]:
         """Start serving a finished run; returns the message and the new deployment's id."""
-        rid = _required(run_id, "Pick a finished run first.")
+        rid = _required(run_id, "runs.err.no_finished_run")
         spec = deployments_svc.DeploymentSpec(run_id=rid)
         dep = self.ctx.call(deployments_svc.create_deployment, self.ctx.settings, spec)
-        return f"Deployment #{dep.id} starting; chat with it in Deploy & Chat.", dep.id
+        return text("runs.msg.deploying", current_language(), id=dep.id), dep.id
+
+    def deploy_gguf(self, run_id: Any, picked: str | None) -> tuple[str, int]:
+        """Serve a GGUF file of the run's exports with llama.cpp (the newest export's q8_0 when none is
+        picked); returns the message and the new deployment's id."""
+        rid = _required(run_id, "runs.err.no_run")
+        if not picked:
+            choices = gguf_choices(self.ctx.read(exports_svc.list_exports, rid, default=[]))
+            if not choices:
+                raise refusal(text("runs.err.no_gguf", current_language()))
+            served = [v for _, v in choices if v.endswith(":q8_0")]
+            picked = (served or [choices[0][1]])[0]
+        export_id, _, gguf_type = picked.partition(":")
+        spec = deployments_svc.DeploymentSpec(
+            export_id=int(export_id), gguf_type=gguf_type, backend="llamacpp"
+        )
+        dep = self.ctx.call(deployments_svc.create_deployment, self.ctx.settings, spec)
+        return text("runs.msg.deploying_gguf", current_language(), id=dep.id, type=gguf_type), dep.id
 
     def _call_on_run(self, fn: Any, run_id: Any) -> int:
-        rid = _required(run_id, "Pick a run first.")
+        rid = _required(run_id, "runs.err.no_run")
         self.ctx.call(fn, self.ctx.settings, rid)
         return rid
 
 
-def _required(run_id: Any, message: str) -> int:
+def _required(run_id: Any, message_key: str) -> int:
     rid = parse_id(run_id)
     if rid is None:
-        raise gr.Error(message)
+        raise refusal(text(message_key, current_language()))
     return rid
 
 
@@ -304,6 +469,9 @@ def blank_view(message: str = "") -> tuple[Any, ...]:
         off,
         off,
         pd.DataFrame(columns=EXPORT_COLUMNS),
+        gr.update(value=pd.DataFrame(columns=FAMILY_COLUMNS), visible=False),
+        gr.update(value=family_points(None), visible=False),
+        gr.update(choices=[], value=None),
     )
 
 
@@ -315,6 +483,8 @@ def view_of(
     tail: str,
     checkpoints: list[Any],
     exports: list[Any],
+    family: dict[str, Any] | None = None,
+    lang: str = DEFAULT_LANGUAGE,
 ) -> tuple[Any, ...]:
     """One run's view from what the store holds, in ``VIEW_PARTS`` order."""
     extras = charts.extra_metric_names(rows)
@@ -324,7 +494,7 @@ def view_of(
         [[c.step, c.path, fmt_time(c.created_at)] for c in checkpoints], columns=CHECKPOINT_COLUMNS
     )
     return (
-        status_markdown(run, p, position),
+        status_markdown(run, p, position, lang),
         gr.update(value=charts.metric_frame(rows, ["loss"]), x_lim=x_lim),
         gr.update(value=charts.metric_frame(rows, ["learning_rate"]), x_lim=x_lim),
         gr.update(value=charts.metric_frame(rows, ["tokens_per_second"]), x_lim=x_lim),
@@ -335,8 +505,24 @@ def view_of(
         gr.update(interactive=run.status in ("queued", "running")),
         gr.update(interactive=run.status in ("failed", "cancelled")),
         gr.update(interactive=run.status == "succeeded"),
-        export_rows(exports),
+        export_rows(exports, lang),
+        gr.update(value=family_rows(family, exports, lang), visible=family is not None),
+        family_plot_update(family),
+        gr.update(choices=gguf_choices(exports)),
     )
+
+
+def family_plot_update(family: dict[str, Any] | None) -> Any:
+    """The plot's points with some room around them (Gradio's own limits put the extremes on the frame)."""
+    points = family_points(family)
+    if points.empty:
+        return gr.update(value=points, visible=family is not None)
+    limits = {}
+    for key, col in (("x_lim", "active weights (M)"), ("y_lim", "eval loss")):
+        lo, hi = float(points[col].min()), float(points[col].max())
+        pad = max(hi - lo, abs(hi) * 0.02, 1e-3) * 0.15
+        limits[key] = [lo - pad, hi + pad]
+    return gr.update(value=points, visible=True, **limits)
 
 
 # ---- layout ----------------------------------------------------------------------------------------------
@@ -362,6 +548,12 @@ class _RunView:
     export_dtype: gr.Dropdown
     export_shard: gr.Textbox
     export_btn: gr.Button
+    export_member: gr.Textbox
+    member_deploy: gr.Button
+    family: gr.Dataframe
+    family_plot: gr.ScatterPlot
+    gguf_pick: gr.Dropdown
+    gguf_deploy: gr.Button
     action: gr.Markdown
 
     @property
@@ -383,11 +575,17 @@ VIEW_PARTS = (
     "resume",
     "deploy",
     "exports",
+    "family",
+    "family_plot",
+    "gguf_pick",
 )
 
 
-def _plot(t: Any, key: str, elem_id: str, **kwargs: Any) -> gr.LinePlot:
-    return t.make(gr.LinePlot, key, x="step", y="value", height=260, elem_id=elem_id, **kwargs)
+def _plot(t: Any, key: str, elem_id: str, color_title: str | None = None, **kwargs: Any) -> gr.LinePlot:
+    titles = {"x_title": "plot.step", "y_title": "plot.value"}
+    if color_title:
+        titles["color_title"] = color_title
+    return t.make(gr.LinePlot, key, x="step", y="value", height=260, elem_id=elem_id, also=titles, **kwargs)
 
 
 def _action_row(t: Any) -> tuple[gr.Dropdown, dict[str, gr.Button]]:
@@ -410,7 +608,7 @@ def _plots(t: Any) -> dict[str, gr.LinePlot]:
         lr = _plot(t, "runs.lr", "runs-lr")
     with gr.Row():
         tps = _plot(t, "runs.throughput", "runs-tps")
-        extra = _plot(t, "runs.extra", "runs-extra", color="series")
+        extra = _plot(t, "runs.extra", "runs-extra", color="series", color_title="plot.series")
     return {"loss": loss, "lr": lr, "tps": tps, "extra": extra}
 
 
@@ -432,6 +630,39 @@ def _export_box(t: Any) -> dict[str, Any]:
                 gr.Textbox, "runs.export_shard", value=export_default("max_shard_size"), max_lines=1,
                 elem_id="runs-export-shard",
             )  # fmt: skip
+        # An elastic run's family (engine.train.elastic): a click on a row names its member for the export.
+        family = t.make(
+            gr.Dataframe,
+            "runs.family",
+            headers=FAMILY_COLUMNS,
+            interactive=False,
+            visible=False,
+            elem_id="runs-family",
+            max_height=240,
+        )
+        family_plot = t.make(
+            gr.ScatterPlot,
+            "runs.family_plot",
+            value=family_points(None),
+            x="active weights (M)",
+            y="eval loss",
+            color="member",
+            height=280,
+            visible=False,
+            elem_id="runs-family-plot",
+        )
+        with gr.Row(equal_height=True):
+            member = t.make(
+                gr.Textbox, "runs.export_member", value="", max_lines=1, elem_id="runs-export-member", scale=3
+            )
+            member_deploy = t.make(
+                gr.Button,
+                "runs.member_deploy",
+                prop="value",
+                size="sm",
+                elem_id="runs-member-deploy",
+                scale=1,
+            )
         button = t.make(gr.Button, "runs.export_btn", prop="value", size="sm", elem_id="runs-export-btn")
         table = t.make(
             gr.Dataframe,
@@ -442,11 +673,22 @@ def _export_box(t: Any) -> dict[str, Any]:
             elem_id="runs-exports",
             max_height=200,
         )
+        with gr.Row(equal_height=True):
+            pick = t.make(gr.Dropdown, "runs.gguf_pick", choices=[], elem_id="runs-gguf-pick", scale=3)
+            gguf_deploy = t.make(
+                gr.Button, "runs.gguf_deploy", prop="value", size="sm", elem_id="runs-gguf-deploy", scale=1
+            )
     return {
+        "gguf_pick": pick,
+        "gguf_deploy": gguf_deploy,
         "export_kind": kind,
         "export_dtype": dtype,
         "export_shard": shard,
         "export_btn": button,
+        "export_member": member,
+        "member_deploy": member_deploy,
+        "family": family,
+        "family_plot": family_plot,
         "exports": table,
     }
 
@@ -472,6 +714,7 @@ def _logs_and_artifacts(t: Any) -> dict[str, Any]:
                 headers=CHECKPOINT_COLUMNS,
                 interactive=False,
                 elem_id="runs-checkpoints",
+                wrap=True,
                 max_height=200,
             )
             export = _export_box(t)
@@ -496,6 +739,7 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
             headers=RUN_COLUMNS,
             interactive=False,
             elem_id="runs-table",
+            wrap=True,
             max_height=240,
         )
         selected, buttons = _action_row(t)
@@ -521,15 +765,21 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
     buttons["cancel"].click(h.cancel, selected, view.action)
     buttons["resume"].click(h.resume, selected, view.action)
     buttons["delete"].click(h.delete, selected, [view.action, selected, table])
-    export_inputs = [selected, view.export_kind, view.export_dtype, view.export_shard]
+    export_inputs = [selected, view.export_kind, view.export_dtype, view.export_shard, view.export_member]
     view.export_btn.click(h.export, export_inputs, view.action)
+    view.family.select(h.pick_member, view.family, view.export_member)
+    view.member_deploy.click(h.deploy_member, [selected, view.export_member], view.action)
     view.deploy.click(h.deploy, selected, [view.action, deployed])
+    view.gguf_deploy.click(h.deploy_gguf, [selected, view.gguf_pick], [view.action, deployed])
     ctx.demo.load(h.restore, selected_state, [selected, table], **quiet).then(
         h.run_view, selected, view.outputs, **quiet
     )
     tab.select(h.on_select, [selected, selected_state], [selected, table], **quiet).then(
         h.run_view, selected, view.outputs, **quiet
     )
+    # After a language switch the statuses and messages are made again in the new language.
+    ctx.on_language(h.relabel_table, selected, [selected, table])
+    ctx.on_language(h.run_view, selected, view.outputs)
     return RunsTab(
         tab=tab,
         selected=selected,

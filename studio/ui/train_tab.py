@@ -29,9 +29,10 @@ from studio.services import datasets as datasets_svc
 from studio.services import models as models_svc
 from studio.services import runs as runs_svc
 from studio.services.errors import ServiceError
-from studio.ui.context import UIContext, model_choices, parse_id
+from studio.ui.context import UIContext, model_choices, parse_id, refusal
 from studio.ui.datasets_tab import dataset_choices
-from studio.ui.i18n import Texts
+from studio.ui.evaluate_tab import build_evaluate_after_fields, evaluate_after_spec
+from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, text
 from studio.ui.model_download import build_download_row
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
@@ -62,6 +63,8 @@ LORA_PARAMS = ("lora_rank", "lora_alpha")
 DPO_PARAMS = ("beta", "loss_type")
 CONFIG_KEYS = (*CHOICE_KEYS, *HPARAMS, *LORA_PARAMS, *DPO_PARAMS)
 SPEC_FIELDS = ("name", "base_model", "dataset_ids", "stage", "fine_tuning", "num_devices")
+# "Evaluate after training" (studio/ui/evaluate_tab.py): RunSpec.evaluate, not hyperparameters.
+EVALUATE_FIELDS = ("eval_after", "eval_holdout", "eval_datasets", "eval_max_new_tokens")
 HPARAMS_PER_ROW = 4
 
 
@@ -112,7 +115,7 @@ def run_spec(values: dict[str, Any]) -> runs_svc.RunSpec:
     """Form values -> the RunSpec the REST API takes too (compute_type and the rest are hyperparameters)."""
     hyper: dict[str, Any] = {}
     for key, value in values.items():
-        if key in SPEC_FIELDS or value is None or value == "":
+        if key in SPEC_FIELDS or key in EVALUATE_FIELDS or value is None or value == "":
             continue
         if isinstance(value, float) and value.is_integer() and key != "learning_rate":
             value = int(value)
@@ -133,18 +136,25 @@ def run_spec(values: dict[str, Any]) -> runs_svc.RunSpec:
             fine_tuning=values.get("fine_tuning") or DEFAULT_FINE_TUNING,
             hyperparameters=hyper,
             num_devices=int(values.get("num_devices") or 1),
+            evaluate=evaluate_after_spec(*(values.get(k) for k in EVALUATE_FIELDS)),
         )
     except ValidationError as e:
         first = e.errors()[0]
         field = ".".join(str(x) for x in first["loc"])
-        hint = "pick at least one dataset" if field == "dataset_ids" else first["msg"]
-        raise gr.Error(f"{field}: {hint}", print_exception=False) from None
+        hint = text("tr.err.no_dataset", current_language()) if field == "dataset_ids" else first["msg"]
+        raise refusal(f"{field}: {hint}") from None
 
 
 def form_values(spec: runs_svc.RunSpec, keys: list[str]) -> list[Any]:
     """A run's spec -> one value per form field (the clone button fills the form with these)."""
     values = {**spec.hyperparameters, **spec.model_dump(include=set(SPEC_FIELDS))}
     values["name"] = f"{spec.name}-clone" if spec.name else ""
+    if spec.evaluate is not None:
+        values |= {
+            "eval_after": True,
+            "eval_holdout": spec.evaluate.holdout,
+            "eval_datasets": spec.evaluate.dataset_ids or [],
+        }
     return [values.get(k, gr.update()) for k in keys]
 
 
@@ -162,57 +172,65 @@ def yaml_download(text: str) -> str:
     return str(path)
 
 
-def format_estimate(est: dict[str, Any]) -> str:
-    """``estimate_resources`` for the form: a warning when the run will not fit its node, peak memory with
-    its range and parts, time per step and in all, disk, and what the estimate assumed."""
-    lines = []
-    if est.get("warning"):
-        lines.append(f"⚠️ **{est['warning']}**\n")
+MEMORY_PARTS = (
+    "weights",
+    "master_weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "load_peak",
+    "save_peak",
+)
+
+
+def format_estimate(est: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
+    """``estimate_resources`` for the form in ``lang``: a warning when the run will not fit its node, peak
+    memory with its range and parts, time per step and in all, disk, and what the estimate assumed."""
+    lines = [launch_warning(est, lang)] if est.get("warning") else []
     mem = est.get("memory_gib") or {}
     node = est.get("node") or {}
     if "peak" in mem:
         lo, hi = mem.get("range") or (mem["peak"], mem["peak"])
-        where = "device" if est.get("device") == "gpu" else "RAM"
-        checked = f" · checked against **{node['name']}**" if node.get("name") else ""
-        lines.append(f"peak {where} **{mem['peak']:.2f} GiB** ({lo:.2f} – {hi:.2f}){checked}\n")
-    lines += ["| memory | GiB |", "|---|---:|"]
-    for part in (
-        "weights",
-        "master_weights",
-        "gradients",
-        "optimizer",
-        "activations",
-        "load_peak",
-        "save_peak",
-    ):
-        if mem.get(part):
-            lines.append(f"| {part.replace('_', ' ')} | {mem[part]:.2f} |")
+        where = text("tr.est.where.device" if est.get("device") == "gpu" else "tr.est.where.ram", lang)
+        checked = text("tr.est.checked", lang, node=node["name"]) if node.get("name") else ""
+        lines.append(text("tr.est.peak", lang, where=where, peak=mem["peak"], lo=lo, hi=hi) + checked + "\n")
+    lines += [f"| {text('tr.est.memory', lang)} | GiB |", "|---|---:|"]
+    lines += [f"| {text(f'tr.est.part.{p}', lang)} | {mem[p]:.2f} |" for p in MEMORY_PARTS if mem.get(p)]
     n, trainable = est.get("num_parameters"), est.get("trainable_parameters")
     if n:
-        lines.append(f"\ntrainable parameters **{trainable:,}** of {n:,} ({100 * trainable / n:.2f}%)")
+        lines.append(
+            "\n" + text("tr.est.trainable", lang, trainable=trainable, total=n, share=100 * trainable / n)
+        )
     t = est.get("time") or {}
     if t:
         lo, hi = t.get("step_s_range") or (t["step_s"], t["step_s"])
-        lines.append(
-            f"  \n{est.get('steps', 0):,} steps of ~{est.get('tokens_per_step', 0):,.0f} tokens: "
-            f"**{_duration(t['step_s'])}** per step ({_duration(lo)} – {_duration(hi)}), "
-            f"≈ **{_duration(t['total_s'])}** in all with {t.get('checkpoints', 0)} checkpoint(s) and the final "
-            f"save ({_duration(t.get('final_save_s', 0))})"
+        shown = text(
+            "tr.est.time",
+            lang,
+            steps=est.get("steps", 0),
+            tokens=est.get("tokens_per_step", 0),
+            step=_duration(t["step_s"]),
+            lo=_duration(lo),
+            hi=_duration(hi),
+            total=_duration(t["total_s"]),
+            checkpoints=t.get("checkpoints", 0),
+            save=_duration(t.get("final_save_s", 0)),
         )
+        lines.append("  \n" + shown)
     disk = est.get("disk") or {}
     if disk:
-        lines.append(f"  \ndisk: {disk['total_bytes'] / 1e9:.2f} GB")
+        lines.append("  \n" + text("tr.est.disk", lang, gb=disk["total_bytes"] / 1e9))
     if est.get("assumptions"):
-        lines.append("\n<details><summary>assumptions</summary>\n")
-        lines += [f"- {a}" for a in est["assumptions"]]
+        lines.append(f"\n<details><summary>{text('tr.est.assumptions', lang)}</summary>\n")
+        lines += [f"- {localize_message(a, lang)}" for a in est["assumptions"]]
         lines.append("\n</details>")
     return "\n".join(lines)
 
 
-def launch_warning(estimate: dict[str, Any] | None) -> str:
+def launch_warning(estimate: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:
     """The estimate's warning, when the run just queued will not fit the node it goes to."""
     warning = (estimate or {}).get("warning")
-    return f"⚠️ **{warning}**  \n" if warning else ""
+    return f"⚠️ **{localize_message(warning, lang)}**  \n" if warning else ""
 
 
 def _duration(seconds: float) -> str:
@@ -239,19 +257,19 @@ class TrainHandlers:
 
     def show_yaml(self, *values: Any) -> tuple[str, str | None]:
         """The YAML the run would get and a file to download it, or why there is none yet."""
+        lang = current_language()
         form = dict(zip(self.keys, values, strict=True))
         if not form.get("base_model") or not form.get("dataset_ids"):
-            return "# pick a base model and a dataset to see the config", None
+            return text("tr.msg.pick", lang), None
         config, err = preview_config(self.ctx, self.spec(values))
         if err is not None:
-            return f"# not valid yet: {err.message}", None
-        text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-        return text, yaml_download(text)
+            return text("tr.msg.invalid", lang, message=localize_message(err.message, lang)), None
+        shown = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+        return shown, yaml_download(shown)
 
     def show_estimate(self, *values: Any) -> str:
-        return format_estimate(
-            self.ctx.call(runs_svc.estimate_resources, self.ctx.settings, self.spec(values))
-        )
+        est = self.ctx.call(runs_svc.estimate_resources, self.ctx.settings, self.spec(values))
+        return format_estimate(est, current_language())
 
     def launch(self, *values: Any) -> tuple[str, int]:
         """Queue the run; returns the launch message and the new run's id."""
@@ -260,10 +278,11 @@ class TrainHandlers:
         position = ctx.read(
             lambda s, rid: runs_svc.queue_position(s, runs_svc.get_run(s, rid)), run.id, default=None
         )
-        where = f"position **{position}** in the queue" if position else "starting"
-        gr.Info(f"Run #{run.id} queued.")
-        message = f"✅ run **#{run.id} {run.name}** queued — {where}. Follow it in the Runs tab."
-        return launch_warning(run.estimate) + message, run.id
+        lang = current_language()
+        where = text("tr.msg.position", lang, n=position) if position else text("tr.msg.starting", lang)
+        gr.Info(text("tr.msg.queued", lang, id=run.id))
+        message = text("tr.msg.launched", lang, id=run.id, name=run.name, where=where)
+        return launch_warning(run.estimate, lang) + message, run.id
 
     def model_roots(self) -> str:
         """The folders the base-model picker lists local models from."""
@@ -272,7 +291,8 @@ class TrainHandlers:
     def refresh_choices(self, base_model: str | None, chosen: list[Any] | None) -> tuple[Any, Any]:
         """Fresh base-model and dataset choices; values are only filled in when empty (this may land after
         the person picked something)."""
-        choices = model_choices(self.ctx.read(models_svc.list_models, self.ctx.settings, default=[]))
+        models = self.ctx.read(models_svc.list_models, self.ctx.settings, default=[])
+        choices = model_choices(models, current_language())
         items = self.ctx.read(datasets_svc.list_datasets, default=[])
         model_update = gr.update(choices=choices)
         if not base_model and choices:
@@ -284,7 +304,7 @@ class TrainHandlers:
         Train and the remembered tab id."""
         rid = parse_id(run_id)
         if rid is None:
-            raise gr.Error("Pick a run to clone.")
+            raise refusal(text("tr.err.no_clone", current_language()))
         spec = self.ctx.call(lambda s, i: runs_svc.spec_of(runs_svc.get_run(s, i)), rid)
         return [*form_values(spec, self.keys), gr.Tabs(selected="train"), "train"]
 
@@ -387,6 +407,7 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
             fields, roots = _choice_rows(t, start)
             build_download_row(ctx, t, fields["base_model"])
             fields |= _hparams_box(t, start)
+            fields |= build_evaluate_after_fields(ctx, tab)
             with gr.Row():
                 lora_visible = lora_applies(start["fine_tuning"], start["compute_type"])
                 lora_box = _params_box(t, "tr.lora", LORA_PARAMS, start, fields, lora_visible)

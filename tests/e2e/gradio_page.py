@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from playwright.sync_api import Page, expect
@@ -72,6 +73,47 @@ PLOT_POINTS_JS = """(id) => {
   const paths = [...document.querySelectorAll(`#${id} g.mark-line path`)];
   return paths.map(p => ((p.getAttribute('d') || '').match(/[ML]/g) || []).length);
 }"""
+
+
+def watch_reply_lengths(page: Page, chat_id: str) -> None:
+    """Record the length of the last bot message of chat ``chat_id`` at every change of the chat, so a test
+    can tell a streamed reply (several lengths) from one delivered whole (`reply_lengths`)."""
+    page.evaluate(
+        """(chatId) => {
+      window.__replyLengths = [];
+      const box = document.querySelector('#' + chatId);
+      new MutationObserver(() => {
+        const bots = box.querySelectorAll('[data-testid=bot]');
+        const last = bots[bots.length - 1];
+        if (last) window.__replyLengths.push(last.innerText.length);
+      }).observe(box, {subtree: true, childList: true, characterData: true});
+    }""",
+        chat_id,
+    )
+
+
+def reply_lengths(page: Page) -> list[int]:
+    """The lengths `watch_reply_lengths` recorded, in order."""
+    return page.evaluate("() => window.__replyLengths")
+
+
+def streamed_lengths(page: Page, timeout_s: float = 120.0, settle_s: float = 1.0) -> list[int]:
+    """The positive reply lengths `watch_reply_lengths` recorded, once at least two different ones were seen
+    and none was added for ``settle_s`` (the reply is done), or whatever was recorded at ``timeout_s``.
+
+    Gradio's idle state is not a sign that a streamed reply is on the page: the chat shows no progress
+    overlay, so waiting for `StudioPage.idle` and reading once can see only the first update."""
+    stop_at = time.monotonic() + timeout_s
+    seen: list[int] = []
+    changed_at = time.monotonic()
+    while time.monotonic() < stop_at:
+        now = [n for n in reply_lengths(page) if n > 0]
+        if now != seen:
+            seen, changed_at = now, time.monotonic()
+        elif len(set(seen)) >= 2 and time.monotonic() - changed_at >= settle_s:
+            break
+        time.sleep(0.1)
+    return seen
 
 
 def plot_series_points(page: Page, elem_id: str) -> list[int]:

@@ -26,10 +26,14 @@ def test_nodes_tab_shows_the_local_worker_and_its_doctor(page, studio, artifacts
     table = ui.el("nodes-table")
     name = re.escape(ready["name"])
     # The worker's row: its state, then its doctor's verdict (cells follow each other in the table's text).
-    expect(table).to_contain_text(re.compile(rf"{name}.*ready.*\d+/\d+ passed", re.S))
+    # The tables fill from the page's load event, which waits in Gradio's queue behind other sessions' events
+    # (a loaded fresh-clone run showed the header alone after expect's default 5 s): wait up to 30 s.
+    expect(table).to_contain_text(re.compile(rf"{name}.*ready.*\d+/\d+ passed", re.S), timeout=30_000)
     checks = ui.el("nodes-checks")
-    expect(checks).to_contain_text(re.compile(rf"{name}.*training_probe.*pass.*loss [\d.]+ -> [\d.]+", re.S))
-    expect(checks).to_contain_text(re.compile(rf"{name}.*throughput.*pass.*tokens/s", re.S))
+    expect(checks).to_contain_text(
+        re.compile(rf"{name}.*training_probe.*pass.*loss [\d.]+ -> [\d.]+", re.S), timeout=30_000
+    )
+    expect(checks).to_contain_text(re.compile(rf"{name}.*throughput.*pass.*tokens/s", re.S), timeout=30_000)
     ui.click("nodes-refresh")
     ui.idle()
     expect(table).to_contain_text(ready["name"])

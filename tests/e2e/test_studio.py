@@ -13,14 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gradio_page import StudioPage, plot_series_points
+from gradio_page import StudioPage, plot_series_points, reply_lengths, streamed_lengths, watch_reply_lengths
 from playwright.sync_api import expect
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "data" / "sft_demo.jsonl"
-MAX_STEPS = 40
+MAX_STEPS = 24  # with 2048-token packed rows, long enough to refresh the page mid-run
 
 
 def first_record() -> dict:
@@ -65,7 +65,7 @@ def test_malformed_upload_lists_problems_by_line(page, studio, artifacts, tmp_pa
     assert api(studio, "/datasets") == [] or all(d["name"] != "broken_sft" for d in api(studio, "/datasets"))
 
 
-def test_upload_train_compare_deploy_chat(page, studio, artifacts):
+def test_upload_train_compare_deploy_chat(page, studio, artifacts, browser):
     ui = StudioPage(page, studio, artifacts / "flow")
     ui.open()
 
@@ -90,7 +90,7 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.fill("tr-max-steps", str(MAX_STEPS))
     ui.fill("tr-learning-rate", "0.001")
     ui.fill("tr-warmup-steps", "5")
-    ui.fill("tr-save-steps", "10")
+    ui.fill("tr-save-steps", "8")
     # Packing fills every step with 2048 tokens: compute, not per-step overhead, sets the pace, so the run
     # lasts long enough to refresh the page in the middle of it however idle the machine is.
     ui.fill("tr-max-seq-len", "2048")
@@ -123,7 +123,7 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     )
     ui.expect_text("runs-status", "succeeded", timeout=120_000)
     wait_until(lambda: sum(plot_series_points(page, "runs-loss")) == MAX_STEPS, 20, "all loss points")
-    ui.expect_text("runs-checkpoints", "checkpoint-40")
+    ui.expect_text("runs-checkpoints", f"checkpoint-{MAX_STEPS}")
     ui.shot("run-finished")
 
     # 5. Clone into the Train tab, change only the learning rate, launch the second run.
@@ -147,30 +147,19 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
     ui.expect_text("dep-status", "running", timeout=120_000)
     ui.fill("dep-system", "You are a concise assistant.")
-    # A 40-step tiny model often ends its answer after a token or two; ignore_eos makes the reply run to
+    # A 24-step tiny model often ends its answer after a token or two; ignore_eos makes the reply run to
     # max_tokens, so there is something to watch stream (96 tokens: with 48 a fast machine once delivered
     # the whole reply in one render).
     ui.fill("dep-max-tokens", "96")
     page.get_by_text("Advanced", exact=True).click()
     ui.fill("dep-seed", "7")
     page.locator("#dep-ignore-eos input[type=checkbox]").check()
-    page.evaluate(
-        """() => {
-      window.__replyLengths = [];
-      const box = document.querySelector('#dep-chat');
-      new MutationObserver(() => {
-        const bots = box.querySelectorAll('[data-testid=bot]');
-        const last = bots[bots.length - 1];
-        if (last) window.__replyLengths.push(last.innerText.length);
-      }).observe(box, {subtree: true, childList: true, characterData: true});
-    }"""
-    )
+    watch_reply_lengths(page, "dep-chat")
     box = ui.el("dep-message").locator("textarea, input").first
     box.fill("What is 13 - 1?")
     ui.click("dep-send")
-    wait_until(lambda: page.evaluate("() => window.__replyLengths.length") > 0, 60, "a reply")
-    ui.idle(timeout=120_000)
-    lengths = [n for n in page.evaluate("() => window.__replyLengths") if n > 0]
+    wait_until(lambda: reply_lengths(page), 60, "a reply")
+    lengths = streamed_lengths(page)
     assert len(set(lengths)) >= 2, f"reply did not stream (lengths seen: {lengths})"
     assert lengths[-1] == max(lengths)
     ui.shot("chat")
@@ -180,7 +169,8 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.tab("deploy")
     ui.choose("dep-run", "lr-1e-4")
     ui.click("dep-btn")
-    ui.expect_text("dep-status", "#2 lr-1e-4")
+    # ids depend on what other e2e modules made in the shared studio before this one
+    ui.expect_text("dep-status", re.compile(r"#\d+ lr-1e-4"))
 
     # 8. Meanwhile, export the first run with weight-only int8 PTQ: perplexity before and after is reported.
     ui.tab("runs")
@@ -197,7 +187,22 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
 
     # 9. Compare: two curves aligned by step, the learning rate is the only differing hyperparameter, and
     # A/B chat sends one prompt to both deployments.
-    wait_until(lambda: all(d["status"] == "running" for d in api(studio, "/deployments")), 120, "deployments")
+    # this test's two deployments (other e2e modules leave stopped ones in the shared studio)
+    ours = ("lr-1e-3", "lr-1e-4")
+    wait_until(
+        lambda: [d["status"] for d in api(studio, "/deployments") if d["name"] in ours] == ["running"] * 2,
+        120,
+        "deployments",
+    )
+    # A link naming a run opens Deploy & Chat on that run's deployment, in a browser that never saw it.
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US")
+    try:
+        linked = StudioPage(fresh.new_page(), studio, artifacts / "flow")
+        linked.open(f"?tab=deploy&run={run1['id']}")
+        expect(linked.el("dep-select").locator("input")).to_have_value(re.compile(r"lr-1e-3"), timeout=20_000)
+        linked.expect_text("dep-status", "lr-1e-3 — running")
+    finally:
+        fresh.close()
     ui.tab("compare")
     ui.choose("cmp-runs", "lr-1e-3")
     ui.choose("cmp-runs", "lr-1e-4")
@@ -211,6 +216,18 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts):
     ui.expect_text("cmp-final", "loss")
     ui.expect_text("cmp-legend", "lr-1e-4")
     ui.shot("compare")
+    # A reload keeps the compared runs (in the URL) and compares them again.
+    assert f"runs={run1['id']}%2C{run2['id']}" in page.url or f"runs={run1['id']},{run2['id']}" in page.url
+    page.reload()
+    page.wait_for_selector("#studio-tabs")
+    wait_until(
+        lambda: plot_series_points(page, "cmp-curves") == [MAX_STEPS, MAX_STEPS],
+        30,
+        "the curves after a reload",
+    )
+    ui.expect_text("cmp-diff", re.compile(r"learning_rate\s+0\.001\s+0\.0001"))
+    expect(ui.el("cmp-runs")).to_contain_text("lr-1e-3")
+    expect(ui.el("cmp-runs")).to_contain_text("lr-1e-4")
     ui.choose("cmp-dep-a", "lr-1e-3")
     ui.choose("cmp-dep-b", "lr-1e-4")
     ui.fill("cmp-temperature", "1")

@@ -79,3 +79,22 @@ def running_server(model_dir: Path, *extra: str, timeout: float = 90.0):
                 proc.kill()
                 proc.wait()
         log.close()
+
+
+def complete_in_process(model_dir: Path, prompt: str = "The capital", max_tokens: int = 4) -> dict:
+    """One greedy ``/v1/completions`` answer from the engine's server app loaded in this process (what
+    ``ernie-studio serve --backend paddle`` runs, without a process of its own)."""
+    from fastapi.testclient import TestClient
+
+    import engine
+    from engine.serve.generate import GenerationEngine
+    from engine.serve.server import create_app
+
+    model, tok = engine.load_model(str(model_dir)), engine.load_tokenizer(str(model_dir))
+    with TestClient(create_app(GenerationEngine(model, tok, max_num_seqs=1))) as client:
+        r = client.post(
+            "/v1/completions",
+            json={"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        )
+    assert r.status_code == 200, r.text
+    return r.json()

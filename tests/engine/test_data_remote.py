@@ -3,14 +3,10 @@ and clear errors when the worker is offline, the server refuses, or the file is 
 
 from __future__ import annotations
 
-import http.server
-import io
 import json
-import threading
 
-import numpy as np
 import pytest
-from PIL import Image
+from image_standin import ImageHost, picture
 
 from engine.data import remote
 from engine.data.formats import parse_record
@@ -19,32 +15,10 @@ from engine.data.formats import parse_record
 @pytest.fixture
 def image_server():
     """A local HTTP server with one PNG at /red.png, a 404 elsewhere and a redirect at /moved.png."""
-    buf = io.BytesIO()
-    Image.fromarray(np.full((56, 84, 3), (200, 20, 20), np.uint8)).save(buf, format="PNG")
-    png, hits = buf.getvalue(), []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            if self.path == "/red.png":
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(png)))
-                self.end_headers()
-                self.wfile.write(png)
-            elif self.path == "/moved.png":
-                self.send_response(302)
-                self.send_header("Location", "/red.png")
-                self.end_headers()
-            else:
-                self.send_error(404)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", png, hits
-    server.shutdown()
+    png = picture((200, 20, 20))
+    host = ImageHost({"/red.png": (png, "image/png")}, redirects={"/moved.png": "/red.png"})
+    yield host.url, png, host.hits
+    host.close()
 
 
 def record(url: str) -> dict:

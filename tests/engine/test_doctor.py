@@ -25,7 +25,11 @@ def test_quick_doctor_reports_facts_and_passes_on_a_healthy_node(quick_report):
     assert facts["cpu_count"] >= 1 and facts["memory"]["total_bytes"] > 0
     assert set(facts["fastdeploy"]) == {"available", "version"}
     names = [c["name"] for c in report["checks"]]
-    assert names[0] == "devices" and "training_probe" in names and names[-2:] == ["throughput", "fastdeploy"]
+    assert (
+        names[0] == "devices"
+        and "training_probe" in names
+        and names[-3:] == ["throughput", "fastdeploy", "llamacpp"]
+    )
     for c in report["checks"]:
         assert set(c) >= {"name", "passed", "detail", "duration_s"} and c["passed"], c
     probe = next(c for c in report["checks"] if c["name"] == "training_probe")
@@ -87,3 +91,32 @@ def test_fastdeploy_check_refuses_a_release_missing_a_flag(monkeypatch):
     assert "--served-model-name" in check.values["missing"]
     monkeypatch.setattr(fastdeploy_probe, "check_installed", lambda: FlagCheck(True, "2.3.0", [], "ok"))
     assert fastdeploy_probe.fastdeploy_checks({"fastdeploy": {"available": True}}, None)[0].passed
+
+
+def test_a_passing_report_is_reused_only_while_nothing_it_vouches_for_changed(tmp_path, quick_report):
+    """The worker's start-up doctor reuses a recent passing report of the same node, floors, form and
+    engine; other floors, an older report or a failed one run the checks again."""
+    import json
+
+    from engine.doctor import reuse
+
+    floors = DoctorFloors()
+    key = reuse.report_key(quick_report.facts, floors.model_dump(), False)
+    reuse.save(tmp_path, key, quick_report.to_dict())
+    again = run_doctor(full=False, floors=floors, reuse_s=600, cache_dir=tmp_path)
+    assert again.reused_from is not None and again.passed
+    assert [c.name for c in again.checks] == [c.name for c in quick_report.checks]
+    assert again.to_dict()["reused_from"] == again.reused_from
+    # the facts are read afresh; only RAM and GPU free memory may differ without changing the key
+    assert reuse.report_key(again.facts, floors.model_dump(), False) == key
+    assert reuse.report_key({**again.facts, "cpu_count": 99}, floors.model_dump(), False) != key
+    assert reuse.report_key(again.facts, {**floors.model_dump(), "min_tokens_per_s": 1.0}, False) != key
+    assert reuse.report_key(again.facts, floors.model_dump(), True) != key
+    # too old: not reused
+    saved = json.loads((tmp_path / f"{key}.json").read_text())
+    saved["saved_at"] -= 601
+    (tmp_path / f"{key}.json").write_text(json.dumps(saved))
+    assert reuse.load_recent(tmp_path, key, 600) is None
+    # a failed report is never kept
+    reuse.save(tmp_path / "failed", key, {**quick_report.to_dict(), "passed": False})
+    assert not (tmp_path / "failed").exists()

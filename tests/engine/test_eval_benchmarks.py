@@ -13,7 +13,7 @@ import pytest
 import engine
 from engine.eval import EvalDataError, eval_config_from_dict, load_eval_config, run_eval
 from engine.eval.answers import final_number, reference_number
-from engine.eval.items import read_eval_file
+from engine.eval.items import detect_benchmark, read_eval_file
 from engine.eval.text_metrics import bleu_stats, corpus_bleu, normalize, rouge_l
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,13 +71,25 @@ def test_multiple_choice_accuracy_equals_a_hand_computation(tiny_model_dir, tmp_
     assert results["datasets"]["mc.jsonl"]["metrics"]["acc"]["n"] == 3
 
 
-def test_benchmark_shapes_read_to_the_same_items():
+def test_benchmark_shapes_read_to_the_same_items(tmp_path):
     ceval = read_eval_file(str(EXAMPLES / "ceval_style.csv"), "multiple_choice").items
     assert [it.answer for it in ceval] == [1, 2, 0] and ceval[0].choices == ["上海", "北京", "广州", "深圳"]
     arc = read_eval_file(str(EXAMPLES / "arc_style.jsonl"), "multiple_choice").items
     assert [it.answer for it in arc] == [1, 1, 0]
     gsm = read_eval_file(str(EXAMPLES / "gsm8k_style.jsonl"), "gsm8k").items
     assert [it.answer for it in gsm] == ["7", "60", "1000"]
+    # One detection for `eval_dataset_type: auto` and the studio's uploads: benchmarks by their keys, chat
+    # and preference records (alpaca DPO has a `question` too) never.
+    detected = {f.name: detect_benchmark(f) for f in sorted(EXAMPLES.iterdir()) if f.suffix != ".yaml"}
+    assert detected == {
+        "arc_style.jsonl": "multiple_choice", "ceval_style.csv": "multiple_choice", "gsm8k_style.jsonl": "gsm8k",
+        "mmlu_style.jsonl": "multiple_choice", "qa_eval.jsonl": None,
+    }  # fmt: skip
+    dpo = write_jsonl(tmp_path / "dpo.jsonl", [{"question": "q", "chosen": "a", "rejected": "b"}])
+    assert detect_benchmark(dpo) is None
+    auto = read_eval_file(str(EXAMPLES / "ceval_style.csv"), "auto")
+    assert auto.type == "multiple_choice" and [it.answer for it in auto.items] == [1, 2, 0]
+    assert read_eval_file(str(EXAMPLES / "gsm8k_style.jsonl"), "auto").type == "gsm8k"
 
 
 def test_text_metrics():

@@ -1,8 +1,10 @@
-"""report_to: TensorBoard's and VisualDL's own readers see the loss curve metrics.jsonl holds."""
+"""report_to: TensorBoard's, VisualDL's and MLflow's own readers see the loss curve metrics.jsonl holds."""
 
 from __future__ import annotations
 
 import json
+import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,22 @@ DATA = ROOT / "examples" / "data"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
+def mlflow_uri(tmp_path_factory):
+    """A local MLflow file store for this module's runs (MLflow's own environment variables), when MLflow's
+    client is installed (the dev extra has it)."""
+    if find_spec("mlflow") is None:
+        yield None
+        return
+    store = tmp_path_factory.mktemp("mlruns")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", store.as_uri())
+        mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database unless told
+        mp.setenv("MLFLOW_EXPERIMENT_NAME", "scalars-test")
+        yield store.as_uri()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir, mlflow_uri) -> Path:
     out = tmp_path_factory.mktemp("scalars") / "run"
     cfg = config_from_dict(
         TrainConfig,
@@ -23,7 +40,7 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
             model_name_or_path=str(tiny_model_dir),
             output_dir=str(out),
             logging_dir=str(out / "logs"),
-            report_to="tensorboard,visualdl",
+            report_to="tensorboard,visualdl" + (",mlflow" if mlflow_uri else ""),
             fine_tuning="Full",
             train_dataset_path=str(DATA / "sft_demo.jsonl"),
             eval_dataset_path=str(DATA / "sft_demo.jsonl"),
@@ -76,7 +93,30 @@ def test_visualdl_reads_the_loss_curve_of_metrics_jsonl(run_dir):
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
 
 
-def test_a_resumed_run_adds_no_duplicate_points(run_dir, tiny_model_dir):
+def _mlflow_run(uri: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("scalars-test")
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def test_mlflow_reads_the_loss_curve_of_metrics_jsonl(run_dir, mlflow_uri):
+    pytest.importorskip("mlflow")
+    client, run = _mlflow_run(mlflow_uri)
+    assert run.info.run_name == f"{run_dir.parent.name}/run" and run.info.status == "FINISHED"
+    for key, tag in (
+        ("loss", "train/loss"),
+        ("eval_loss", "eval/loss"),
+        ("learning_rate", "train/learning_rate"),
+    ):
+        got = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag)]
+        want = _metrics(run_dir, key)
+        assert len(want) >= 2 and got == want  # MLflow keeps float64: the very values
+
+
+def test_a_resumed_run_adds_no_duplicate_points(run_dir, tiny_model_dir, mlflow_uri):
     from tensorboard.backend.event_processing import event_accumulator
 
     cfg = load_config(
@@ -96,19 +136,37 @@ def test_a_resumed_run_adds_no_duplicate_points(run_dir, tiny_model_dir):
                 "disable_tqdm",
             )
         ]
-        + ["report_to=tensorboard", "max_steps=7", "save_steps=1000"],
+        + [f"report_to=tensorboard{',mlflow' if mlflow_uri else ''}", "max_steps=7", "save_steps=1000"],
     )
     run_training(cfg)
     acc = event_accumulator.EventAccumulator(str(run_dir / "logs" / "tensorboard"))
     acc.Reload()
     steps = [e.step for e in acc.Scalars("train/loss")]
     assert steps == [s for s, _ in _metrics(run_dir, "loss")] == list(range(1, 8))
+    if mlflow_uri:  # the same MLflow run goes on (the only run there), with step 7 added once
+        client, run = _mlflow_run(mlflow_uri)
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == steps
 
 
-@pytest.mark.parametrize("value", ["mlflow", "wandb", "tensorboard,wandb"])
-def test_mlflow_and_wandb_are_refused_not_ignored(value, tmp_path):
-    with pytest.raises(ConfigError, match=r"report_to (mlflow|wandb): .* not built in yet"):
+@pytest.mark.parametrize("value", ["wandb", "tensorboard,wandb"])
+def test_wandb_is_refused_not_ignored(value, tmp_path):
+    with pytest.raises(ConfigError, match=r"report_to wandb: .* not built in yet"):
         load_config(None, ["model_name_or_path=m", "train_dataset_path=x.jsonl", f"report_to={value}"])
+
+
+def test_mlflow_without_its_client_is_refused_at_config_time(monkeypatch):
+    from engine.eval import eval_config_from_dict
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if the package were not installed
+    want = r"report_to mlflow: the mlflow package is not installed; pip install 'ernie-studio\[tracking\]'"
+    with pytest.raises(ConfigError, match=want):
+        load_config(
+            None, ["model_name_or_path=m", "train_dataset_path=x.jsonl", "report_to=tensorboard,mlflow"]
+        )
+    with pytest.raises(ConfigError, match=want):
+        eval_config_from_dict(
+            {"model_name_or_path": "m", "eval_dataset_path": "x.jsonl", "report_to": "mlflow"}
+        )
 
 
 def test_report_to_reads_erniekit_spellings(tmp_path):

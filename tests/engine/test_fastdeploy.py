@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -383,12 +384,17 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
 """
 
 
-def stand_in_plan(tmp_path) -> LaunchPlan:
+# FastDeploy's own clean shutdown: SIGTERM stops its workers (each leads a process group of its own).
+CLEAN_EXIT = "signal.signal(signal.SIGTERM, lambda *a: ([os.killpg(w.pid, 9) for w in workers], os._exit(0)))"
+
+
+def stand_in_plan(tmp_path, clean_exit: bool = False) -> LaunchPlan:
     www = tmp_path / "www"
     www.mkdir(exist_ok=True)
     (www / "health").write_text("ok")
     script = tmp_path / "api_server.py"
-    script.write_text(STAND_IN)
+    text = STAND_IN.replace("signal.signal(signal.SIGTERM, lambda *a: os._exit(0))", CLEAN_EXIT)
+    script.write_text(text if clean_exit else STAND_IN)
     port = free_port()
     logs = tmp_path / "logs"
     return LaunchPlan(
@@ -495,3 +501,32 @@ def test_fastdeploy_serves_openai_api(tiny_model_dir, tmp_path):
         assert r.usage.completion_tokens >= 1
     finally:
         server.stop()
+
+
+def test_sigterm_to_serve_stops_fastdeploy_and_exits_zero(tmp_path):
+    """`serve --backend fastdeploy`'s wait loop (run_until_signalled) on the stand-in: SIGTERM while it waits
+    on the api_server stops the server and every recorded worker and exits 0. Its handler used to call
+    stop(), which waits on the Popen the main thread was waiting on: it hung on Popen's wait lock."""
+    plan = stand_in_plan(tmp_path, clean_exit=True)
+    holder = tmp_path / "serve.py"
+    holder.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from pathlib import Path\n"
+        "from engine.serve.cli import run_until_signalled\n"
+        "from engine.serve.fastdeploy import FastDeployServer, LaunchPlan\n"
+        f"plan = LaunchPlan({plan.argv!r}, {{}}, {plan.port}, 0, 0, Path({str(plan.log_dir)!r}), "
+        f"Path({str(plan.log_file)!r}))\n"
+        "sys.exit(run_until_signalled(FastDeployServer(plan), 'm', '127.0.0.1', plan.port))\n"
+    )
+    serve = subprocess.Popen([sys.executable, str(holder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert serve.stdout.readline().startswith(f"serving m on http://127.0.0.1:{plan.port}/v1")
+        wait_for_records(plan.pids_file, 4)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+    assert recorded_alive(plan.pids_file) == []

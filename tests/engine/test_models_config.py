@@ -172,20 +172,20 @@ def test_presets() -> None:
 
 def test_official_sizes_have_the_published_parameter_counts() -> None:
     """Counted from the configs alone (nothing is built): 0.36B dense; 21B total / 3B active for A3B."""
-    from engine.models.config import parameter_count
+    from engine.models.counts import count_parameters
 
-    assert parameter_count(preset_config("ernie-4.5-0.3b")) == pytest.approx(0.36e9, rel=0.03)
+    assert count_parameters(preset_config("ernie-4.5-0.3b")).total == pytest.approx(0.36e9, rel=0.03)
     total, active = (
-        parameter_count(preset_config("ernie-4.5-21b-a3b")),
-        parameter_count(preset_config("ernie-4.5-21b-a3b"), active=True),
+        count_parameters(preset_config("ernie-4.5-21b-a3b")).total,
+        count_parameters(preset_config("ernie-4.5-21b-a3b")).active,
     )
     assert total == pytest.approx(21.8e9, rel=0.03)
     assert active == pytest.approx(3.0e9, rel=0.15)  # 3.35B with the 0.26B embedding
-    assert parameter_count(preset_config("ernie-4.5-300b-a47b")) == pytest.approx(300e9, rel=0.05)
+    assert count_parameters(preset_config("ernie-4.5-300b-a47b")).total == pytest.approx(300e9, rel=0.05)
 
 
 def _built_weights(config: ErnieConfig, skip_experts_from: int | None = None) -> int:
-    """Sizes of the built model's weights (what parameter_count counts): no correction-bias statistics;
+    """Sizes of the built model's weights (what count_parameters counts): no correction-bias statistics;
     ``skip_experts_from`` leaves out routed experts with that index or higher."""
     import re
 
@@ -206,18 +206,18 @@ def _built_weights(config: ErnieConfig, skip_experts_from: int | None = None) ->
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe", "tiny-vl"])
 def test_parameter_count_equals_the_built_models_weights(preset: str) -> None:
-    from engine.models.config import parameter_count
+    from engine.models.counts import count_parameters
 
     config = preset_config(preset, vocab_size=1024)
-    assert parameter_count(config) == _built_weights(config)
+    assert count_parameters(config).total == _built_weights(config)
 
 
 def test_active_parameter_count_keeps_moe_k_routed_experts() -> None:
-    from engine.models.config import parameter_count
+    from engine.models.counts import count_parameters
 
     config = preset_config("tiny-moe", vocab_size=1024)
-    assert parameter_count(config, active=True) == _built_weights(config, skip_experts_from=config.moe_k)
-    assert parameter_count(config, active=True) < parameter_count(config)
+    assert count_parameters(config).active == _built_weights(config, skip_experts_from=config.moe_k)
+    assert count_parameters(config).active < count_parameters(config).total
 
 
 @pytest.mark.parametrize(
@@ -231,7 +231,7 @@ def test_active_parameter_count_keeps_moe_k_routed_experts() -> None:
 )
 def test_moe_layer_rule_and_parameter_count_follow_the_model(start, end, moe_layers) -> None:
     """Configs read from config.json dicts (as the studio does, without Paddle) count what the model builds."""
-    from engine.models.config import parameter_count
+    from engine.models.counts import count_parameters
 
     raw = preset_config("tiny-moe", vocab_size=1024).to_dict()
     raw.update(num_hidden_layers=4, moe_layer_start_index=start, moe_layer_end_index=end)
@@ -240,7 +240,7 @@ def test_moe_layer_rule_and_parameter_count_follow_the_model(start, end, moe_lay
     from engine.models import ErnieForCausalLM
 
     assert [i for i, layer in enumerate(ErnieForCausalLM(config).ernie.layers) if layer.is_moe] == moe_layers
-    assert parameter_count(config) == _built_weights(config)
+    assert count_parameters(config).total == _built_weights(config)
 
 
 def test_config_and_presets_import_without_paddle() -> None:
@@ -249,8 +249,8 @@ def test_config_and_presets_import_without_paddle() -> None:
     import sys
 
     code = (
-        "import sys, engine.models.config, engine.models.presets, engine.models.paths, engine.models; "
-        "engine.models.ErnieConfig; engine.models.parameter_count; "
+        "import sys, engine.models.config, engine.models.presets, engine.models.paths, engine.models, engine.models.counts; "
+        "engine.models.ErnieConfig; engine.models.counts.count_parameters; "
         "print('paddle' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -197,6 +197,14 @@ def test_blocked_causal_attention_equals_full_square() -> None:
     square = np.triu(np.full((t, t), -np.inf, np.float32), 1)[None, None]
     full = attention(q, k, v, _t(np.broadcast_to(square, (2, 1, t, t)).copy()), causal=False).numpy()
     np.testing.assert_allclose(attention(q, k, v, None).numpy(), full, rtol=1e-5, atol=1e-6)
+    # and the same gradients (the blocks are split and concatenated, keys of a block span several)
+    grads = []
+    for mask in (None, _t(np.broadcast_to(square, (2, 1, t, t)).copy())):
+        leaves = [paddle.to_tensor(x.numpy(), stop_gradient=False) for x in (q, k, v)]
+        (attention(*leaves, mask, causal=False) ** 2).sum().backward()
+        grads.append([x.grad.numpy() for x in leaves])
+    for blocked, square_grad in zip(*grads, strict=True):
+        np.testing.assert_allclose(blocked, square_grad, rtol=1e-4, atol=1e-5)
     seg = np.array([[0] * 100 + [1] * (t - 100)] * 2)
     from engine.models.ernie import packed_causal_mask
 

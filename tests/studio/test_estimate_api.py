@@ -6,10 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event
 from studio_helpers import DEMO_SFT, upload
 
 from engine.models.config import ErnieConfig
 from engine.models.presets import preset_fields
+from studio.config import Settings
+from studio.db import session_factory
+from studio.migrate import upgrade
 from studio.models import Run, RunMetric, RunStatus, utcnow
 from studio.services import nodes as nodes_svc
 from studio.services import run_lifecycle
@@ -166,3 +170,43 @@ def test_a_finished_run_shows_its_measured_peak_beside_the_prediction(session, c
     line = predicted_vs_measured(run.estimate, p)
     assert "peak memory predicted" in line and "measured 1.00 GiB" in line
     assert runs_svc.get_run(session, run_id).estimate["steps"] == 2
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_progress_reads_only_each_runs_latest_points(backend, request, tmp_path):
+    """runs_progress takes each run's last ETA_WINDOW + 1 points, oldest first, whatever the series'
+    length or the order the runs are asked in (an index lookup per run, not a scan of every step)."""
+    from engine.estimate import ETA_WINDOW
+    from studio.services.progress import _recent_points, runs_progress
+
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else ""
+    s = Settings(home=tmp_path / "home", database_url=url)
+    upgrade(s)
+    with session_factory(s)() as session:
+        ids = []
+        for n in (3, 2000, 40):
+            run = Run(name=f"r{n}", status=RunStatus.RUNNING, queue="train", output_dir="/x",
+                      stage="sft", fine_tuning="lora", base_model="tiny", dataset_ids=[], config={})  # fmt: skip
+            session.add(run)
+            session.commit()
+            ids.append(run.id)
+            run_lifecycle.record_metrics(session, run.id, _rows(range(1, n + 1), n, lambda s: 1.0))
+        sql: list[tuple[str, tuple]] = []
+        listen = (session.get_bind(), "before_cursor_execute", lambda *a: sql.append((a[2], a[3])))
+        event.listen(*listen)
+        recent = _recent_points(session, ids[::-1])
+        event.remove(*listen)
+        assert [[p.step for p in recent[i]] for i in ids] == [
+            [1, 2, 3],
+            list(range(2000 - ETA_WINDOW, 2001)),
+            list(range(40 - ETA_WINDOW, 41)),
+        ]
+        assert runs_progress(session, [ids[1]])[ids[1]]["step"] == 2000
+        if backend == "sqlite":  # each run's points are found through the (run_id, step) index, never scanned
+            ((statement, params),) = sql
+            plan = [
+                row[3]
+                for row in session.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params)
+            ]
+            assert not [p for p in plan if p.startswith("SCAN run_metrics")], plan
+            assert sum("USING COVERING INDEX" in p for p in plan) == len(ids), plan

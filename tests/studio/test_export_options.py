@@ -74,3 +74,119 @@ def test_the_runs_tab_exports_with_the_chosen_dtype_and_shard_size(settings, run
     rows = export_rows(h.ctx.read(lambda s: s.query(Export).order_by(Export.id).all(), default=[]))
     assert rows["dtype"].tolist() == ["float16 · 1GB shards", "—"]
     assert rows["layout"].tolist() == ["hf", "paddle"]
+
+
+def test_a_gguf_export_takes_the_engines_types_and_measures_on_the_runs_data(
+    client, settings, session, run_id
+):
+    r = client.post(f"/api/v1/runs/{run_id}/export", json={"export_format": "gguf"})
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert (out["export_format"], out["gguf_types"]) == ("gguf", ",".join(export_default("gguf_types")))
+    assert out["export_dir"].endswith(f"models/run-{run_id}-gguf") and out["gguf_files"] is None
+    cfg = export_config(session.get(Run, run_id), session.get(Export, out["id"]))
+    assert cfg["export_format"] == "gguf" and cfg["gguf_types"] == ["f16", "q8_0"]
+    assert cfg["eval_dataset_path"] == session.get(Run, run_id).config["train_dataset_path"]
+    bad = client.post(f"/api/v1/runs/{run_id}/export", json={"export_format": "gguf", "gguf_types": ["q5_1"]})
+    assert (
+        bad.status_code == 422 and "gguf_types must be one of f32, f16, q8_0, q4_K_M" in bad.json()["message"]
+    )
+    ptq = client.post(f"/api/v1/runs/{run_id}/export", json={"export_format": "gguf", "ptq": "wint8"})
+    assert ptq.status_code == 422 and "gguf_types (q8_0, q4_K_M)" in ptq.json()["message"]
+
+
+def test_the_runs_tab_shows_each_gguf_files_size_and_perplexity(settings, session, run_id):
+    h = RunsHandlers(UIContext(settings=settings, texts=Texts(), demo=None))
+    assert "size and perplexity" in h.export(run_id, "GGUF f16 + q8_0 + q4_K_M (llama.cpp / Ollama)")
+    row = session.query(Export).one()
+    assert row.gguf_types == "f16,q8_0,q4_K_M"
+    row.gguf_files = [
+        {"type": "f16", "size_bytes": 2 * 2**20, "perplexity": 10.0, "relative_to_f16": 0.0},
+        {"type": "q8_0", "size_bytes": 2**20, "perplexity": 10.05, "relative_to_f16": 0.005},
+    ]
+    session.commit()
+    rows = export_rows([row])
+    assert rows["perplexity"].tolist() == ["f16 2.0 MiB ppl 10.000, q8_0 1.0 MiB ppl 10.050 (+0.50%)"]
+    assert rows["dtype"].tolist() == ["f16 · q8_0 · q4_K_M"] and rows["layout"].tolist() == ["gguf"]
+
+
+def _finished_gguf_export(session, settings, run_id: int) -> Export:
+    out = settings.models_dir / f"run-{run_id}-gguf"
+    out.mkdir(parents=True)
+    files = []
+    for t in ("f16", "q8_0"):
+        (out / f"model-{t}.gguf").write_bytes(b"GGUF")
+        files.append({"type": t, "path": str(out / f"model-{t}.gguf"), "size_bytes": 4, "perplexity": None})
+    row = Export(
+        run_id=run_id, layout="gguf", quantization="", export_format="gguf", gguf_types="f16,q8_0",
+        status=RunStatus.SUCCEEDED, export_dir=str(out), gguf_files=files,
+    )  # fmt: skip
+    session.add(row)
+    session.commit()
+    return row
+
+
+def test_a_gguf_export_deploys_with_llamacpp_from_rest_and_the_runs_tab(client, settings, session, run_id):
+    """export_id deploys one file of a finished GGUF export (q8_0 unless gguf_type says otherwise) with
+    llama.cpp; anything else is refused naming the field."""
+    export = _finished_gguf_export(session, settings, run_id)
+    h = RunsHandlers(UIContext(settings=settings, texts=Texts(), demo=None))
+    message, dep_id = h.deploy_gguf(run_id, None)
+    assert "GGUF q8_0 starting with llama.cpp" in message
+    dep = client.get(f"/api/v1/deployments/{dep_id}").json()
+    assert dep["model_dir"] == str(settings.models_dir / f"run-{run_id}-gguf" / "model-q8_0.gguf")
+    assert (dep["backend"], dep["name"]) == ("llamacpp", f"run-{run_id}-gguf-q8_0")
+    _, dep_id = h.deploy_gguf(run_id, f"{export.id}:f16")
+    assert client.get(f"/api/v1/deployments/{dep_id}").json()["model_dir"].endswith("model-f16.gguf")
+    assert (queue.DEPLOYMENT_TASK, dep_id) in queue.held_jobs(settings, [queue.SERVE_QUEUE], 60)
+
+    def refused(body: dict) -> str:
+        r = client.post("/api/v1/deployments", json=body)
+        assert r.status_code in (409, 422), r.text
+        return r.json()["message"]
+
+    assert refused({"export_id": export.id, "gguf_type": "q4_K_M"}).startswith(
+        f"gguf_type: export {export.id} holds f16, q8_0, not 'q4_K_M'"
+    )
+    assert "give backend llamacpp" in refused({"export_id": export.id, "backend": "paddle"})
+    assert refused({"run_id": run_id, "gguf_type": "f16"}).startswith(
+        "gguf_type: picks a file of a GGUF export"
+    )
+    assert refused({"run_id": run_id, "export_id": export.id}).startswith("give exactly one of run_id")
+    plain = client.post(f"/api/v1/runs/{run_id}/export", json={"layout": "hf"}).json()
+    assert refused({"export_id": plain["id"]}) == (
+        f"export_id: export {plain['id']} is queued; deploy it once it has succeeded"
+    )
+    assert refused({"export_id": plain["id"], "gguf_type": "f16"}).startswith(
+        f"gguf_type: export {plain['id']} is a hf checkpoint, not a GGUF export"
+    )
+    (settings.models_dir / f"run-{run_id}-gguf" / "model-q8_0.gguf").unlink()
+    assert "q8_0 file" in refused({"export_id": export.id}) and "is gone" in refused({"export_id": export.id})
+
+
+def test_a_gguf_export_is_not_a_model_to_train_or_evaluate(client, settings, session, run_id):
+    """/models lists what may be trained from, evaluated and deployed alike; a GGUF export only deploys
+    (export_id, GET /exports lists its files), so it is not listed there, and evaluating it, or a deployment
+    serving it, is refused at once naming the field (evaluation runs the model in Paddle)."""
+    export = _finished_gguf_export(session, settings, run_id)
+    names = {m["name"] for m in client.get("/api/v1/models").json()}
+    assert f"run:{run_id}" in names and not {n for n in names if "gguf" in n}
+    listed = client.get("/api/v1/exports", params={"run_id": run_id}).json()
+    assert [f["type"] for f in listed[0]["gguf_files"]] == ["f16", "q8_0"]
+    ds = upload(client, DEMO_SFT).json()["id"]
+    dep = client.post("/api/v1/deployments", json={"export_id": export.id}).json()
+    for body, message in (
+        (
+            {"export_id": export.id},
+            f"export_id: export {export.id} is a GGUF export, which only llama.cpp runs",
+        ),
+        (
+            {"deployment_id": dep["id"]},
+            f"deployment_id: deployment {dep['id']} serves a GGUF file with llama.cpp",
+        ),
+    ):
+        r = client.post("/api/v1/evals", json={**body, "dataset_ids": [ds]})
+        assert r.status_code == 422 and r.json()["message"].startswith(message), r.text
+    assert client.get("/api/v1/evals").json() == []
+    r = client.post("/api/v1/runs", json={"dataset_ids": [ds], "base_model": export.export_dir})
+    assert r.status_code == 422 and "has no config.json" in r.json()["message"]

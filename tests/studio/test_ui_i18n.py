@@ -2,24 +2,55 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
 
+from studio.models import DeploymentStatus, RunStatus
+from studio.services.errors import ServiceError
 from studio.ui import i18n
 from studio.ui.compare_tab import diff_frame
-from studio.ui.datasets_tab import DATASET_COLUMNS, PROBLEM_COLUMNS
-from studio.ui.deploy_tab import DEPLOYMENT_COLUMNS, deployment_rows
-from studio.ui.i18n import LANGUAGES, STRINGS, Texts, header, localize_frame
+from studio.ui.datasets_tab import (
+    DATASET_COLUMNS,
+    PROBLEM_COLUMNS,
+    record_view,
+    rejected_upload,
+    stats_markdown,
+    summary_markdown,
+)
+from studio.ui.deploy_tab import DEPLOYMENT_COLUMNS, deployment_choices, deployment_rows, deployment_status
+from studio.ui.i18n import (
+    LANGUAGES,
+    STRINGS,
+    Texts,
+    header,
+    localize_frame,
+    status_text,
+    text,
+    untranslated_words,
+)
 from studio.ui.nodes_tab import CHECK_COLUMNS, NODE_COLUMNS
-from studio.ui.runs_tab import CHECKPOINT_COLUMNS, EXPORT_COLUMNS, RUN_COLUMNS, run_rows
+from studio.ui.runs_tab import (
+    CHECKPOINT_COLUMNS,
+    EXPORT_COLUMNS,
+    FAMILY_COLUMNS,
+    RUN_COLUMNS,
+    export_rows,
+    family_rows,
+    run_choices,
+    run_rows,
+    status_markdown,
+)
 
 ALL_COLUMNS = [
     *RUN_COLUMNS,
     *CHECKPOINT_COLUMNS,
     *EXPORT_COLUMNS,
+    *FAMILY_COLUMNS,
     *DATASET_COLUMNS,
     *PROBLEM_COLUMNS,
     *DEPLOYMENT_COLUMNS,
@@ -111,3 +142,215 @@ def test_table_callbacks_answer_in_the_language_their_session_switched_to():
     assert list(frame.columns) == ["步数", "路径", "保存时间"] and plain == "x"
     frame, _ = in_session("other-session", fn)  # a session that never switched stays English
     assert list(frame.columns) == CHECKPOINT_COLUMNS
+
+
+# ---- text made at run time -----------------------------------------------------------------------------------
+
+
+def test_every_status_has_a_translation():
+    for status in [*RunStatus, *DeploymentStatus]:
+        assert f"status.{status.value}" in STRINGS, status
+        assert status_text(status.value, "zh") != status.value
+    assert status_text("unheard-of", "zh") == "unheard-of"  # shown as stored rather than failing
+
+
+def test_the_checker_finds_english_that_reached_a_chinese_page():
+    assert untranslated_words("将文件拖放到此处 · 点击上传") == []
+    assert untranslated_words("Drop File Here · 点击上传") == ["Drop", "File", "Here"]
+    # Names the person gave and identifiers (formats, stages, paths, keys) are not text to translate.
+    assert (
+        untranslated_words("**my data** · erniekit · SFT · LoRA · `/tmp/x.jsonl` max_seq_len", ["my data"])
+        == []
+    )
+    assert untranslated_words("record 1 of 3") == ["record", "of"]
+
+
+def test_run_time_text_of_the_datasets_runs_and_deploy_tabs_is_chinese_in_chinese():
+    """Each piece of text a handler makes for the page, made in Chinese, holds no English word outside the
+    translation table's kept words and the data's own names."""
+    ds = SimpleNamespace(
+        name="demo", filename="demo.jsonl", size_bytes=2048, format="chatml", kind="sft", num_records=1,
+        num_valid=1, problems=[],
+    )  # fmt: skip
+    bad = SimpleNamespace(**{**vars(ds), "num_valid": 0, "problems": ["demo.jsonl:1: bad"]})
+    page = {"records": [{"messages": []}], "total": 1, "rendered": [[{"text": "hi", "trained": True}]]}
+    stats = {
+        "num_valid": 1, "mean_length": 12.0, "p50_length": 12, "p95_length": 12, "max_length": 12,
+        "truncated_share": 0.0, "trained_share": 0.5, "turns_per_sample": {"1": 1},
+    }  # fmt: skip
+    run = SimpleNamespace(
+        id=2, name="lr", stage="SFT", fine_tuning="LoRA", status="running", base_model="tiny", attempt=2,
+        error=None, model_dir="/home/runs/2", created_at=NOW,
+        estimate={"memory_gib": {"peak": 1.0, "range": [0.9, 1.1]}, "time": {"step_s": 0.5}, "device": "cpu"},
+    )  # fmt: skip
+    progress = {"step": 5, "max_steps": 10, "eta_s": 65, "step_s": 0.4, "peak_rss_gib": 1.2, "loss": 1.0}
+    export = SimpleNamespace(
+        id=1, status="succeeded", error=None, perplexity={}, dtype="bfloat16", max_shard_size="5GB",
+        quantization=None, layout="paddle", export_dir="/e", export_format="safetensors", gguf_types="",
+        gguf_files=None, elastic_member="d2-e4-k1", deploy_on_success=True, deploy_state="running",
+        deployment_id=3,
+    )  # fmt: skip
+    member = {
+        "member": "d2-e4-k1", "depth": 2, "experts": 4, "topk": 1, "parameters": 10, "active_parameters": 5,
+        "steps_trained": 4, "eval_loss": 1.0, "decode_tokens_per_second": 9.0,
+    }  # fmt: skip
+    family = {"members": [member]}
+    dep = SimpleNamespace(
+        id=1, name="lr", status="running", url="http://127.0.0.1:8188/v1", error=None, backend="paddle",
+        model_dir="/m", started_at=NOW,
+    )  # fmt: skip
+    err = ServiceError(
+        "demo.jsonl:1: bad", details={"problems": ["demo.jsonl:1: bad"], "format": "chatml", "kind": "sft"}
+    )
+    shown = [
+        summary_markdown(ds, "zh"),
+        summary_markdown(bad, "zh"),
+        *record_view(page, 0, "zh")[:1],
+        *(label for _, label in record_view(page, 0, "zh")[1] if label),
+        record_view({"records": [], "total": 1}, 3, "zh")[0],
+        stats_markdown(stats, 512, "zh"),
+        rejected_upload("demo.jsonl", err, "zh")[0],
+        status_markdown(run, progress, None, "zh"),
+        status_markdown(SimpleNamespace(**{**vars(run), "status": "queued"}), {}, 3, "zh"),
+        localize_frame(run_rows([run], {2: progress}, "zh"), "zh").to_csv(),
+        *(label for label, _ in run_choices([run], "zh")),
+        localize_frame(export_rows([export], "zh"), "zh").to_csv(),
+        *(
+            localize_frame(
+                family_rows(family, [SimpleNamespace(**{**vars(export), "deploy_state": st})], "zh"), "zh"
+            ).to_csv()
+            for st in ("exporting", "export_failed", "deploying", "running", "failed", "stopped", "removed")
+        ),
+        deployment_status(dep, "zh"),
+        localize_frame(deployment_rows([dep], "zh"), "zh").to_csv(),
+        *(label for label, _ in deployment_choices([dep], "zh")),
+        *(text(key, "zh") for key in ("ds.msg.all_valid", "dep.msg.stopped_stream", "ds.span.trained")),
+    ]
+    data = ["demo", "demo.jsonl", "lr", "tiny", "paddle", "bfloat16", "d2-e4-k1"]
+    for piece in shown:
+        assert untranslated_words(piece, data) == [], piece
+    # The same pieces in English do carry English words: the check above is not vacuous.
+    assert untranslated_words(summary_markdown(ds, "en"), data)
+    assert untranslated_words(status_markdown(run, progress, None, "en"), data)
+
+
+# ---- messages the services and the engine build from parts ---------------------------------------------------
+
+
+def test_every_message_pattern_fills_its_chinese_from_its_own_groups_and_keeps_no_english():
+    for pattern, zh in i18n.MESSAGE_PATTERNS:
+        groups = set(re.compile(pattern).groupindex)
+        fields = set(re.findall(r"\{(\w+)[^{}]*\}", zh))
+        assert fields == groups, (pattern, fields, groups)
+        # a translation, not a copy (or only fields, such as a located message's "{field}：{msg}")
+        assert re.search(r"[\u4e00-\u9fff]", zh) or not re.sub(r"\{\w+\}|\W", "", zh), zh
+    assert i18n.localize_message("run 3 does not exist", "en") == "run 3 does not exist"  # English as it is
+    assert i18n.localize_message("something no pattern knows", "zh") == "something no pattern knows"
+
+
+def _estimate_texts(lang: str) -> list[str]:
+    """The Train tab's estimate (and the Runs tab's predicted-vs-measured line) of real engine estimates that
+    carry every kind of note and warning: CPU nodes with and without a probe, a GPU node, packing, epochs
+    over data without statistics, two devices, evaluation, LoRA and Full."""
+    from engine.estimate import DatasetTokens, NodeFacts, estimate_run
+    from engine.models.config import ErnieConfig
+    from engine.models.presets import preset_fields
+    from engine.train.config import TrainConfig, config_from_dict
+    from studio.services.estimates import with_fit
+    from studio.ui.runs_tab import predicted_vs_measured
+    from studio.ui.train_tab import format_estimate, launch_warning
+
+    model = ErnieConfig(**preset_fields("tiny"))
+    data = [DatasetTokens(num_samples=1000, mean_length=250, p95_length=600, max_length=900)]
+    base = {"model_name_or_path": "m", "train_dataset_path": "d.jsonl", "output_dir": "o", "max_steps": 10}
+
+    def cfg(**values) -> TrainConfig:
+        return config_from_dict(TrainConfig, base | values)
+
+    small_cpu = NodeFacts(name="laptop", memory_bytes=2**20, probe_tokens_per_second=900.0)
+    tight_cpu = NodeFacts(name="laptop", memory_bytes=2**30)
+    gpu = NodeFacts(device="gpu", name="gpunode", memory_bytes=2**20, ram_bytes=2**20, gpu_name="A100")
+    roomy_gpu = NodeFacts(device="gpu", name="gpunode", memory_bytes=2**40, ram_bytes=2**20, gpu_name="A100")
+    runs = [
+        (cfg(fine_tuning="LoRA"), data, [], small_cpu, 1),
+        (cfg(fine_tuning="Full", packing=True, compute_type="fp16"), data, data, None, 2),
+        (
+            cfg(max_steps=-1, do_eval=True, eval_dataset_path="e.jsonl", eval_steps=5, compute_type="bf16"),
+            [],
+            [],
+            gpu,
+            2,
+        ),
+        (cfg(fine_tuning="Full"), data, [], roomy_gpu, 1),
+        (
+            cfg(fine_tuning="LoRA", do_eval=True, eval_dataset_path="e.jsonl", eval_steps=5),
+            data,
+            data,
+            tight_cpu,
+            1,
+        ),
+    ]
+    shown = []
+    for train, stats, evals, node, devices in runs:
+        est = estimate_run(model, train, stats, evals, node=node, num_devices=devices)
+        out = with_fit(est, node)
+        out["assumptions"].append(
+            "1 dataset(s) without token statistics yet: their samples count as long as the others'"
+        )
+        shown += [format_estimate(out, lang), launch_warning(out, lang)]
+        shown.append(predicted_vs_measured(out, {"peak_rss_gib": 1.5, "step_s": 0.4}, lang))
+    return shown
+
+
+def test_the_estimate_is_chinese_in_chinese():
+    data = ["laptop", "gpunode", "A100"]
+    zh, en = _estimate_texts("zh"), _estimate_texts("en")
+    assert any("will not fit" in t for t in en) and any("may not fit" in t for t in en)
+    assert any("may not fit: loading takes" in t for t in en)  # every warning kind is among them
+    for piece in zh:
+        assert untranslated_words(piece, data) == [], piece
+    assert all(untranslated_words(piece, data) for piece in en if piece)  # the check is not vacuous
+
+
+def test_service_refusals_the_tabs_show_are_chinese_in_chinese(settings, tmp_path, monkeypatch):
+    """Messages that real service calls raise, as the tabs show them (toasts of ctx.call, problem rows of a
+    refused upload): Chinese in Chinese, English in English and through REST."""
+    from image_standin import ImageHost
+
+    from studio.services import datasets as datasets_svc
+    from studio.services import deployments as deployments_svc
+    from studio.services import runs as runs_svc
+    from studio.ui.context import UIContext
+
+    ctx = UIContext(settings=settings, texts=Texts(), demo=None)
+    token = i18n.LocalContext.request.set(SimpleNamespace(session_hash="zh-refusals"))
+    try:
+        i18n.remember_language("zh")
+        toasts = []
+        for fn, *args in [
+            (datasets_svc.get_dataset, 41),
+            (runs_svc.cancel_run, settings, 7),
+            (deployments_svc.get_deployment, 9),
+        ]:
+            try:
+                ctx.call(fn, *args)
+            except gr.Error as e:
+                toasts.append(e.message)
+        assert len(toasts) == 3 and toasts[0] == "数据集 41 不存在", toasts
+        host = ImageHost({})
+        data = tmp_path / "vl.jsonl"
+        record = {"image_info": [{"matched_text_index": 0, "image_url": f"{host.url}/a.jpg"}],
+                  "text_info": [{"text": "Q", "tag": "mask"}, {"text": "A", "tag": "no_mask"}]}  # fmt: skip
+        data.write_text(json.dumps(record) + "\n")
+        rows = []
+        for policy in ("public", "off", "any"):
+            monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", policy)
+            _, err = ctx.attempt(datasets_svc.upload_dataset, settings, str(data), "vl.jsonl")
+            rows += rejected_upload("vl.jsonl", err, "zh")[1]["problem"].tolist()
+        host.close()
+    finally:
+        i18n.LocalContext.request.reset(token)
+    assert len(rows) == 3 and "ERNIE_STUDIO_MEDIA_URLS=off" in rows[1] and "404" in rows[2], rows
+    for piece in [*toasts, *rows]:
+        assert untranslated_words(piece, ["vl.jsonl"]) == [], piece
+    assert i18n.localize_message(err.message, "en") == err.message and "could not be fetched" in err.message

@@ -16,6 +16,7 @@ import yaml
 from PIL import Image
 from studio_helpers import DEMO_SFT
 
+from engine.eval.config import EvalConfig
 from engine.train.config import (
     FINE_TUNING,
     MAX_DEVICES,
@@ -27,6 +28,7 @@ from engine.train.config import (
     load_config,
 )
 from studio.api.body_limits import MAX_JSON_BYTES
+from studio.models import Deployment
 from studio.services import datasets as datasets_svc
 from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
@@ -50,6 +52,7 @@ from studio.ui.train_tab import (
     DEFAULT_FINE_TUNING,
     DEFAULT_STAGE,
     DPO_PARAMS,
+    EVALUATE_FIELDS,
     HPARAMS,
     LORA_PARAMS,
     STAGE_DEPENDENT_KEYS,
@@ -371,8 +374,16 @@ def test_the_deploy_tab_offers_images_only_for_a_vl_deployment(ctx, tmp_path):
         spec = deployments_svc.DeploymentSpec(model=str(models / name))
         return ctx.call(deployments_svc.create_deployment, ctx.settings, spec).id
 
+    def serving(dep) -> None:  # as the serving worker records a started model server
+        dep.status, dep.url = "running", "http://127.0.0.1:9/v1"
+
     vl, plain = deploy("my-vl"), deploy("my-text")
     handlers = DeployHandlers(ctx)
+    # A deployment that is not running yet keeps the message in the box, saying why.
+    with pytest.raises(gr.Error, match=f"deployment {vl} is starting; chat once it is running"):
+        handlers.check_turn({"text": "hi", "files": []}, [], vl)
+    for did in (vl, plain):
+        ctx.call(lambda session, did=did: (serving(session.get(Deployment, did)), session.commit()))
     box, on, off = handlers.image_input(vl)
     assert (box["sources"], on["visible"], off["visible"]) == (["upload"], True, False)
     box, on, off = handlers.image_input(plain)
@@ -387,8 +398,9 @@ def test_the_deploy_tab_offers_images_only_for_a_vl_deployment(ctx, tmp_path):
     handlers.check_turn(message, [], vl)  # the check the UI runs first, with no outputs
     with pytest.raises(gr.Error, match="takes text only"):
         handlers.check_turn(message, [], plain)
-    with pytest.raises(gr.Error, match="Pick a running deployment first"):
+    with pytest.raises(gr.Error, match="Pick a running deployment first") as refused:
         handlers.take_turn(message, [], None)
+    assert refused.value.duration is None  # the notice stays until the person closes it
 
 
 # ---- the Train form starts where the engine starts ---------------------------------------------------------
@@ -443,7 +455,8 @@ def test_every_field_takes_choices_and_bounds_from_the_schema():
     with gr.Blocks() as demo:
         fields = build_train_tab(UIContext(settings=None, texts=Texts(), demo=demo)).fields
     picked = ["base_model", "stage", "fine_tuning", "compute_type", "dataset_ids", "name", "num_devices"]
-    assert list(fields) == [*picked, *HPARAMS, *LORA_PARAMS, *DPO_PARAMS]
+    assert list(fields) == [*picked, *HPARAMS, *EVALUATE_FIELDS, *LORA_PARAMS, *DPO_PARAMS]
+    assert fields["eval_max_new_tokens"].value == EvalConfig().max_new_tokens  # the engine's eval default
     assert (fields["num_devices"].minimum, fields["num_devices"].maximum) == (1, MAX_DEVICES)
     assert fields["stage"].value == "SFT" and fields["fine_tuning"].value == "LoRA"
     assert fields["lr_scheduler_type"].choices == [(c, c) for c in SCHEDULERS]

@@ -1,6 +1,7 @@
 """End to end through the REST API on Redis + PostgreSQL with real Celery worker processes: upload the demo
 data, a LoRA SFT run on the tiny preset goes queued -> running -> succeeded, its metrics and checkpoints
-are listed, and a deployment of it answers chat (plain and streamed) until it is stopped."""
+are listed, and a deployment of it answers chat (plain and streamed) until it is stopped; one request
+exports a member of an elastic run and deploys it, and the member answers the `openai` client."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 
 import httpx
+from worker_helpers import wait_for
 
 
 def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
@@ -20,6 +22,20 @@ def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
     ds = studio.upload_demo(api)
     assert (ds["format"], ds["kind"], ds["num_valid"]) == ("erniekit", "sft", 400)
     run = studio.create_run(api, ds["id"], max_steps=6, save_steps=2, logging_steps=1)
+    # An elastic run of tiny-moe trains after it (its member is exported and deployed at the end).
+    elastic = {
+        "max_steps": 4, "save_steps": 100, "eval_steps": 4, "max_evaluate_steps": 1, "elastic": True,
+        "elastic_depth_choices": "2", "elastic_experts_choices": "4", "elastic_topk_choices": "1",
+    }  # fmt: skip
+    body = {
+        "dataset_ids": [ds["id"]],
+        "fine_tuning": "Full",
+        "base_model": "tiny-moe",
+        "hyperparameters": elastic,
+    }
+    elastic_run = api.post("/runs", json=body)
+    assert elastic_run.status_code == 201, elastic_run.text
+    elastic_run = elastic_run.json()
     seen = [run["status"]]
     final = None
 
@@ -30,8 +46,6 @@ def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
             seen.append(r["status"])
         final = r
         return r["status"] in ("succeeded", "failed", "cancelled")
-
-    from worker_helpers import wait_for
 
     wait_for(progressed, 180, "the run to finish", interval=0.1)
     assert seen == ["queued", "running", "succeeded"], (seen, final["error"])
@@ -101,3 +115,37 @@ def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
         pass
     gone = api.post(f"/deployments/{dep['id']}/chat", json=ask)
     assert gone.status_code == 409 and "stopped" in gone.json()["message"]
+
+    # One request exports an elastic run's member and deploys it once written; the worker chains the two.
+    elastic_run = studio.wait_status(api, elastic_run["id"], {"succeeded", "failed"}, 240)
+    assert elastic_run["status"] == "succeeded", elastic_run["error"]
+    members = [m["member"] for m in api.get(f"/runs/{elastic_run['id']}/elastic").json()["members"]]
+    assert members == ["d3-e8-k2", "d2-e4-k1"]
+    refused = api.post(f"/runs/{elastic_run['id']}/elastic/deploy", json={"member": "d1-e4-k1"})
+    assert refused.status_code == 422 and refused.json()["message"].startswith("member: 'd1-e4-k1' is not in")
+    chain = api.post(f"/runs/{elastic_run['id']}/elastic/deploy", json={"member": "d2-e4-k1"})
+    assert chain.status_code == 201, chain.text
+    states = [chain.json()["deploy_state"]]
+
+    def deployed():
+        e = api.get(f"/exports/{chain.json()['id']}").json()
+        if e["deploy_state"] != states[-1]:
+            states.append(e["deploy_state"])
+        return e["deploy_state"] in ("running", "failed", "export_failed") and e
+
+    chained = wait_for(deployed, 240, "the member's export and deployment", interval=0.1)
+    member_dep = api.get(f"/deployments/{chained['deployment_id']}").json()
+    assert chained["deploy_state"] == "running", (chained["error"], member_dep["error"])
+    assert states == ["exporting", "deploying", "running"]
+    assert (member_dep["model_dir"], member_dep["run_id"]) == (chained["export_dir"], elastic_run["id"])
+    config = json.loads((Path(member_dep["model_dir"]) / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["moe_num_experts"], config["moe_k"]) == (2, 4, 1)
+
+    import openai
+
+    client = openai.OpenAI(base_url=member_dep["url"], api_key="unused")
+    reply = client.chat.completions.create(
+        model="default", messages=ask["messages"], max_tokens=8, temperature=0
+    )
+    assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens >= 1
+    assert api.post(f"/deployments/{member_dep['id']}/stop").json()["status"] in ("stopping", "stopped")

@@ -41,3 +41,54 @@ def test_chat_fields_fit_fastdeploy():
     body = {"messages": [], "max_tokens": 32, "ignore_eos": True, "seed": 1}
     assert fit_to_backend(body, "fastdeploy")["min_tokens"] == 32
     assert fit_to_backend(body, "paddle") == body
+
+
+def test_auto_says_why_it_serves_with_paddle_and_llamacpp_refuses_what_llamacpp_cannot_hold(
+    monkeypatch, tiny_model_dir, tmp_path
+):
+    """Without FastDeploy and without llama-server on the node, auto is the Paddle server and says why; an
+    explicit llamacpp is refused with the reason (a VL model, or llama.cpp missing)."""
+    monkeypatch.delenv("ERNIE_STUDIO_LLAMACPP_BIN", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(serving.importlib.util, "find_spec", lambda name: None)
+    backend, why = serving.choose_backend("auto", tiny_model_dir)
+    assert backend == "paddle"
+    assert why.startswith("FastDeploy is not installed; llama.cpp is not installed on this node")
+    assert why.endswith("the built-in Paddle server serves it")
+    monkeypatch.setenv("ERNIE_STUDIO_LLAMACPP_HOME", str(tmp_path / "no-build"))
+    with pytest.raises(RuntimeError, match=r"llama\.cpp refused: .*llama-server is not installed; build it"):
+        serving.choose_backend("llamacpp", tiny_model_dir)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "llama-server").write_text("#!/bin/sh\necho 'usage: llama-server --model FNAME'\n")
+    (fake / "llama-server").chmod(0o755)
+    monkeypatch.setenv("ERNIE_STUDIO_LLAMACPP_BIN", str(fake))
+    with pytest.raises(RuntimeError, match="does not accept --host, --port, --alias"):
+        serving.choose_backend("llamacpp", tiny_model_dir)
+    import json
+
+    from engine.models.presets import preset_config
+    from engine.serve import llamacpp
+
+    vl = tmp_path / "vl"
+    vl.mkdir()
+    (vl / "config.json").write_text(json.dumps(preset_config("tiny-vl").to_dict()))
+    assert "no ERNIE 4.5 VL architecture" in llamacpp.model_problem(vl)
+    assert llamacpp.model_problem(tiny_model_dir) == ""
+
+
+def test_a_gguf_is_served_by_llamacpp_only(monkeypatch, tmp_path):
+    """A GGUF file or export has one engine: auto means llama.cpp (refused clearly when it is missing), and
+    the Paddle and FastDeploy backends are refused naming the one that serves it."""
+    export = tmp_path / "run-1-gguf"
+    export.mkdir()
+    (export / "model-q8_0.gguf").write_bytes(b"GGUF")
+    monkeypatch.delenv("ERNIE_STUDIO_LLAMACPP_BIN", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("ERNIE_STUDIO_LLAMACPP_HOME", str(tmp_path / "no-build"))
+    for model in (export, export / "model-q8_0.gguf"):
+        for backend in ("paddle", "fastdeploy"):
+            with pytest.raises(RuntimeError, match=r"is a GGUF, which only llama\.cpp serves"):
+                serving.choose_backend(backend, model)
+        with pytest.raises(RuntimeError, match=r"llama\.cpp refused: .*llama-server is not installed"):
+            serving.choose_backend("auto", model)

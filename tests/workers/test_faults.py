@@ -92,9 +92,9 @@ def test_redis_outage_loses_no_run_and_queued_runs_run_in_order(studio_factory, 
     studio.start_api()
     api = studio.client()
     ds = studio.upload_demo(api)
-    # 7 queued before the outage and 1 during it (20, then 12, cost the suite minutes and showed no more:
-    # each run is a trainer process of its own)
-    runs = [studio.create_run(api, ds["id"], max_steps=1, save_steps=100) for _ in range(7)]
+    # 4 queued before the outage and 1 during it (20, 12, then 7 cost the suite minutes and showed no more:
+    # each run is a trainer process of its own, ~5 s of Paddle import alone)
+    runs = [studio.create_run(api, ds["id"], max_steps=1, save_steps=100) for _ in range(4)]
     assert all(r["dispatched_at"] for r in runs)
 
     redis_server.stop()

@@ -6,19 +6,21 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import subprocess
 import sys
 from datetime import timedelta
 
 import pytest
 
+from engine.priority import autogroup_niceness
 from studio.config import Settings, get_settings
 from studio.db import session_factory
 from studio.migrate import upgrade
 from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
-from studio.queue import TASK_NAMES
+from studio.queue import DEPLOYMENT_TASK, SERVE_QUEUE, TASK_NAMES, held_jobs
 from studio.services import deployments as dep_svc
 from studio.services.run_lifecycle import RunAttempt
-from workers.reconcile import reconcile
+from workers.reconcile import reconcile, stop_orphaned_deployments
 from workers.serving import execute_deployment
 from workers.training import MetricsTail, _finish
 
@@ -108,6 +110,22 @@ def test_reconciler_requeues_orphans_and_sends_undelivered_runs(settings):
     assert len(broker_messages) == 4  # one per requeued or undelivered run, and the requeued export
 
 
+def test_orphaned_deployments_stay_stopped_when_a_later_step_rolls_back(settings):
+    """The reconciler's steps share one session; a later one that loses a race (e.g. evaluate_after's
+    duplicate evals) rolls it back, which must not undo the deployments already marked stopped."""
+    old = utcnow() - timedelta(seconds=60)
+    with session_factory(settings)() as s:
+        dep = Deployment(
+            name="d", model_dir="/m", status=DeploymentStatus.RUNNING, worker="gone@n", heartbeat_at=old
+        )
+        s.add(dep)
+        s.commit()
+        assert stop_orphaned_deployments(s, settings, None) == 1
+        s.rollback()
+    with session_factory(settings)() as s:
+        assert s.get(Deployment, dep.id).status == "stopped"
+
+
 def test_deployment_that_cannot_start_fails_with_the_server_output(settings):
     broken = settings.models_dir / "broken"
     broken.mkdir(parents=True)
@@ -149,7 +167,7 @@ def test_finish_records_what_the_trainer_did(settings, tmp_path, code, summary_s
     log_file.write_text("")
     with session_factory(settings)() as s:
         run = _run(s, status=RunStatus.RUNNING, worker="me@n", heartbeat_at=utcnow(), attempt=1)
-        assert _finish(s, RunAttempt.of(run), code, cancelled, out, log_file) == expected.value
+        assert _finish(s, settings, RunAttempt.of(run), code, cancelled, out, log_file) == expected.value
         s.expire_all()
         assert s.get(Run, run.id).status == expected
 
@@ -178,7 +196,33 @@ def test_batch_children_start_nicer_than_the_worker(tmp_path):
         log = tmp_path / f"nice{niceness}.log"
         assert spawn([sys.executable, "-c", code], log, niceness=niceness).wait() == 0
         assert int(log.read_text().strip()) == os.nice(0) + niceness
-    assert Settings(home=tmp_path / "h").batch_niceness == 10
+    assert Settings.model_fields["batch_niceness"].default == 10  # the suite itself runs with 0 (conftest)
+
+
+@pytest.mark.skipif(autogroup_niceness() is None, reason="this kernel schedules without autogroups")
+def test_a_batch_childs_session_is_as_nice_as_the_child(tmp_path):
+    """Under autogroup scheduling the session's group, not the process, is what competes with the API: the
+    child leads a new session, and that group gets the child's nice value. A rank of
+    paddle.distributed.launch (a session leader of its own, nice by inheritance) does the same at start
+    (`engine.cli.main`); a process that does not lead its session leaves the session's group alone."""
+    from workers.process import spawn
+
+    if os.nice(0):
+        pytest.skip("the suite itself runs nice; the expected values assume nice 0")
+    code = "from engine.priority import autogroup_niceness as a, nice_own_session as n; print(a(), n(), a())"
+    for niceness, printed in ((0, "0 False 0"), (10, "10 True 10")):
+        log = tmp_path / f"group{niceness}.log"
+        assert spawn([sys.executable, "-c", code], log, niceness=niceness).wait() == 0
+        assert log.read_text().strip() == printed
+    # A nice session leader whose new group is not nice yet (how a launcher's rank starts) makes it so.
+    rank = "import os; os.setsid(); os.nice(7); " + code
+    out = subprocess.run([sys.executable, "-c", rank], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "True", "7"]
+    # Not a session leader: the group is the caller's and stays as it is.
+    ours = str(autogroup_niceness())
+    plain = "import os; os.nice(5); " + code
+    out = subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [ours, "False", ours]
 
 
 def test_the_trainers_notices_become_run_events_once(settings, tmp_path):
@@ -210,3 +254,42 @@ def test_the_trainers_notices_become_run_events_once(settings, tmp_path):
         events = s.query(Event).filter(Event.run_id == run.id, Event.kind == "run.notice").all()
         assert sorted(e.message for e in events) == sorted([first["message"], second["message"]])
         assert {e.data["key"] for e in events} == {first["key"], second["key"]}
+
+
+def test_the_reconciler_deploys_a_finished_export_once_when_its_worker_died_first(settings):
+    """An export asked to deploy on success whose worker died between finishing it and deploying it: the
+    reconciler makes the deployment once; a deleted deployment is not made again; an export whose model
+    went away gets a failed deployment saying so."""
+    written = settings.models_dir / "run-1-d2-e4-k1-paddle"
+    written.mkdir(parents=True)
+    (written / "config.json").write_text("{}")
+    with session_factory(settings)() as s:
+        done = _run(s, status=RunStatus.SUCCEEDED)
+        rows = [
+            Export(run_id=done.id, status=RunStatus.SUCCEEDED, export_dir=str(d), deploy_on_success=True)
+            for d in (written, settings.models_dir / "gone")
+        ]
+        s.add_all(rows)
+        s.commit()
+        ids = [e.id for e in rows]
+        assert [s.get(Export, i).deploy_state for i in ids] == ["deploying", "deploying"]
+
+    reconcile(settings, None)
+    reconcile(settings, None)
+    with session_factory(settings)() as s:
+        made, gone = (s.get(Export, i) for i in ids)
+        assert s.query(Deployment).count() == 2
+        assert (made.deploy_state, made.deployment.model_dir, made.deployment.run_id) == (
+            "deploying", str(written), done.id,
+        )  # fmt: skip
+        assert gone.deploy_state == "failed"
+        assert gone.deployment.error.startswith(f"export_id: export {gone.id}'s model directory")
+        assert "is gone; export again" in gone.deployment.error
+        dep_id = made.deployment_id
+    assert (DEPLOYMENT_TASK, dep_id) in held_jobs(settings, [SERVE_QUEUE], 60)
+    with session_factory(settings)() as s:
+        dep_svc.stop_deployment(s, dep_id)
+        dep_svc.delete_deployment(s, dep_id)
+    reconcile(settings, None)
+    with session_factory(settings)() as s:
+        assert s.get(Export, ids[0]).deploy_state == "removed" and s.query(Deployment).count() == 1

@@ -30,7 +30,8 @@ UPLOAD_BODY = {
                             "type": "string",
                             "format": "binary",
                             "description": ".jsonl or .json dataset, or a .zip of one such file and the "
-                            "images its records name (paths relative to the data file)",
+                            "images its records name (paths relative to the data file); benchmark files "
+                            "(multiple_choice, gsm8k) may also be .csv / .tsv",
                         },
                         "name": {"type": "string", "maxLength": 200},
                         "data_file": {
@@ -39,7 +40,7 @@ UPLOAD_BODY = {
                             "description": "zip only: the data file's path inside the archive when it holds "
                             "more than one .jsonl/.json",
                         },
-                        "format": {"type": "string", "enum": list(svc.FORMATS)},
+                        "format": {"type": "string", "enum": list(svc.DATASET_FORMATS)},
                     },
                 }
             }

@@ -1,0 +1,59 @@
+"""Where llama.cpp's tools are on this node and which release they are (no Paddle, no subprocess at import).
+
+The tools (``llama-server``, ``llama-quantize``, ``llama-perplexity``) are built by ``make llamacpp``
+(tools/build_llamacpp.sh) from the llama.cpp source vendored in the pinned ``llama-cpp-python`` sdist, into
+``~/.cache/ernie-studio/llama.cpp/llama-cpp-python-<version>/bin``. Looked up in this order:
+``ERNIE_STUDIO_LLAMACPP_BIN`` (a directory), that cache, then ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# The llama-cpp-python sdist whose vendored llama.cpp the Makefile builds (LLAMACPP_PY_VERSION there; a
+# test holds the two equal).
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")
+BUILD_HINT = "build it with `make llamacpp` (tools/build_llamacpp.sh), or set ERNIE_STUDIO_LLAMACPP_BIN"
+
+
+def cache_bin_dir() -> Path:
+    home = os.environ.get("ERNIE_STUDIO_LLAMACPP_HOME") or str(
+        Path.home() / ".cache" / "ernie-studio" / "llama.cpp"
+    )
+    return Path(home) / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}" / "bin"
+
+
+def find_tool(name: str, node_install: bool = False) -> Path | None:
+    """The path of llama.cpp tool ``name`` on this node, or None. ``node_install`` looks only where a node
+    installs it (ERNIE_STUDIO_LLAMACPP_BIN, PATH), not in the build cache of `make llamacpp`."""
+    if name not in TOOLS:
+        raise ValueError(f"unknown llama.cpp tool {name!r}; one of {', '.join(TOOLS)}")
+    dirs = [os.environ.get("ERNIE_STUDIO_LLAMACPP_BIN"), None if node_install else str(cache_bin_dir())]
+    for d in dirs:
+        if d and (Path(d) / name).is_file() and os.access(Path(d) / name, os.X_OK):
+            return Path(d) / name
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def require_tool(name: str) -> Path:
+    """Like ``find_tool`` but a clear error when the tool is not installed."""
+    path = find_tool(name)
+    if path is None:
+        raise FileNotFoundError(f"llama.cpp's {name} is not installed on this node; {BUILD_HINT}")
+    return path
+
+
+def tool_version(path: str | Path) -> str:
+    """``--version`` of a llama.cpp tool, e.g. ``version: 1 (0c1e570)`` (its first line; empty on error)."""
+    try:
+        p = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    version = [ln for ln in lines if ln.startswith("version")]
+    return (version or lines or [""])[0].strip()

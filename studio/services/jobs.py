@@ -1,0 +1,185 @@
+"""The life of a worker job other than a training run (exports, model downloads, evaluations): dispatch,
+claim, heartbeat, finish, and what the reconciler does with a job whose worker died or whose message the
+broker lost. One copy for every kind; each kind is a `JobKind` naming its table, task, queue and what a
+worker's death means for it.
+
+As for runs (`studio.services.run_lifecycle`), every state change is a conditional UPDATE: a job moves only
+from the status the change expects, so a duplicate message, a late worker or two reconcilers racing change
+nothing twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from studio import queue
+from studio.config import Settings
+from studio.models import Evaluation, Export, ModelDownload, RunStatus, utcnow
+from studio.services.events import add_event
+
+
+@dataclass(frozen=True)
+class JobKind:
+    model: type  # a table with id, status, worker, dispatched_at, started_at, ended_at, heartbeat_at, error
+    task: str
+    queue: str
+    name: str  # event kinds are "<name>.<status>", event data carries "<name>_id"
+    # At a worker's start, its own jobs left running: "fail" (done again by hand) or "requeue" (the next
+    # attempt continues: a download keeps its verified files, an eval its scored samples).
+    when_worker_died: str
+
+    def event(self, session: Session, job: Any, status: str, message: str) -> None:
+        add_event(
+            session,
+            f"{self.name}.{status}",
+            message,
+            run_id=getattr(job, "run_id", None),
+            data={f"{self.name}_id": job.id},
+        )
+
+
+# Exports and downloads go to the serving workers (they never wait behind a training run); evaluations load
+# a model and generate like training does, so the training workers take them.
+EXPORTS = JobKind(Export, queue.EXPORT_TASK, queue.EXPORT_QUEUE, "export", "fail")
+DOWNLOADS = JobKind(ModelDownload, queue.DOWNLOAD_TASK, queue.EXPORT_QUEUE, "download", "requeue")
+EVALS = JobKind(Evaluation, queue.EVAL_TASK, queue.TRAIN_QUEUE, "eval", "requeue")
+KINDS = (EXPORTS, DOWNLOADS, EVALS)
+
+
+def dispatch(session: Session, settings: Settings, kind: JobKind, job: Any) -> None:
+    """Publish the job; on a broker outage it stays undispatched and the reconciler sends it."""
+    if queue.send(settings, kind.task, [job.id], kind.queue) is not None:
+        job.dispatched_at = utcnow()
+        session.commit()
+
+
+def claim(session: Session, kind: JobKind, job_id: int, worker: str, **values: Any) -> Any | None:
+    """Atomically move a queued job to running for `worker`; None when it is not queued (a duplicate)."""
+    now = utcnow()
+    m = kind.model
+    n = session.execute(
+        update(m)
+        .where(m.id == job_id, m.status == RunStatus.QUEUED)
+        .values(status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now, **values)
+    ).rowcount
+    session.commit()
+    return session.get(m, job_id) if n else None
+
+
+def heartbeat(session: Session, kind: JobKind, job_id: int, worker: str | None = None, **values: Any) -> bool:
+    """Record liveness (and progress `values`); False when the job is no longer running (for `worker`)."""
+    m = kind.model
+    where = [m.id == job_id, m.status == RunStatus.RUNNING]
+    if worker is not None:
+        where.append(m.worker == worker)
+    n = session.execute(update(m).where(*where).values(heartbeat_at=utcnow(), **values)).rowcount
+    session.commit()
+    return bool(n)
+
+
+def finish(
+    session: Session, kind: JobKind, job_id: int, status: RunStatus, message: str, **values: Any
+) -> bool:
+    """Move a running job to a terminal status with an event; False (nothing changed) when it was not
+    running any more."""
+    m = kind.model
+    n = session.execute(
+        update(m)
+        .where(m.id == job_id, m.status == RunStatus.RUNNING)
+        .values(status=status, ended_at=utcnow(), **values)
+    ).rowcount
+    if n:
+        kind.event(session, session.get(m, job_id), status.value, message)
+    session.commit()
+    return bool(n)
+
+
+def requeue(session: Session, settings: Settings, kind: JobKind, job_id: int, reason: str) -> bool:
+    """A running job goes back to the queue (its worker died or is stopping) and is published again."""
+    m = kind.model
+    n = session.execute(
+        update(m)
+        .where(m.id == job_id, m.status == RunStatus.RUNNING)
+        .values(status=RunStatus.QUEUED, worker=None, dispatched_at=None)
+    ).rowcount
+    session.commit()
+    if not n:
+        return False
+    job = session.get(m, job_id)
+    kind.event(session, job, "requeued", reason)
+    session.commit()
+    dispatch(session, settings, kind, job)
+    return True
+
+
+def requeue_stale(session: Session, settings: Settings, kind: JobKind, stale_after_s: float) -> int:
+    """Jobs whose worker stopped heartbeating go back to the queue."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    m = kind.model
+    stale = session.scalars(select(m.id).where(m.status == RunStatus.RUNNING, m.heartbeat_at < cutoff)).all()
+    return sum(requeue(session, settings, kind, i, "its worker is gone") for i in stale)
+
+
+def recover_worker(session: Session, settings: Settings, kind: JobKind, worker: str) -> int:
+    """At a worker's start: the jobs it was running when it died are failed or requeued, as the kind says."""
+    m = kind.model
+    ids = session.scalars(select(m.id).where(m.status == RunStatus.RUNNING, m.worker == worker)).all()
+    if kind.when_worker_died == "requeue":
+        return sum(requeue(session, settings, kind, i, f"worker {worker} restarted") for i in ids)
+    message = f"its worker stopped; {kind.name} again"
+    return sum(finish(session, kind, i, RunStatus.FAILED, message, error=message) for i in ids)
+
+
+def dispatch_undispatched(session: Session, settings: Settings, kind: JobKind) -> int:
+    """Queued jobs the broker never got are sent; returns how many reached it."""
+    m = kind.model
+    sent = 0
+    for job in session.scalars(
+        select(m).where(m.status == RunStatus.QUEUED, m.dispatched_at.is_(None))
+    ).all():
+        dispatch(session, settings, kind, job)
+        sent += job.dispatched_at is not None
+    return sent
+
+
+def waiting(session: Session, kind: JobKind, dispatched_before: datetime) -> list[Any]:
+    """Queued jobs whose message went out before `dispatched_before` (the reconciler asks the broker for them)."""
+    m = kind.model
+    return list(
+        session.scalars(
+            select(m).where(m.status == RunStatus.QUEUED, m.dispatched_at < dispatched_before).order_by(m.id)
+        ).all()
+    )
+
+
+def redispatch(session: Session, settings: Settings, kind: JobKind, job: Any) -> bool:
+    """Send a queued job's message again because the broker lost it; like `run_lifecycle.redispatch_run`,
+    only the reconciler that moves its dispatch time sends it."""
+    m = kind.model
+    n = session.execute(
+        update(m)
+        .where(m.id == job.id, m.status == RunStatus.QUEUED, m.dispatched_at == job.dispatched_at)
+        .values(dispatched_at=utcnow())
+    ).rowcount
+    session.commit()
+    if not n:
+        return False
+    if queue.send(settings, kind.task, [job.id], kind.queue) is not None:
+        return True
+    session.execute(update(m).where(m.id == job.id).values(dispatched_at=None))
+    session.commit()
+    return False
+
+
+def reconcile(session: Session, settings: Settings, kind: JobKind, worker: str | None) -> None:
+    """One reconciler pass over a kind: stale jobs requeued, (at start-up) this worker's own leftovers
+    failed or requeued, undelivered jobs sent."""
+    requeue_stale(session, settings, kind, settings.stale_after_s)
+    if worker is not None:
+        recover_worker(session, settings, kind, worker)
+    dispatch_undispatched(session, settings, kind)

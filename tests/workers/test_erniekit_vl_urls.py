@@ -1,0 +1,117 @@
+"""ERNIEKit's own VL demo data runs unchanged: a JSON array in a .jsonl file whose records name their images by
+URL (examples/data/sft_vl-train_demo1.jsonl in PaddlePaddle/ERNIE), with a loopback server standing in for the
+image host. It uploads through POST /datasets and the Datasets tab, the images are fetched once into the
+dataset's folder under home, the preview shows them, and a tiny VL-SFT run trains from them under the worker's
+``execute_run`` without fetching anything again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+from image_standin import ImageHost, picture
+
+from studio.app import create_app
+from studio.config import Settings
+from studio.migrate import upgrade
+from studio.services import runs as runs_svc
+from studio.ui.context import UIContext
+from studio.ui.datasets_tab import DatasetsHandlers
+from studio.ui.i18n import Texts
+from workers.training import execute_run
+
+COLOURS = {"red": (200, 30, 30), "green": (30, 180, 40), "blue": (30, 50, 210)}
+
+
+def demo_records(host: str) -> list[dict]:
+    """ERNIEKit's demo shape: one image by https URL (here the stand-in's), then mask / no_mask turns."""
+    return [
+        {
+            "image_info": [
+                {"matched_text_index": 0, "image_url": f"{host}/data/ernie4.5/demo_images/{name}.jpg"}
+            ],
+            "text_info": [
+                {"text": "What colour is the picture?", "tag": "mask"},
+                {"text": f"It is {name}.", "tag": "no_mask"},
+                {"text": "Is it one colour?", "tag": "mask"},
+                {"text": "Yes.", "tag": "no_mask"},
+            ],
+        }
+        for name in COLOURS
+    ]
+
+
+def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
+    tmp_path, tiny_vl_model_dir, monkeypatch
+):
+    pictures = {name: picture(rgb, format="JPEG") for name, rgb in COLOURS.items()}
+    host = ImageHost({f"/data/ernie4.5/demo_images/{n}.jpg": (b, "image/jpeg") for n, b in pictures.items()})
+    data = tmp_path / "sft_vl-train_demo1.jsonl"
+    data.write_text(json.dumps(demo_records(host.url), indent=4))
+    settings = Settings(home=tmp_path / "home", model_roots=str(tiny_vl_model_dir.parent))
+    upgrade(settings)
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "any")  # the stand-in host is on loopback
+    try:
+        with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as client:
+            with data.open("rb") as f:
+                r = client.post("/api/v1/datasets", files={"file": (data.name, f)}, data={"name": "vl demo"})
+            assert r.status_code == 201, r.text
+            ds = r.json()
+            assert (ds["format"], ds["kind"], ds["num_records"], ds["num_valid"]) == (
+                "erniekit_vl",
+                "sft",
+                3,
+                3,
+            )
+            assert len(host.hits) == 3  # each image fetched once, at upload
+            # ... into the dataset's own folder under home, beside the data file
+            (stored,) = settings.datasets_dir.glob(f"*/{data.name}")
+            folder = stored.parent
+            fetched = sorted(p.read_bytes() for p in (folder / ".remote").iterdir())
+            assert fetched == sorted(pictures.values())
+            assert (
+                folder.parent == settings.datasets_dir
+                and not (settings.datasets_dir / ".incoming/.remote").exists()
+            )
+
+            page = client.get(f"/api/v1/datasets/{ds['id']}/preview", params={"limit": 3}).json()
+            assert page["records"] == json.loads(data.read_text()) and page["total"] == 3
+            rendered = client.get(
+                f"/api/v1/datasets/{ds['id']}/preview",
+                params={"limit": 1, "render_with": str(tiny_vl_model_dir)},
+            ).json()["rendered"][0]
+            assert not any(s.get("error") for s in rendered), rendered
+            assert "It is red." in "".join(s["text"] for s in rendered if s["trained"])
+
+        # the Datasets tab: the same file uploads there, and a record shows its fetched picture
+        tab = DatasetsHandlers(UIContext(settings, Texts(), None))
+        result, problems, summary = tab.upload(str(data), "vl demo (tab)", "auto")[:3]
+        assert result.startswith("✅ added **vl demo (tab)**") and problems.empty and "3 valid" in summary
+        assert len(host.hits) == 6  # a dataset of its own, with copies of its own
+        gallery = tab.show_record(ds["id"], 1, None)[3]
+        ((image, name),) = gallery["value"]
+        assert gallery["visible"] and name.endswith(".jpg")
+        assert np.abs(np.asarray(image, np.int16).mean((0, 1)) - COLOURS["green"]).max() < 8
+
+        # training reads the copies: with fetching now turned off, the run still trains and nothing is asked
+        monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "off")
+        spec = runs_svc.RunSpec(
+            base_model=str(tiny_vl_model_dir),
+            dataset_ids=[ds["id"]],
+            stage="VL-SFT",
+            fine_tuning="LoRA",
+            hyperparameters={"max_steps": 2, "logging_steps": 1, "save_steps": 10, "max_seq_len": 256},
+        )
+        run = UIContext(settings, Texts(), None).call(runs_svc.create_run, settings, spec)
+        assert execute_run(settings, run.id, "me@n") == "succeeded", runs_svc.log_path(
+            settings, run.id
+        ).read_text()
+        rows = (Path(run.output_dir) / "metrics.jsonl").read_text().splitlines()
+        metrics = [json.loads(x) for x in rows]
+        assert [m["step"] for m in metrics if "loss" in m] == [1, 2]
+        assert all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
+        assert len(host.hits) == 6
+    finally:
+        host.close()
