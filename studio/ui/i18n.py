@@ -921,6 +921,11 @@ def header(column: str, lang: str) -> str:
     return text(f"col.{source}", lang) if source is not None else column
 
 
+def headers_in(frame: pd.DataFrame, lang: str) -> bool:
+    """Whether every column header of ``frame`` is already shown in ``lang``."""
+    return all(header(str(c), lang) == str(c) for c in frame.columns)
+
+
 def localize_frame(frame: pd.DataFrame, lang: str) -> pd.DataFrame:
     """``frame`` with its column headers in ``lang``."""
     return frame.rename(columns={c: header(str(c), lang) for c in frame.columns})
@@ -1000,7 +1005,10 @@ class Texts:
     def updates(self, lang: str, frames: list[Any] | None = None) -> list[dict[str, Any]]:
         """One ``gr.update`` per bound component, in :attr:`components` order.
 
-        ``frames`` are the current values of :attr:`tables`; they come back with headers in ``lang``.
+        ``frames`` are the current values of :attr:`tables`; those whose headers are not all in ``lang`` come
+        back translated. The others get no value: ``frames`` are what the page held when the event was sent,
+        and a table filled meanwhile (the page's load events run beside the language restore) must not be set
+        back to that older value (a fresh page lost its Nodes table that way, keeping only its header).
         """
         lang = lang if lang in LANGUAGES else DEFAULT_LANGUAGE
         values = dict(zip(map(id, self.tables), frames or [], strict=False))
@@ -1008,7 +1016,7 @@ class Texts:
         for component, props in self._bound:
             update = gr.update(**{p: text(k, lang) for p, k in props.items()})
             frame = values.get(id(component))
-            if isinstance(frame, pd.DataFrame):
+            if isinstance(frame, pd.DataFrame) and not headers_in(frame, lang):
                 update["value"] = localize_frame(frame, lang)
             out.append(update)
         return out

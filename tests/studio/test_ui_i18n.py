@@ -116,6 +116,12 @@ def test_language_switch_returns_tables_with_translated_headers():
     # Switching back to English maps the Chinese headers home again.
     back = texts.updates("en", [updates[1]["value"]])[1]["value"]
     assert list(back.columns) == RUN_COLUMNS
+    # A table already in the language keeps whatever it holds now: the value the event carried may be older
+    # than a fill that finished meanwhile (on a fresh page it was the empty table, and the rows were lost).
+    empty = pd.DataFrame([], columns=RUN_COLUMNS)
+    assert "value" not in texts.updates("en", [empty])[1]
+    assert "value" not in texts.updates("zh", [updates[1]["value"]])[1]
+    assert texts.updates("zh", [empty])[1]["value"].columns[0] == "编号"
 
 
 def test_table_callbacks_answer_in_the_language_their_session_switched_to():
