@@ -10,7 +10,12 @@ TOOLS      := .venv-tools
 UV         := $(TOOLS)/bin/uv
 # The machine's Python 3.11 is the interpreter; uv never downloads one.
 export UV_PYTHON_DOWNLOADS := never
-UV_SYNC    := $(UV) sync --locked --python $(PYTHON)
+# --compile-bytecode: every process the studio starts (API, workers, each trainer, doctor and server) imports
+# Paddle, and without .pyc files that is 3.8 s of compiling its 1,100 modules again, every time, wherever
+# bytecode is not written at import (PYTHONDONTWRITEBYTECODE, a read-only venv): 1.6 s with them.
+UV_SYNC    := $(UV) sync --locked --compile-bytecode --python $(PYTHON)
+# The studio's own packages, compiled the same way (only what changed; the checkout is not a venv uv owns).
+BYTECODE   := $(PY) -m compileall -q -j 0 studio engine workers migrations
 
 .PHONY: run test lint format bench install install-dev lock lock-check clean llamacpp
 
@@ -46,12 +51,14 @@ lock-check: | $(UV)
 	$(UV) lock --check --python $(PYTHON)
 
 run: $(VENV)/.base
+	$(BYTECODE)
 	$(VENV)/bin/ernie-studio up --host $(HOST) --port $(PORT)
 
 test: lock-check $(VENV)/.dev llamacpp
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(BYTECODE)
 	$(PY) -m pytest -q -ra -n 2 --durations=25 $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev

@@ -1,0 +1,73 @@
+"""Process start: the imports every studio process pays, with the venv's bytecode and without it.
+
+Run with ``.venv/bin/python bench/bench_startup.py [--rounds 5]``. Each process the studio starts (the API,
+a worker, every trainer, doctor, export and built-in server) imports Paddle, whose ~1,100 modules are
+compiled from source on every start when no ``.pyc`` files can be read: ``make`` installs with
+``uv sync --compile-bytecode`` and compiles the studio's own packages for that reason. The baseline, in the
+same run, reads its bytecode from an empty ``PYTHONPYCACHEPREFIX`` with ``PYTHONDONTWRITEBYTECODE=1``: every
+module compiled at every start, as in a venv without bytecode where writing it is disabled. Rounds alternate
+the two, and the table shows medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORTS = {
+    "paddle": "import paddle",
+    "worker (workers.tasks)": "import workers.tasks",
+    "trainer (engine.train.trainer)": "import engine.train.trainer",
+}
+
+
+def started(code: str, env: dict[str, str]) -> float:
+    """Seconds for a fresh interpreter to run ``code`` and exit."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def pyc_share(package: str) -> str:
+    """How many of the package's modules have bytecode beside them (what the venv was installed with)."""
+    spec = importlib.util.find_spec(package)
+    root = Path(spec.origin).parent if spec and spec.origin else None
+    if root is None:
+        return "?"
+    sources = list(root.rglob("*.py"))
+    compiled = sum(1 for p in sources if any((p.parent / "__pycache__").glob(f"{p.stem}.*.pyc")))
+    return f"{compiled:,} of {len(sources):,}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print(f"bytecode present: paddle {pyc_share('paddle')}, engine {pyc_share('engine')} modules")
+    with tempfile.TemporaryDirectory(prefix="ernie-bench-pycache-") as empty:
+        cached = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        cached.pop("PYTHONPYCACHEPREFIX", None)
+        source = {**cached, "PYTHONPYCACHEPREFIX": empty}
+        times: dict[tuple[str, str], list[float]] = {}
+        for name, code in IMPORTS.items():
+            started(code, cached)  # page cache warm for both
+            for _ in range(args.rounds):
+                for variant, env in (("source", source), ("bytecode", cached)):
+                    times.setdefault((name, variant), []).append(started(code, env))
+    print(f"\n{'process imports':34} {'compiled each start':>20} {'with .pyc':>10} {'speed-up':>9}")
+    for name in IMPORTS:
+        slow = statistics.median(times[(name, "source")])
+        fast = statistics.median(times[(name, "bytecode")])
+        print(f"{name:34} {slow:>19.2f}s {fast:>9.2f}s {slow / fast:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
