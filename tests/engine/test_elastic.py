@@ -279,7 +279,11 @@ def test_members_of_an_elastic_run_lose_less_than_members_cut_from_a_plain_run(t
     print(f"held-out eval loss after 150 steps (full, {member.name}): {losses}")
     plain_gap = losses["plain"]["member"] - losses["plain"]["full"]
     elastic_gap = losses["elastic"]["member"] - losses["elastic"]["full"]
-    assert plain_gap > 0.05
+    # One seed's trajectory moves with the CPU's arithmetic: the plain member's gap measured 0.091 (AMD EPYC,
+    # AVX-512 BF16, seed 0), 0.076 (same, seed 1) and 0.049 (Intel Xeon AVX-512, seed 0), the elastic member's
+    # 0.017 and 0.010. The property is the ratio (0.14 to 0.18 measured); the floor only says the cut member
+    # loses clearly, at half the lowest gap seen so that no CPU's rounding sits at the bound.
+    assert plain_gap > 0.025
     assert elastic_gap < 0.5 * plain_gap
     # the full model trains on half the steps; early on it stays within 20 % of the plain run's (at batch 4 and
     # 120 steps seed 1 gave +16 %); bench_elastic measures the margin over 3 seeds after 300 steps
