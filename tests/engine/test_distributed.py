@@ -13,6 +13,7 @@ import numpy as np
 import paddle
 
 import engine
+from engine.doctor.gpu_checks import run_sum_grads_ranks
 from engine.train import run_training
 from engine.train.config import load_config
 from engine.train.parallel import LAUNCH_FLAGS, launch_command
@@ -127,49 +128,14 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir, tmp_path):
     np.testing.assert_allclose(curves[1], curves[0], atol=2e-6, rtol=0)
 
 
-SUM_GRADS_RANK = """
-import json, sys
-import numpy as np
-import paddle
-from engine.models.checkpoint import cast_model, load_plain_model
-from engine.train.parallel import DataParallel
-
-def grad(i, shape, rank):  # halves in [-1.5, 1.5]: every sum of two is exact in bf16
-    n = int(np.prod(shape))
-    return (((np.arange(n) + 3 * i + rank) % 7 - 3) * 0.5).reshape(shape).astype(np.float32)
-
-dp = DataParallel()
-model = cast_model(load_plain_model(sys.argv[1]), "bfloat16")  # the router gates stay fp32
-params = model.parameters()
-for i, p in enumerate(params):
-    p._copy_gradient_from(paddle.to_tensor(grad(i, p.shape, dp.rank)).astype(p.dtype))
-dp.sum_grads(params)
-worst = 0.0
-for i, p in enumerate(params):
-    assert p.grad.dtype == p.dtype, (p.name, p.grad.dtype, p.dtype)
-    # the per-dtype reference: the two ranks' gradients summed, held in the gradient's dtype (no CPU bf16 add)
-    want = paddle.to_tensor(grad(i, p.shape, 0) + grad(i, p.shape, 1)).astype(p.dtype)
-    worst = max(worst, float(np.abs(p.grad.astype("float32").numpy() - want.astype("float32").numpy()).max()))
-dtypes = sorted({str(p.dtype) for p in params})
-with open(f"{sys.argv[2]}/rank{dp.rank}.json", "w") as f:
-    json.dump({"world": dp.world, "dtypes": dtypes, "max_diff": worst}, f)
-"""
-
-
 def test_sum_grads_all_reduces_fp32_gates_beside_bf16_weights(tiny_moe_model_dir, tmp_path):
     # AMP keeps the MoE router gates in fp32 and the other weights in bf16; one concat of every gradient
-    # raised "data_type of input tensor in list isn't consistent" on the first step of 2 ranks.
-    script = tmp_path / "sum_grads.py"
-    script.write_text(SUM_GRADS_RANK)
-    cmd = launch_command(
-        [str(script), str(tiny_moe_model_dir), str(tmp_path)], 2, str(tmp_path / "logs"), "sg"
-    )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*")) if p.is_file())
-    assert proc.returncode == 0, logs[-3000:]
-    for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    # raised "data_type of input tensor in list isn't consistent" on the first step of 2 ranks. The ranks
+    # run the doctor's script (engine/doctor/sum_grads_rank.py), which it runs on 2 GPUs.
+    code, results, logs = run_sum_grads_ranks(tiny_moe_model_dir, tmp_path, "bfloat16")
+    assert code == 0, logs[-3000:]
+    assert len(results) == 2
+    for result in results:
         assert result["world"] == 2
         assert {"paddle.bfloat16", "paddle.float32"} <= set(result["dtypes"]), result
         assert result["max_diff"] == 0.0, result

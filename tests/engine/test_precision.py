@@ -16,6 +16,7 @@ import paddle
 import pytest
 from paddle.amp.auto_cast import amp_global_state
 
+from engine.doctor.gpu_checks import rotary_fp32_check
 from engine.models import quantized
 from engine.models.checkpoint import cast_model, load_plain_model
 from engine.models.quantized import LowPrecisionEmbedding, LowPrecisionLinear
@@ -309,3 +310,9 @@ def test_rotary_tables_stay_fp32_through_amp_and_casts(cast, tiny_vl_model_dir, 
         if name.endswith("rotary"):
             assert all(t.dtype == paddle.float32 for t in layer.buffers() if t.is_floating_point()), name
     assert not any("rotary" in key for key in model.state_dict())  # checkpoints never held them
+
+
+def test_the_doctors_rotary_check_runs_amp_and_casts_for_real(tiny_vl_model_dir, amp_as_on_a_gpu):
+    # `doctor --full` runs this on GPU nodes; with paddle.amp answering as on a GPU it runs here too.
+    check = rotary_fp32_check(tiny_vl_model_dir)
+    assert check.passed and check.values["max_abs_diff"] <= 1e-6, check
