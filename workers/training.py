@@ -205,7 +205,7 @@ def trainer_launch(
     from engine.train.parallel import launch_command
 
     entry = engine_command("train", str(config_file))
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    visible = visible_gpus()
     if run_queue.startswith("gpu.") and visible:
         # one GPU of a worker owning several: the run was pinned to this one
         return entry, {"CUDA_VISIBLE_DEVICES": run_queue.rsplit(".", 1)[1]}, 1
@@ -219,19 +219,27 @@ def trainer_launch(
         )
     if entry[1:3] == ["-m", "engine"]:  # the launcher runs a program or a .py file, never `-m`
         return "a multi-device run needs the ernie-studio script in the worker's environment (pip install)"
-    devices = _gpu_devices(visible, ranks)
+    import paddle
+
+    devices = launcher_devices(visible, ranks, paddle.is_compiled_with_cuda())
     log_dir = str(runs_svc.run_dir(settings, run_id) / DIST_LOGS)
     return launch_command(entry, ranks, log_dir, f"run{run_id}", devices), {}, ranks
 
 
-def _gpu_devices(visible: list[str], ranks: int) -> list[int] | None:
-    """The first `ranks` GPUs this worker owns (the launcher names them as CUDA_VISIBLE_DEVICES does); none
-    on a CPU build, where the ranks talk over gloo."""
-    import paddle
+def visible_gpus() -> list[str]:
+    """This worker's GPUs as CUDA_VISIBLE_DEVICES names them: indices, or UUIDs (`GPU-...`, `MIG-...`, as
+    container runtimes and device plugins set them)."""
+    return [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
 
-    if not paddle.is_compiled_with_cuda():
+
+def launcher_devices(visible: list[str], ranks: int, cuda: bool) -> list[str] | None:
+    """The first `ranks` GPUs this worker owns, for the launcher's `--devices`: named as CUDA_VISIBLE_DEVICES
+    names them, since the launcher looks each up among those same entries (Paddle 3.3.1
+    paddle/distributed/launch/context/device.py `Device.get_selected_devices`); none on a CPU build
+    (`cuda` false), where the ranks talk over gloo."""
+    if not cuda:
         return None
-    return [int(d) for d in visible[:ranks]] if visible else list(range(ranks))
+    return visible[:ranks] if visible else [str(i) for i in range(ranks)]
 
 
 def _rank_tails(dist_logs: Path, ranks: int, log_file: Path) -> None:

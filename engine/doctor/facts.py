@@ -72,11 +72,15 @@ def _gpu(index: int) -> dict[str, Any]:
         }
     except Exception as e:
         device["error"] = f"properties unreadable: {e}"
-    # paddle.cuda.mem_get_info (Paddle >= 3.2) is cudaMemGetInfo: (free, total) bytes.
+    # paddle.cuda.mem_get_info (Paddle >= 3.2): (free, total) bytes of the device asked for, not the current
+    # one: its binding (paddle/fluid/pybind/cudart_py.cc, `cudaMemGetInfo`) switches to that device with a
+    # CUDADeviceGuard around cudaMemGetInfo. It ignores cudaMemGetInfo's error code, returning (0, 0).
     mem_get_info = getattr(getattr(paddle, "cuda", None), "mem_get_info", None)
     if mem_get_info is not None:
         try:
             free, total = mem_get_info(f"gpu:{index}")
+            if int(total) == 0:
+                raise RuntimeError("cudaMemGetInfo reported 0 bytes in total")
             device["free_memory_bytes"] = int(free)
             device.setdefault("total_memory_bytes", int(total))
         except Exception as e:

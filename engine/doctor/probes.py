@@ -80,9 +80,11 @@ def fast_path_check(result: SelfTestResult, duration_s: float = 0.0) -> Check:
     if not result.ran:
         detail = f"skipped: {result.reason}"
     else:
+        grads = result.max_abs_diff_grads
         detail = (
-            f"max |diff| forward {result.max_abs_diff_fwd:.2e}, gradients {result.max_abs_diff_grads:.2e} "
-            f"(tolerance {result.tolerance:.0e})"
+            f"max |diff| forward {result.max_abs_diff_fwd:.2e}, "
+            + (f"gradients {grads:.2e} " if grads is not None else "forward only ")
+            + f"(tolerance {result.tolerance:.0e})"
         )
         if not result.passed:
             detail += f"; {result.reason}. The path is switched off by "

@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.doctor import reuse
 from engine.doctor.facts import node_facts
 from engine.doctor.fastdeploy_probe import fastdeploy_checks
+from engine.doctor.gpu_checks import gpu_checks
 from engine.doctor.llamacpp_probe import llamacpp_checks
 from engine.doctor.probes import device_check, fast_path_checks, throughput_probe, training_probe
 from engine.doctor.report import Check, DoctorFloors, DoctorReport
@@ -59,6 +60,8 @@ CHECKS: list[tuple[str, Callable[[Probe], list[Check]]]] = [
     ),
     # llama-server's --help against the flags `serve --backend llamacpp` passes (CPU serving)
     ("llamacpp", lambda p: llamacpp_checks()),
+    # --full: fp16 loss scaling, fp32 rotary tables and the mixed-dtype all-reduce on the GPUs themselves
+    ("gpu_checks", lambda p: gpu_checks(p.facts, p.model_dir, p.workdir) if p.full else []),
 ]
 
 

@@ -149,7 +149,7 @@ class SelfTestResult:
     passed: bool
     reason: str
     max_abs_diff_fwd: float | None = None
-    max_abs_diff_grads: float | None = None
+    max_abs_diff_grads: float | None = None  # None: not compared (a forward-only case, or not run)
     tolerance: float | None = None  # on both differences; see ``self_tests``
 
     def as_dict(self) -> dict:
@@ -252,18 +252,19 @@ def _probe(name: str) -> FastPath:
     return FastPath(name, True, f"GPU kernel present and agrees with the plain op ({diff:.1e})")
 
 
-def _agreement(fast: Callable, plain: Callable, *inputs: paddle.Tensor) -> float:
-    """Largest difference of outputs and input gradients (backward must exist too), relative to the
-    plain op's largest |value|."""
+def _agreement(fast: Callable, plain: Callable, *inputs: paddle.Tensor, backward: bool = True) -> float:
+    """Largest difference of outputs and (with ``backward``, which must then exist too) input gradients,
+    relative to the plain op's largest |value|."""
     worst = 0.0
     results = []
     for fn in (fast, plain):
         leaves = [t.detach() for t in inputs]
         for t in leaves:
-            t.stop_gradient = False
+            t.stop_gradient = not backward
         out = fn(*leaves)
-        out.astype("float32").pow(2).sum().backward()
-        results.append([out, *(t.grad for t in leaves)])
+        if backward:
+            out.astype("float32").pow(2).sum().backward()
+        results.append([out, *(t.grad for t in leaves)] if backward else [out])
     for f, p in zip(*results, strict=True):
         f, p = f.astype("float32").numpy(), p.astype("float32").numpy()
         worst = max(worst, float(np.abs(f - p).max()) / max(float(np.abs(p).max()), 1e-12))
@@ -315,6 +316,8 @@ def _probe_flash_varlen() -> tuple[float, float]:
 
 
 def _probe_weight_only() -> tuple[float, float]:
+    """Forward only: serving needs no backward, and Paddle has ``weight_only_linear_grad`` on a few
+    architectures only; where a call needs gradients, ``weight_only_refusal`` decides per call."""
     w = paddle.randn([64, 128]).astype("float16")
     q, scale = paddle.nn.quant.weight_quantize(w, algo="weight_only_int8")
 
@@ -322,7 +325,8 @@ def _probe_weight_only() -> tuple[float, float]:
         return paddle.nn.quant.weight_only_linear(x, q, weight_scale=scale, weight_dtype="int8")
 
     # Against the unquantized weight: the int8 grid's rounding is part of the difference.
-    return _agreement(fast, lambda x: paddle.matmul(x, w), paddle.randn([3, 64]).astype("float16")), 3e-2
+    x = paddle.randn([3, 64]).astype("float16")
+    return _agreement(fast, lambda x: paddle.matmul(x, w), x, backward=False), 3e-2
 
 
 _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
@@ -368,7 +372,9 @@ def rope_fused(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
 
 def flash_causal(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
     """Causal attention, q [B, T, H, D], k / v [B, T, Hkv, D] (GQA served by the kernel), fp16 / bf16."""
-    out, _ = F.flash_attention.flash_attention(q, k, v, dropout=0.0, causal=True, training=False)
+    # training=True with no dropout: the same math, and Paddle refuses training=False under
+    # FLAGS_flash_attn_version=3 (paddle/nn/functional/flash_attention.py ``flash_attention``).
+    out, _ = F.flash_attention.flash_attention(q, k, v, dropout=0.0, causal=True, training=True)
     return out
 
 
@@ -401,37 +407,62 @@ def swiglu(x: paddle.Tensor) -> paddle.Tensor:
     return F.swiglu(x) if enabled("swiglu") else swiglu_plain(x)
 
 
+# Paddle 3.3.1's weight_only_linear_grad InferMeta: "Currently weightonly linear grad only support arch =
+# 80, 86, 90 or 100" and "... only support per-channel mode" (strings of libphi_core.so).
+WEIGHT_ONLY_GRAD_ARCHS = (80, 86, 90, 100)
+
+
+def weight_only_refusal(group_size: int, needs_grad: bool, compute_capability: int) -> str | None:
+    """Why Paddle's weight-only GEMM must not serve a call, or None when it may.
+
+    Only per-channel scales: Paddle 3.3.1's GPU ``weight_quantize`` quantizes per channel whatever
+    ``group_size`` says (``weight_quant_gpu`` in phi/kernels/impl/weight_quantize_kernel_gpu_impl.h takes
+    none) while shaping its scales [k / g, n], so ``weight_only_linear(group_size=g)`` would read group
+    scales that were never written. Group-wise layers dequantize instead (``quantized.dequantize_weight``).
+    A call that needs gradients also needs ``weight_only_linear_grad``: per channel, sm80/86/90/100 only.
+    """
+    if group_size != -1:
+        return (
+            f"group size {group_size}: Paddle's GPU weight_quantize writes per-channel scales only, and "
+            "weight_only_linear would read group scales it never wrote"
+        )
+    if needs_grad and compute_capability not in WEIGHT_ONLY_GRAD_ARCHS:
+        major, minor = divmod(compute_capability, 10)
+        return f"no weight_only_linear_grad for compute capability {major}.{minor} (sm80/86/90/100 only)"
+    return None
+
+
+@functools.cache
+def _compute_capability() -> int:
+    return _gpu()[1]
+
+
 def weight_only_linear(layer, x: paddle.Tensor) -> paddle.Tensor | None:
     """``layer`` (a ``quantized.WeightOnlyLinear``) through Paddle's weight-only GEMM, or None when that
-    path is off or does not fit (fp32 activations, a group size the kernel lacks).
+    path is off or does not fit (fp32 activations, group-wise scales, gradients without a grad kernel:
+    ``weight_only_refusal``).
 
     The kernel wants its own weight layout, made by ``weight_quantize`` from the dequantized weight on
     first use and kept on the layer; requantizing reproduces the stored integers, since every channel's
-    (or group's) largest value sits exactly on the grid's end.
+    largest value sits exactly on the grid's end.
     """
     if not enabled("weight_only_linear") or x.dtype not in HALF_DTYPES:
         return None
     groups = int(layer.weight_scale.shape[0])
     group_size = -1 if groups == 1 else layer.in_features // groups
-    if group_size not in (-1, 64, 128):
+    needs_grad = paddle.is_grad_enabled() and not x.stop_gradient
+    if weight_only_refusal(group_size, needs_grad, _compute_capability()) is not None:
         return None
     cached = getattr(layer, "_kernel_weight", None)
     if cached is None or cached[0] != x.dtype:
         algo = "weight_only_int4" if layer.bits == 4 else "weight_only_int8"
-        q, scale = paddle.nn.quant.weight_quantize(
-            layer.dequantized().astype(x.dtype), algo=algo, group_size=group_size
-        )
+        q, scale = paddle.nn.quant.weight_quantize(layer.dequantized().astype(x.dtype), algo=algo)
         cached = (x.dtype, q, scale)
         layer._kernel_weight = cached
     _, q, scale = cached
     bias = None if layer.bias is None else layer.bias.astype(x.dtype)
     return paddle.nn.quant.weight_only_linear(
-        x,
-        q,
-        bias=bias,
-        weight_scale=scale,
-        weight_dtype="int4" if layer.bits == 4 else "int8",
-        group_size=group_size,
+        x, q, bias=bias, weight_scale=scale, weight_dtype="int4" if layer.bits == 4 else "int8"
     )
 
 
@@ -449,6 +480,8 @@ class _Case:
     inputs: str  # "causal" | "packed" | "vl"
     full_only: bool = False
     weight_only: bool = False
+    grads: bool = True  # False: forward only, under no_grad (as serving runs)
+    group_size: int = -1  # weight-only cases: the scales' group size (-1 per channel)
 
 
 SELF_TESTS = {
@@ -460,6 +493,20 @@ SELF_TESTS = {
     "fused_rms_norm": _Case(("fused_rms_norm",), "tiny", "float32", "packed"),
     "fused_rope": _Case(("fused_rope",), "tiny", "float32", "packed"),
     "weight_only_linear": _Case(("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True),
+    "weight_only_linear_inference": _Case(
+        ("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True, grads=False
+    ),
+    # group-wise scales must take the dequantize path with the kernel on (weight_only_refusal)
+    "weight_only_linear_group64": _Case(
+        ("weight_only_linear",),
+        "tiny",
+        "bfloat16",
+        "causal",
+        full_only=True,
+        weight_only=True,
+        grads=False,
+        group_size=64,
+    ),
 }
 
 
@@ -482,16 +529,21 @@ def self_test(name: str, quick: bool = True) -> SelfTestResult:
     off = [p for p in case.paths if not caps[p].on]
     if off:
         return SelfTestResult(name, ran=False, passed=False, reason=f"{off[0]} is off: {caps[off[0]].reason}")
+    if case.weight_only and case.grads:
+        refusal = weight_only_refusal(case.group_size, True, _compute_capability())
+        if refusal:
+            return SelfTestResult(name, False, False, f"weight_only_linear with gradients is off: {refusal}")
     tol = FP32_TOLERANCE if case.dtype == "float32" else HALF_TOLERANCE
     relative = case.dtype != "float32"
     try:
         model, inputs = _tiny_model_and_inputs(case, 64 if quick else 2 * 128 + 32)
         if "grouped_moe" in case.paths and not _all_groups_grouped(model):
             return SelfTestResult(name, True, False, "the tiny model's experts do not take the grouped path")
-        with paddle.enable_grad(), forced(**dict.fromkeys(case.paths, False)):
-            plain = _logits_and_grads(model, inputs)
-        with paddle.enable_grad(), forced(**dict.fromkeys(case.paths, True)):
-            fast = _logits_and_grads(model, inputs)
+        grad_mode = paddle.enable_grad if case.grads else paddle.no_grad
+        with grad_mode(), forced(**dict.fromkeys(case.paths, False)):
+            plain = _logits_and_grads(model, inputs, case.grads)
+        with grad_mode(), forced(**dict.fromkeys(case.paths, True)):
+            fast = _logits_and_grads(model, inputs, case.grads)
     except Exception as exc:
         return SelfTestResult(name, ran=True, passed=False, reason=f"{type(exc).__name__}: {exc}"[:300])
     missing = sorted(set(plain[1]) ^ set(fast[1]))
@@ -502,6 +554,8 @@ def self_test(name: str, quick: bool = True) -> SelfTestResult:
     fwd = _diff(plain[0], fast[0], relative)
     grads = max((_diff(plain[1][k], fast[1][k], relative) for k in plain[1]), default=0.0)
     passed = fwd <= tol and grads <= tol
+    if not case.grads:
+        grads = None
     kind = "relative to the largest |value|" if relative else "absolute"
     reason = f"{case.dtype} on {case.preset}, {kind}: " + (
         "agrees" if passed else "differs beyond the tolerance"
@@ -533,7 +587,7 @@ def _tiny_model_and_inputs(case: _Case, seq: int):
             layer.moe_statics.e_score_correction_bias.set_value(paddle.to_tensor(bias))
     cast_model(model, case.dtype)
     if case.weight_only:
-        apply_weight_only(model, "wint8")
+        apply_weight_only(model, "wint8", case.group_size)
     model.train()
     rng = np.random.default_rng(0)
     ids = paddle.to_tensor(rng.integers(16, cfg.vocab_size, size=(2, seq)))
@@ -564,7 +618,10 @@ def _all_groups_grouped(model) -> bool:
     return True
 
 
-def _logits_and_grads(model, inputs) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _logits_and_grads(model, inputs, grads: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The logits and (with ``grads``) every parameter's gradient of the loss; no gradients: ``{}``."""
+    if not grads:
+        return model(**inputs).logits.astype("float32").numpy(), {}
     model.clear_gradients(set_to_zero=False)  # None, not zeros: which parameters got a gradient matters
     out = model(**inputs)
     out.loss.backward()

@@ -40,33 +40,47 @@ def rms_norm_plain(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddl
     return weight * h.astype(x.dtype)
 
 
+def rotary_frequencies(dim: int, theta: float) -> paddle.Tensor:
+    """``theta ** (-2i / dim)`` for i < dim / 2, in fp32, made from Python floats at every call.
+
+    Not a buffer: ``paddle.amp.decorate`` O2 and ``checkpoint.cast_model`` cast a layer's floating buffers
+    with its weights (``Layer._to_impl(floating_only=True)``, Paddle 3.3.1 paddle/nn/layer/layers.py), and
+    frequencies rounded to bf16 turn position 4,095 by an angle up to 1.9 rad off. Three tiny kernels per
+    forward.
+    """
+    return 1.0 / (theta ** (paddle.arange(0, dim, 2, dtype="float32") / dim))
+
+
 class RotaryEmbedding(nn.Layer):
     """Interleaved (even/odd pair) rotary position embedding, as in ERNIE 4.5.
 
     VL models (``rope_3d``) take positions per axis [3, B, T] = (time, row, column): the last
     ``freq_allocation`` pairs turn with time, the ones before alternate row (even) and column (odd). Text
-    tokens have equal positions on all three axes, which makes this the plain 1-D rotation.
+    tokens have equal positions on all three axes, which makes this the plain 1-D rotation. It holds no
+    tensors (see ``rotary_frequencies``): nothing a cast of the model does reaches its tables.
     """
 
     def __init__(self, head_dim: int, theta: float, freq_allocation: int | None = None):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (paddle.arange(0, head_dim, 2, dtype="float32") / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistable=False)
-        self.axes: paddle.Tensor | None = None
-        if freq_allocation is not None:
-            pairs = head_dim // 2
-            axis = [0 if j >= pairs - freq_allocation else 1 + j % 2 for j in range(pairs)]
-            onehot = F.one_hot(paddle.to_tensor(axis), 3).T  # [3, pairs]: which axis each pair turns with
-            self.axes = onehot.reshape([3, 1, 1, pairs])
+        self.head_dim, self.theta, self.freq_allocation = head_dim, theta, freq_allocation
 
     def forward(self, position_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """position_ids [B, T] (or [3, B, T] for 3-D RoPE) -> cos, sin [B, T, 1, head_dim // 2] in fp32."""
-        freqs = position_ids.astype("float32").unsqueeze(-1) * self.inv_freq
+        freqs = position_ids.astype("float32").unsqueeze(-1) * rotary_frequencies(self.head_dim, self.theta)
         if position_ids.ndim == 3:
-            if self.axes is None:
+            if self.freq_allocation is None:
                 raise ValueError("3-D position ids need a model with rope_3d")
-            freqs = (freqs * self.axes).sum(axis=0)
+            freqs = (freqs * self.pair_axes()).sum(axis=0)
         return freqs.cos().unsqueeze(2), freqs.sin().unsqueeze(2)
+
+    def pair_axes(self) -> paddle.Tensor:
+        """[3, 1, 1, pairs] one-hot in fp32: which axis (time, row, column) each rotary pair turns with."""
+        pairs = self.head_dim // 2
+        j = paddle.arange(pairs)
+        time = j >= pairs - self.freq_allocation
+        row = paddle.logical_and(~time, j % 2 == 0)
+        column = paddle.logical_and(~time, j % 2 == 1)
+        return paddle.stack([time, row, column]).astype("float32").reshape([3, 1, 1, pairs])
 
 
 def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:

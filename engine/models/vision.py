@@ -27,7 +27,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from engine.models.config import VisionConfig
-from engine.models.layers import RMSNorm
+from engine.models.layers import RMSNorm, rotary_frequencies
 from engine.models.positions import grid_tokens
 
 Grid = tuple[int, int, int]
@@ -55,13 +55,13 @@ class VisionRotary(nn.Layer):
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        quarter = head_dim // 2
-        inv_freq = 1.0 / (theta ** (paddle.arange(0, quarter, 2, dtype="float32") / quarter))
-        self.register_buffer("inv_freq", inv_freq, persistable=False)
+        # frequencies made per call, never stored: a cast of the model would round them (rotary_frequencies)
+        self.quarter, self.theta = head_dim // 2, theta
 
     def forward(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """positions [N, 2] -> cos, sin [N, 1, head_dim] for the rotate-half form."""
-        freqs = positions.astype("float32").unsqueeze(-1) * self.inv_freq  # [N, 2, hd/4]
+        """positions [N, 2] -> cos, sin [N, 1, head_dim] for the rotate-half form, in fp32."""
+        inv_freq = rotary_frequencies(self.quarter, self.theta)
+        freqs = positions.astype("float32").unsqueeze(-1) * inv_freq  # [N, 2, hd/4]
         half = paddle.concat([freqs[:, 0], freqs[:, 1]], axis=-1)  # [N, hd/2]
         full = paddle.concat([half, half], axis=-1)
         return full.cos().unsqueeze(1), full.sin().unsqueeze(1)

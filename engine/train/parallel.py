@@ -87,18 +87,24 @@ class DataParallel:
             raise RuntimeError(f"rank {self.rank}: {what} is {value}, but another rank's is not")
 
     def sum_grads(self, params: list[paddle.Tensor]) -> None:
+        """Sum every gradient over the ranks: one flat all-reduce per gradient dtype (AMP's bf16 / fp16
+        weights beside the fp32 router gates; ``paddle.concat`` refuses mixed dtypes). Every rank holds the
+        same parameters in the same order, so the buckets line up."""
         if self.world == 1:
             return
         import paddle.distributed as dist
 
-        grads = [p.grad for p in params]
-        flat = paddle.concat([g.reshape([-1]) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            n = int(np.prod(g.shape))
-            g.set_value(flat[offset : offset + n].reshape(g.shape))
-            offset += n
+        buckets: dict[paddle.dtype, list[paddle.Tensor]] = {}
+        for p in params:
+            buckets.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in buckets.values():
+            flat = paddle.concat([g.reshape([-1]) for g in grads])
+            dist.all_reduce(flat)
+            offset = 0
+            for g in grads:
+                n = int(np.prod(g.shape))
+                g.set_value(flat[offset : offset + n].reshape(g.shape))
+                offset += n
 
     def my_images(self, batch: dict, my_ids: np.ndarray, config) -> dict:
         """This rank's images: the global batch holds all patches in row order, one grid per image."""

@@ -6,7 +6,8 @@
   fp16 (MoE router gates and correction biases stay fp32) and AdamW keeps fp32 master weights and
   moments; fp16 scales the loss with ``paddle.amp.GradScaler``. No ``auto_cast``: the model already casts
   where ERNIE needs fp32 (norm statistics, rotary, attention softmax, router, loss), and O2's casting
-  could move the router's fp32 matmul down to low precision.
+  could move the router's fp32 matmul down to low precision. Without ``auto_cast`` nothing tells Paddle
+  the run's AMP dtype, which ``GradScaler`` reads, so ``set_up_amp`` records it (see there).
 - **emulated** bf16 (no bf16 kernels, e.g. Paddle's CPU build, which has bf16 cast, multiply and
   embedding but no matmul, add or softmax): the weights are held in bf16
   (``engine.models.quantized.hold_in_low_precision``), every linear upcasts its weight to fp32 and rounds
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import paddle
 from paddle import nn
+from paddle.amp.auto_cast import amp_global_state
 
 LOW_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # compute types that keep fp32 arithmetic: (what the linears hold, how)
@@ -186,13 +188,26 @@ def _fp32_copy(p: paddle.Tensor) -> paddle.Tensor:
 # ---- the GPU path ------------------------------------------------------------------------------------
 
 
+def set_up_amp(model: nn.Layer, optimizer, precision: Precision):
+    """A GPU run's AMP: ``decorate_for_amp``, then for fp16 the loss scaler. Returns (model, optimizer,
+    scaler or None)."""
+    model, optimizer = decorate_for_amp(model, optimizer, precision)
+    return model, optimizer, loss_scaler(precision)
+
+
 def decorate_for_amp(model: nn.Layer, optimizer, precision: Precision):
     """``paddle.amp.decorate`` O2: low-precision weights, fp32 master weights in the optimizer; the MoE
-    router gates and correction biases stay fp32 as ERNIE keeps them. Returns (model, optimizer)."""
+    router gates and correction biases stay fp32 as ERNIE keeps them. Returns (model, optimizer).
+
+    It also records the run's AMP dtype in Paddle's AMP state. ``GradScaler.scale`` switches itself off
+    (scale 1.0, for good) unless ``amp_global_state().amp_dtype`` is 'float16' (Paddle 3.3.1,
+    paddle/amp/grad_scaler.py ``AmpScaler.scale``), and only ``auto_cast`` / ``amp_guard`` set it
+    (paddle/amp/auto_cast.py ``amp_guard``), never ``decorate``: without this an fp16 run trained unscaled.
+    """
     keep_fp32 = [
         layer for name, layer in model.named_sublayers() if name.endswith(("mlp.gate", "moe_statics"))
     ]
-    return paddle.amp.decorate(
+    decorated = paddle.amp.decorate(
         models=model,
         optimizers=optimizer,
         level="O2",
@@ -200,10 +215,18 @@ def decorate_for_amp(model: nn.Layer, optimizer, precision: Precision):
         master_weight=True,
         excluded_layers=keep_fp32 or None,
     )
+    amp_global_state().amp_dtype = precision.weights
+    return decorated
 
 
 def loss_scaler(precision: Precision) -> paddle.amp.GradScaler | None:
-    """fp16 on a GPU: a dynamic loss scale starting where ERNIEKit's does."""
+    """fp16 on a GPU: a dynamic loss scale starting where ERNIEKit's does. Call after ``decorate_for_amp``."""
     if not precision.loss_scaling:
         return None
+    if amp_global_state().amp_dtype != "float16":
+        raise RuntimeError(
+            "loss_scaler: Paddle's AMP state says "
+            f"{amp_global_state().amp_dtype!r}, so GradScaler would switch itself off; call decorate_for_amp "
+            "(which records float16) first"
+        )
     return paddle.amp.GradScaler(init_loss_scaling=INITIAL_LOSS_SCALE)

@@ -41,9 +41,8 @@ from engine.train.precision import (
     MasterWeights,
     Precision,
     PrecisionMode,
-    decorate_for_amp,
-    loss_scaler,
     resolve_precision,
+    set_up_amp,
 )
 from engine.train.run_dir import (
     MetricsLog,
@@ -453,8 +452,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     optimizer = build_optimizer(cfg, model, trainable)
     scaler = None
     if precision.mode is PrecisionMode.AMP:
-        model, optimizer = decorate_for_amp(model, optimizer, precision)
-        scaler = loss_scaler(precision)
+        model, optimizer, scaler = set_up_amp(model, optimizer, precision)
     ema = WeightEMA(trainable, cfg.ema_decay) if cfg.ema_decay else None
     data, total, epoch_steps = None, 0, 1
     if cfg.do_train:  # an evaluation-only run needs no training data

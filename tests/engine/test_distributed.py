@@ -13,6 +13,7 @@ import numpy as np
 import paddle
 
 import engine
+from engine.doctor.gpu_checks import run_sum_grads_ranks
 from engine.train import run_training
 from engine.train.config import load_config
 from engine.train.parallel import LAUNCH_FLAGS, launch_command
@@ -125,3 +126,16 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir, tmp_path):
         curves.append([json.loads(line)["loss"] for line in rows])
     # micro-batches pad to their own length, but the loss is normalised over the whole step's tokens
     np.testing.assert_allclose(curves[1], curves[0], atol=2e-6, rtol=0)
+
+
+def test_sum_grads_all_reduces_fp32_gates_beside_bf16_weights(tiny_moe_model_dir, tmp_path):
+    # AMP keeps the MoE router gates in fp32 and the other weights in bf16; one concat of every gradient
+    # raised "data_type of input tensor in list isn't consistent" on the first step of 2 ranks. The ranks
+    # run the doctor's script (engine/doctor/sum_grads_rank.py), which it runs on 2 GPUs.
+    code, results, logs = run_sum_grads_ranks(tiny_moe_model_dir, tmp_path, "bfloat16")
+    assert code == 0, logs[-3000:]
+    assert len(results) == 2
+    for result in results:
+        assert result["world"] == 2
+        assert {"paddle.bfloat16", "paddle.float32"} <= set(result["dtypes"]), result
+        assert result["max_diff"] == 0.0, result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import paddle
 import pytest
 
 from engine.cli import main
@@ -120,3 +121,30 @@ def test_a_passing_report_is_reused_only_while_nothing_it_vouches_for_changed(tm
     # a failed report is never kept
     reuse.save(tmp_path / "failed", key, {**quick_report.to_dict(), "passed": False})
     assert not (tmp_path / "failed").exists()
+
+
+def test_the_gpu_checks_are_skipped_with_the_reason_on_a_cpu_node(tmp_path):
+    from engine.doctor.gpu_checks import NAMES, gpu_checks
+
+    facts = {"paddle": {"compiled_with_cuda": False}, "devices": []}
+    checks = gpu_checks(facts, lambda preset: tmp_path / preset, tmp_path)
+    assert [c.name for c in checks] == list(NAMES)
+    assert all(c.passed and c.detail.startswith("skipped: needs a GPU") for c in checks)
+
+
+def test_gpu_memory_is_read_from_the_device_asked_for_and_zero_is_unreadable(monkeypatch):
+    # paddle.cuda.mem_get_info's binding switches to the device it is given (CUDADeviceGuard) and returns
+    # (0, 0) when cudaMemGetInfo fails; the doctor asks per index and reports a zero total as unreadable.
+    from types import SimpleNamespace
+
+    from engine.doctor import facts
+
+    asked = []
+    memory = {"gpu:0": (3 * 2**30, 16 * 2**30), "gpu:1": (0, 0)}
+    props = SimpleNamespace(name="T4", major=7, minor=5, total_memory=16 * 2**30)
+    monkeypatch.setattr(paddle.device.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(paddle.cuda, "mem_get_info", lambda d: asked.append(d) or memory[d])
+    good, bad = facts._gpu(0), facts._gpu(1)
+    assert asked == ["gpu:0", "gpu:1"]
+    assert good["free_memory_bytes"] == 3 * 2**30 and "error" not in good
+    assert "memory unreadable" in bad["error"] and "free_memory_bytes" not in bad

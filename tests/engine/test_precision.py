@@ -6,6 +6,7 @@ the tested reference here. The GPU path (paddle.amp O2) runs only where a CUDA d
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -13,16 +14,26 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+from paddle.amp.auto_cast import amp_global_state
 
+from engine.doctor.gpu_checks import rotary_fp32_check
 from engine.models import quantized
+from engine.models.checkpoint import cast_model, load_plain_model
 from engine.models.quantized import LowPrecisionEmbedding, LowPrecisionLinear
 from engine.models.safetensors_io import SafetensorsFile
 from engine.train import run_export, run_training
 from engine.train.config import ExportConfig, TrainConfig, config_from_dict
 from engine.train.parallel import DataParallel
-from engine.train.precision import PrecisionMode, resolve_precision
+from engine.train.precision import (
+    INITIAL_LOSS_SCALE,
+    Precision,
+    PrecisionMode,
+    decorate_for_amp,
+    loss_scaler,
+    resolve_precision,
+)
 from engine.train.run_dir import _state_by_name, _state_from_names
-from engine.train.trainer import setup_run, train_loop
+from engine.train.trainer import build_model, build_optimizer, setup_run, train_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data"
@@ -230,3 +241,78 @@ def test_upcast_matmul_in_blocks_gives_the_fp32_matmul_and_bf16_gradient(transpo
     np.testing.assert_array_equal(
         got[2].astype("float32").numpy(), w32.grad.astype("bfloat16").astype("float32").numpy()
     )
+
+
+class _TracerOnAGpu:
+    """What paddle.amp asks the tracer (is the current place a GPU?) answered as on one."""
+
+    class _expected_place:  # the tracer's attribute name
+        is_gpu_place = staticmethod(lambda: True)
+        is_xpu_place = staticmethod(lambda: False)
+        is_custom_place = staticmethod(lambda: False)
+
+
+@pytest.fixture
+def amp_as_on_a_gpu(monkeypatch):
+    """paddle.amp's device checks answered as on a GPU with fp16 and bf16 kernels; Paddle's process-wide AMP
+    dtype put back afterwards. A CPU build cannot make a CUDAPlace, and on a CPU place ``decorate`` returns
+    the model uncast and ``GradScaler`` disables itself; everything else they do runs for real here."""
+    # the modules, not the functions paddle.amp exports under the same names
+    auto_cast = importlib.import_module("paddle.amp.auto_cast")
+    grad_scaler = importlib.import_module("paddle.amp.grad_scaler")
+    for module in (auto_cast, grad_scaler):
+        monkeypatch.setattr(module, "_dygraph_tracer", lambda: _TracerOnAGpu)
+    monkeypatch.setattr(auto_cast, "_is_gpu_float16_supported", lambda: True)
+    monkeypatch.setattr(auto_cast, "_is_gpu_bfloat16_supported", lambda: True)
+    before = amp_global_state().amp_dtype
+    yield
+    amp_global_state().amp_dtype = before
+
+
+def test_fp16_amp_set_up_scales_the_loss(tiny_model_dir, tmp_path, amp_as_on_a_gpu):
+    # The set-up a GPU fp16 run builds (setup_run -> set_up_amp). GradScaler used to switch itself off at
+    # its first scale(): Paddle's AMP dtype was still 'float32', since only auto_cast sets it.
+    cfg = config(tiny_model_dir, tmp_path / "fp16", compute_type="fp16")
+    precision = Precision("fp16", PrecisionMode.AMP, "float16", "float16", True, "as on a GPU")
+    model, trainable = build_model(cfg, precision)
+    optimizer = build_optimizer(cfg, model, trainable)
+    model, optimizer = decorate_for_amp(model, optimizer, precision)
+    scaler = loss_scaler(precision)
+    assert model.ernie.layers[0].self_attn.qkv_proj.weight.dtype == paddle.float16
+    scaled = scaler.scale(paddle.to_tensor(1.0))
+    assert scaler.is_enable()
+    assert scaled.item() == INITIAL_LOSS_SCALE == 2.0**15
+
+
+FAR = 8191  # a position where a bf16-rounded frequency turns cos / sin far off
+
+
+@pytest.mark.parametrize("cast", ["amp_decorate", "cast_model"])
+def test_rotary_tables_stay_fp32_through_amp_and_casts(cast, tiny_vl_model_dir, amp_as_on_a_gpu):
+    reference = load_plain_model(tiny_vl_model_dir)
+    model = load_plain_model(tiny_vl_model_dir)
+    if cast == "amp_decorate":  # as setup_run does on a GPU
+        precision = Precision("bf16", PrecisionMode.AMP, "bfloat16", "bfloat16", False, "as on a GPU")
+        model, _ = decorate_for_amp(model, paddle.optimizer.AdamW(parameters=model.parameters()), precision)
+    else:  # as load_model(dtype="bfloat16") does for serving
+        cast_model(model, "bfloat16")
+    assert model.ernie.layers[0].self_attn.qkv_proj.weight.dtype == paddle.bfloat16
+    rotaries = {
+        "decoder": lambda m: m.ernie.rotary(paddle.to_tensor([[0, FAR]])),
+        "decoder 3-D": lambda m: m.ernie.rotary(paddle.to_tensor([[[FAR]], [[FAR // 3]], [[FAR - 1]]])),
+        "vision": lambda m: m.vision_model.rotary(paddle.to_tensor([[FAR, 5], [7, FAR]])),
+    }
+    for name, rotate in rotaries.items():
+        for got, want in zip(rotate(model), rotate(reference), strict=True):
+            assert got.dtype == paddle.float32, name
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-6, err_msg=name)
+    for name, layer in model.named_sublayers():
+        if name.endswith("rotary"):
+            assert all(t.dtype == paddle.float32 for t in layer.buffers() if t.is_floating_point()), name
+    assert not any("rotary" in key for key in model.state_dict())  # checkpoints never held them
+
+
+def test_the_doctors_rotary_check_runs_amp_and_casts_for_real(tiny_vl_model_dir, amp_as_on_a_gpu):
+    # `doctor --full` runs this on GPU nodes; with paddle.amp answering as on a GPU it runs here too.
+    check = rotary_fp32_check(tiny_vl_model_dir)
+    assert check.passed and check.values["max_abs_diff"] <= 1e-6, check

@@ -293,3 +293,25 @@ def test_the_reconciler_deploys_a_finished_export_once_when_its_worker_died_firs
     reconcile(settings, None)
     with session_factory(settings)() as s:
         assert s.get(Export, ids[0]).deploy_state == "removed" and s.query(Deployment).count() == 1
+
+
+def test_gpu_uuids_in_cuda_visible_devices_are_device_slots(monkeypatch):
+    # Container runtimes and device plugins name GPUs by UUID; the worker did int() on every entry.
+    from paddle.distributed.launch.context.device import Device
+
+    from engine.train.parallel import launch_command
+    from workers.training import launcher_devices, visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc, GPU-def")
+    visible = visible_gpus()
+    assert visible == ["GPU-abc", "GPU-def"]
+    devices = launcher_devices(visible, 2, cuda=True)
+    assert devices == ["GPU-abc", "GPU-def"]
+    cmd = launch_command(["/bin/ernie-studio", "train", "c.yaml"], 2, "/r/dist_logs", "run1", devices)
+    assert cmd[cmd.index("--devices") + 1] == "GPU-abc,GPU-def"
+    # Paddle's launcher finds those names among CUDA_VISIBLE_DEVICES' entries: ranks on devices 0 and 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc,GPU-def")
+    assert Device.parse_device().get_selected_devices("GPU-abc,GPU-def") == ["0", "1"]
+    assert launcher_devices(["MIG-1", "MIG-2", "MIG-3"], 2, cuda=True) == ["MIG-1", "MIG-2"]
+    assert launcher_devices([], 2, cuda=True) == ["0", "1"]
+    assert launcher_devices(visible, 2, cuda=False) is None  # gloo on a CPU build
