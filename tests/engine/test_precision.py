@@ -21,7 +21,7 @@ from engine.train import run_export, run_training
 from engine.train.config import ExportConfig, TrainConfig, config_from_dict
 from engine.train.parallel import DataParallel
 from engine.train.precision import PrecisionMode, resolve_precision
-from engine.train.run_dir import _state_by_name, _state_from_names
+from engine.train.run_dir import _state_from_names, optimizer_state_by_name
 from engine.train.trainer import setup_run, train_loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +185,7 @@ def test_checkpoint_keys_amp_master_weights_by_parameter_path():
         def state_dict(self):
             return state
 
-    by_name = _state_by_name(Optimizer(), {"layer.weight": w})
+    by_name = optimizer_state_by_name(Optimizer(), {"layer.weight": w})
     assert set(by_name["master_weights"]) == {"layer.weight"} and "layer.weight::_moment1_0" in by_name
     assert _state_from_names(by_name, {"layer.weight": w}).keys() == state.keys()
     assert set(_state_from_names(by_name, {"layer.weight": w})["master_weights"]) == {w.name}
