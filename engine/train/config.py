@@ -107,10 +107,14 @@ _PARALLEL = (
 REFUSED_DEGREES = {"tensor_parallel_degree": "tensor", "pipeline_parallel_degree": "pipeline"}
 # Devices (GPUs, or gloo processes on a CPU node) one data-parallel run may use on one node.
 MAX_DEVICES = 16
-# `sharding`: ERNIEKit's (PaddleNLP's) stage names; `offload` goes with stage2 (group_sharded_parallel's
-# offload). Stage 3 (sharded weights) is refused by name.
+# `sharding`: ERNIEKit's (PaddleNLP's) stage names. Stage 3 (sharded weights) and `offload` (stage 2's,
+# fp16 only in Paddle) are refused by name.
 SHARDING_STAGES = ("stage1", "stage2")
 SHARDING_WORDS = (*SHARDING_STAGES, "offload")
+_SHARDING_TUNING = (
+    "tunes fleet's sharding (split_param, tensor fusion, communication buffers); `sharding` here runs "
+    "fleet's DygraphShardingOptimizer with its defaults: the same updates"
+)
 _KERNEL = "chooses a fused GPU kernel; this engine's plain Paddle ops compute the same result"
 _MEMORY = "a GPU memory saving; this engine keeps weights, gradients and optimizer state in one place"
 _AMP = "compute_type chooses the precision here (bf16 / fp16: low-precision weights, fp32 master weights)"
@@ -140,8 +144,8 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "sequence_parallel": _PARALLEL,
     "pipeline_parallel_config": _PARALLEL,
     "tensor_parallel_config": _PARALLEL,
-    "sharding_parallel_config": _PARALLEL,
-    "sharding_comm_buffer_size_MB": _PARALLEL,
+    "sharding_parallel_config": _SHARDING_TUNING,
+    "sharding_comm_buffer_size_MB": _SHARDING_TUNING,
     "virtual_pp_degree": _PARALLEL,
     "pp_need_data": _PARALLEL,
     "pp_need_data_degree": _PARALLEL,
@@ -487,9 +491,8 @@ class TrainConfig:
     # sharded optimizer state over the data-parallel ranks (engine.train.sharding)
     sharding: str = option(
         "",
-        "Split the optimizer state over the data-parallel devices: stage1 (AdamW state; CPU and GPU), "
-        "stage2 (gradients too; GPU only), `stage2 offload` (its state in host memory; GPU only). Needs 2 "
-        "or more devices; empty trains plain data-parallel.",
+        "Split the optimizer state over the data-parallel devices: stage1 (AdamW state; CPU and GPU) or "
+        "stage2 (gradients too; GPU only). Needs 2 or more devices; empty trains plain data-parallel.",
     )
     sharding_parallel_degree: int = option(
         -1,
@@ -600,10 +603,6 @@ class TrainConfig:
         words = _split_words(self.sharding)
         return next((int(w[-1]) for w in words if w in SHARDING_STAGES), 0)
 
-    @property
-    def sharding_offload(self) -> bool:
-        return "offload" in _split_words(self.sharding)
-
     def sharding_degree(self, devices: int) -> int:
         """Ranks one optimizer-state split spans on ``devices`` devices (1: no sharding)."""
         if not self.sharding_stage:
@@ -628,10 +627,12 @@ class TrainConfig:
         stages = [w for w in words if w in SHARDING_STAGES]
         if len(stages) > 1:
             problems.append(f"sharding: name one stage, got {' and '.join(stages)}")
-        if "offload" in words and stages != ["stage2"]:
+        if "offload" in words:
+            # GroupShardedOptimizerStage2.__init__ asserts fp16 weights when offloading (Paddle 3.3)
             problems.append(
-                "sharding: offload goes with stage2 (`stage2 offload`); stage1 keeps its state in host "
-                "memory with tensorwise_offload_optimizer: true"
+                "sharding: offload: Paddle's stage-2 offload runs with fp16 weights only, and fp16 does not "
+                "run with sharding here; keep the optimizer state in host memory with "
+                "tensorwise_offload_optimizer: true (GPU) instead"
             )
         if self.sharding_parallel_degree == 0:
             problems.append("sharding_parallel_degree must be -1 (all devices) or a number of devices >= 1")

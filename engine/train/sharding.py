@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def gpu_sharding_problem(what: str) -> str | None:
-    """Why ``what`` (stage 2, its offload, tensorwise optimizer offload) cannot run on this node, or None.
+    """Why ``what`` (stage 2, tensorwise optimizer offload) cannot run on this node, or None.
 
     The one capability check of the GPU-only paths: ``group_sharded_parallel`` asserts that
     ``paddle.get_device()`` is a gpu / xpu / custom device, and offloading needs a device memory to leave."""
@@ -38,6 +38,32 @@ def gpu_sharding_problem(what: str) -> str | None:
     if device in ("gpu", "xpu") or device in paddle.device.get_all_custom_device_type():
         return None
     return f"{what} needs a GPU (Paddle runs it on gpu / xpu devices); this node trains on {device}"
+
+
+# What stage 1 calls on the sharding group (DygraphShardingOptimizer.reduce_gradients and
+# _sharding_sync_parameters, the global norm, gathered_state); gloo has them all.
+STAGE1_COLLECTIVES = ("reduce", "broadcast", "all_reduce", "all_gather_object")
+
+
+def sharding_support() -> dict[str, str | None]:
+    """Each of ERNIEKit's sharding settings and why this node cannot run it (None: it can), for the doctor."""
+    import paddle.distributed as dist
+
+    missing = [name for name in STAGE1_COLLECTIVES if not callable(getattr(dist, name, None))]
+    try:
+        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (  # noqa: F401
+            DygraphShardingOptimizer,
+        )
+    except ImportError:
+        missing.append("fleet's DygraphShardingOptimizer")
+    stage1 = f"this Paddle lacks {', '.join(missing)}" if missing else None
+    moves = all(hasattr(paddle.Tensor, m) for m in ("_copy_to", "_share_buffer_to"))
+    return {
+        "stage1": stage1,
+        "stage2": stage1 or gpu_sharding_problem("stage2"),
+        "tensorwise_offload_optimizer": gpu_sharding_problem("tensorwise_offload_optimizer")
+        or (None if moves else "this Paddle's Tensor lacks _copy_to / _share_buffer_to"),
+    }
 
 
 def optimizer_state_bytes(optimizer) -> int:
@@ -72,7 +98,7 @@ class ShardedOptimizer:
     def __init__(self, cfg: TrainConfig, dp: DataParallel, model, optimizer):
         from paddle.distributed import fleet
 
-        self.stage, self.offload = cfg.sharding_stage, cfg.sharding_offload
+        self.stage = cfg.sharding_stage
         self.degree = cfg.sharding_degree(dp.world)
         self.dp_degree = dp.world // self.degree
         strategy = fleet.DistributedStrategy()
@@ -86,6 +112,7 @@ class ShardedOptimizer:
         self.hcg = fleet.get_hybrid_communicate_group()
         self.group = self.hcg.get_sharding_parallel_group()
         self.loss_scale = float(dp.world)  # fleet averages over all ranks; the losses here want sums
+        self.layer = model  # the model itself (stage 2 trains through a wrapper of it)
         if self.stage == 1:
             wrapped = fleet.distributed_optimizer(optimizer)
             self.optimizer = getattr(wrapped, "_inner_opt", None)
@@ -111,7 +138,7 @@ class ShardedOptimizer:
             _paddle_optimizer(optimizer)._grad_clip = paddle.nn.ClipGradByGlobalNorm(cfg.max_grad_norm)
         dp_group = self.hcg.get_data_parallel_group() if self.dp_degree > 1 else None
         model, optimizer, _ = group_sharded_parallel(
-            model, optimizer, "os_g", group=self.group, offload=self.offload, dp_group=dp_group
+            model, optimizer, "os_g", group=self.group, dp_group=dp_group
         )
         return model, optimizer
 

@@ -353,6 +353,10 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
         out.append(Notice("vit_lr_ratio", "the vision encoder does not train in this run"))
     if cfg.moe_gate_lr_ratio != 1.0 and (cfg.lora or not model.config.is_moe):
         out.append(Notice("moe_gate_lr_ratio", "no MoE router trains in this run"))
+    if cfg.sharding_stage and not cfg.do_train:
+        out.append(
+            Notice("sharding", "an evaluation-only run (do_train: false) has no optimizer state to split")
+        )
     if cfg.tensorwise_offload_optimizer and gpu_sharding_problem("") is not None:
         out.append(
             Notice("tensorwise_offload_optimizer", "on CPU the optimizer state lives in host memory already")
@@ -451,7 +455,6 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
                 "stage": run.sharded.stage,
                 "degree": run.sharded.degree,
                 "data_parallel_degree": run.sharded.dp_degree,
-                "offload": run.sharded.offload,
             }
     finally:
         if run.scalars is not None:
@@ -533,7 +536,8 @@ def build_run_optimizer(cfg: TrainConfig, dp: DataParallel, model, trainable: di
         scaler = loss_scaler(precision)
     if cfg.tensorwise_offload_optimizer and gpu_sharding_problem("") is None:
         TensorwiseOffload(optimizer)
-    sharded = ShardedOptimizer(cfg, dp, model, optimizer) if cfg.sharding_degree(dp.world) > 1 else None
+    split = cfg.do_train and cfg.sharding_degree(dp.world) > 1
+    sharded = ShardedOptimizer(cfg, dp, model, optimizer) if split else None
     if sharded is not None:
         model, optimizer = sharded.model, sharded.optimizer
     return model, optimizer, scaler, sharded
@@ -542,6 +546,8 @@ def build_run_optimizer(cfg: TrainConfig, dp: DataParallel, model, trainable: di
 def check_devices(cfg: TrainConfig, world: int) -> None:
     """What the config asks of the ``world`` ranks this run got: sharding needs 2+ ranks that its degree
     divides, and stage 2 a GPU (``engine.train.sharding.gpu_sharding_problem``)."""
+    if not cfg.do_train:  # an evaluation has no optimizer state to split (runtime_notices says so)
+        return
     problems = sharding_device_problems(cfg.sharding, cfg.sharding_parallel_degree, world)
     if cfg.sharding_stage == 2 and cfg.sharding_degree(world) > 1:
         problems += [
@@ -857,7 +863,9 @@ def _finish_training(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: Tra
         if run.masters is not None:
             run.masters.write_back()
     if dp.main:
-        summary.model_dir = str(_save_final(cfg, run.model, out_dir))
+        # stage 2 wraps the model (GroupShardedStage2): the final files name the model's own weights
+        model = run.sharded.layer if run.sharded is not None else run.model
+        summary.model_dir = str(_save_final(cfg, model, out_dir))
         copy_tokenizer_files(cfg.model_name_or_path, out_dir)
 
 
