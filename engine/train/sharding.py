@@ -136,10 +136,8 @@ class ShardedOptimizer:
             raise ValueError(problem + "; use sharding: stage1")
         if cfg.max_grad_norm > 0:
             _paddle_optimizer(optimizer)._grad_clip = paddle.nn.ClipGradByGlobalNorm(cfg.max_grad_norm)
-        dp_group = self.hcg.get_data_parallel_group() if self.dp_degree > 1 else None
-        model, optimizer, _ = group_sharded_parallel(
-            model, optimizer, "os_g", group=self.group, dp_group=dp_group
-        )
+        # one split over every rank (trainer.check_devices): no data-parallel group
+        model, optimizer, _ = group_sharded_parallel(model, optimizer, "os_g", group=self.group)
         return model, optimizer
 
     def step(self, params: list[paddle.Tensor], max_norm: float) -> float:

@@ -549,6 +549,12 @@ def check_devices(cfg: TrainConfig, world: int) -> None:
     if not cfg.do_train:  # an evaluation has no optimizer state to split (runtime_notices says so)
         return
     problems = sharding_device_problems(cfg.sharding, cfg.sharding_parallel_degree, world)
+    if cfg.sharding_stage == 2 and 1 < cfg.sharding_degree(world) < world:
+        # the gradient norm it reports would miss the data-parallel all-reduce inside Paddle's step
+        problems.append(
+            f"sharding_parallel_degree: stage2 spans all of the run's {world} devices here; "
+            "set -1, or use stage1 to replicate a smaller split"
+        )
     if cfg.sharding_stage == 2 and cfg.sharding_degree(world) > 1:
         problems += [
             p + "; use sharding: stage1" for p in [gpu_sharding_problem(f"sharding: {cfg.sharding}")] if p

@@ -150,6 +150,12 @@ def test_stage2_is_refused_on_cpu_before_training(tiny_model_dir):
     cfg = load_config(ROOT / "examples/sft_full.yaml", [*_common(tiny_model_dir), "sharding=stage2"])
     with pytest.raises(ConfigError, match=r"sharding: stage2 needs a GPU .*; use sharding: stage1"):
         check_devices(cfg, 2)
+    smaller = load_config(
+        ROOT / "examples/sft_full.yaml",
+        [*_common(tiny_model_dir), "sharding=stage2", "sharding_parallel_degree=2"],
+    )
+    with pytest.raises(ConfigError, match="stage2 spans all of the run's 4 devices"):
+        check_devices(smaller, 4)
     check_devices(
         load_config(ROOT / "examples/sft_full.yaml", [*_common(tiny_model_dir), "sharding=stage1"]), 2
     )
