@@ -158,3 +158,16 @@ def throughput_probe(model_dir: Path, floors: DoctorFloors, timed_steps: int) ->
             values=values,
         )
     return Check("throughput", True, summary + (f", floor {floor:,.0f}" if floor > 0 else ""), values=values)
+
+
+def sharding_check() -> Check:
+    """Which of ERNIEKit's ``sharding`` settings this node runs: stage 1 needs fleet's
+    DygraphShardingOptimizer and its collectives (a node without them fails); stage 2, its offload and
+    tensorwise_offload_optimizer need a GPU (a CPU node passes and says so)."""
+    from engine.train.sharding import sharding_support
+
+    support = sharding_support()
+    runs = [name for name, why in support.items() if why is None]
+    detail = "runs " + ", ".join(runs) if runs else "runs no sharding"
+    detail += "".join(f"; {why}" for why in support.values() if why)
+    return Check("sharding", support["stage1"] is None, detail, values={"supported": runs})

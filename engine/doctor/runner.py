@@ -15,7 +15,13 @@ from engine.doctor.facts import node_facts
 from engine.doctor.fastdeploy_probe import fastdeploy_checks
 from engine.doctor.gpu_checks import gpu_checks
 from engine.doctor.llamacpp_probe import llamacpp_checks
-from engine.doctor.probes import device_check, fast_path_checks, throughput_probe, training_probe
+from engine.doctor.probes import (
+    device_check,
+    fast_path_checks,
+    sharding_check,
+    throughput_probe,
+    training_probe,
+)
 from engine.doctor.report import Check, DoctorFloors, DoctorReport
 from engine.models.initialize import init_model
 
@@ -44,6 +50,7 @@ class Probe:
 CHECKS: list[tuple[str, Callable[[Probe], list[Check]]]] = [
     ("devices", lambda p: [device_check(p.facts, p.floors)]),
     ("fast_paths", lambda p: fast_path_checks(quick=not p.full)),
+    ("sharding", lambda p: [sharding_check()]),
     ("training_probe", lambda p: [training_probe(p.model_dir("tiny"))]),
     (
         "training_probe_moe",

@@ -102,15 +102,19 @@ _PARALLEL = (
     "GPU model parallelism (tensor / pipeline / sharding / sequence); this engine trains data-parallel only "
     "(`paddle.distributed.launch --nproc_per_node N`)"
 )
-_SHARDING = (
-    "optimizer-state sharding is not implemented: every data-parallel rank keeps the whole AdamW state "
-    "(the same updates as sharding stage 1, more memory per device)"
-)
 # Model-parallel degrees this engine cannot honour: above 1 the run would not be the one asked for, so
 # such a config is refused instead of announced.
 REFUSED_DEGREES = {"tensor_parallel_degree": "tensor", "pipeline_parallel_degree": "pipeline"}
 # Devices (GPUs, or gloo processes on a CPU node) one data-parallel run may use on one node.
 MAX_DEVICES = 16
+# `sharding`: ERNIEKit's (PaddleNLP's) stage names. Stage 3 (sharded weights) and `offload` (stage 2's,
+# fp16 only in Paddle) are refused by name.
+SHARDING_STAGES = ("stage1", "stage2")
+SHARDING_WORDS = (*SHARDING_STAGES, "offload")
+_SHARDING_TUNING = (
+    "tunes fleet's sharding (split_param, tensor fusion, communication buffers); `sharding` here runs "
+    "fleet's DygraphShardingOptimizer with its defaults: the same updates"
+)
 _KERNEL = "chooses a fused GPU kernel; this engine's plain Paddle ops compute the same result"
 _MEMORY = "a GPU memory saving; this engine keeps weights, gradients and optimizer state in one place"
 _AMP = "compute_type chooses the precision here (bf16 / fp16: low-precision weights, fp32 master weights)"
@@ -137,13 +141,11 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     # parallelism and distributed plumbing
     "tensor_parallel_degree": _PARALLEL,
     "pipeline_parallel_degree": _PARALLEL,
-    "sharding_parallel_degree": _SHARDING,
-    "sharding": _SHARDING,
     "sequence_parallel": _PARALLEL,
     "pipeline_parallel_config": _PARALLEL,
     "tensor_parallel_config": _PARALLEL,
-    "sharding_parallel_config": _PARALLEL,
-    "sharding_comm_buffer_size_MB": _PARALLEL,
+    "sharding_parallel_config": _SHARDING_TUNING,
+    "sharding_comm_buffer_size_MB": _SHARDING_TUNING,
     "virtual_pp_degree": _PARALLEL,
     "pp_need_data": _PARALLEL,
     "pp_need_data_degree": _PARALLEL,
@@ -177,10 +179,6 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "use_attn_mask_start_row_indices": _KERNEL,
     # memory
     "offload_optim": _MEMORY,
-    "tensorwise_offload_optimizer": (
-        "moves optimizer state to host memory between GPU steps; on CPU the state already lives there, "
-        "and on GPU this engine keeps it on the device"
-    ),
     "optim_shard_num": "shards ERNIEKit's optimizer state files across GPUs; optimizer state here is one file",
     "use_lowprecision_moment": "AdamW moments stay fp32 here (bf16 moments are a GPU memory saving)",
     "release_grads": _MEMORY,
@@ -490,6 +488,24 @@ class TrainConfig:
     fp8_hadamard: bool = option(True, "FP8 QAT: rotate blocks with a Hadamard transform before quantizing.")
     fp8_hadamard_block_size: int = option(32, "FP8 QAT: Hadamard block size (a power of two).", minimum=1)
     fp8_scale_ema_rate: float = option(0.01, "FP8 QAT: EMA rate of activation scales.", minimum=0)
+    # sharded optimizer state over the data-parallel ranks (engine.train.sharding)
+    sharding: str = option(
+        "",
+        "Split the optimizer state over the data-parallel devices: stage1 (AdamW state; CPU and GPU) or "
+        "stage2 (gradients too; GPU only). Needs 2 or more devices; empty trains plain data-parallel.",
+    )
+    sharding_parallel_degree: int = option(
+        -1,
+        "Devices one optimizer-state split spans: -1 is all of the run's devices, 1 turns sharding off; "
+        "it must divide the run's devices (the rest replicate the split data-parallel).",
+        minimum=-1,
+        maximum=MAX_DEVICES,
+    )
+    tensorwise_offload_optimizer: bool = option(
+        False,
+        "GPU: keep AdamW's moments in host memory and bring each weight's to the device only for its "
+        "update (on CPU they live in host memory already).",
+    )
     weight_quant_group_size: int = option(-1, "Weight-only bases: group size; -1 is per channel.")
 
     # Accepted ERNIEKit keys without effect here (set by the loader; not a key of the config itself).
@@ -579,7 +595,62 @@ class TrainConfig:
             problems.append(
                 f"fp8_hadamard_block_size must be a power of two, got {self.fp8_hadamard_block_size}"
             )
-        return problems + self._elastic_problems()
+        return problems + self._elastic_problems() + self._sharding_problems()
+
+    @property
+    def sharding_stage(self) -> int:
+        """0 (no sharding), 1 or 2, as ``sharding`` names it (validate() has refused anything else)."""
+        words = _split_words(self.sharding)
+        return next((int(w[-1]) for w in words if w in SHARDING_STAGES), 0)
+
+    def sharding_degree(self, devices: int) -> int:
+        """Ranks one optimizer-state split spans on ``devices`` devices (1: no sharding)."""
+        if not self.sharding_stage:
+            return 1
+        return devices if self.sharding_parallel_degree == -1 else self.sharding_parallel_degree
+
+    def _sharding_problems(self) -> list[str]:
+        words = _split_words(self.sharding)
+        problems = []
+        for w in words:
+            if w == "stage3":
+                problems.append(
+                    "sharding: stage3 (weights split over the devices) is not supported here; use stage1 "
+                    "(optimizer state) or stage2 (optimizer state and gradients)"
+                )
+            elif w not in SHARDING_WORDS:
+                problems.append(f"sharding: {w!r} is not one of {', '.join(SHARDING_WORDS)}")
+        return problems or self._sharding_combination_problems(words)
+
+    def _sharding_combination_problems(self, words: list[str]) -> list[str]:
+        problems = []
+        stages = [w for w in words if w in SHARDING_STAGES]
+        if len(stages) > 1:
+            problems.append(f"sharding: name one stage, got {' and '.join(stages)}")
+        if "offload" in words:
+            # GroupShardedOptimizerStage2.__init__ asserts fp16 weights when offloading (Paddle 3.3)
+            problems.append(
+                "sharding: offload: Paddle's stage-2 offload runs with fp16 weights only, and fp16 does not "
+                "run with sharding here; keep the optimizer state in host memory with "
+                "tensorwise_offload_optimizer: true (GPU) instead"
+            )
+        if self.sharding_parallel_degree == 0:
+            problems.append("sharding_parallel_degree must be -1 (all devices) or a number of devices >= 1")
+        if self.sharding_parallel_degree > 1 and not stages:
+            problems.append(
+                f"sharding_parallel_degree: {self.sharding_parallel_degree} needs sharding: stage1 or stage2"
+            )
+        if stages and self.compute_type == "fp16":
+            problems.append(
+                "sharding: compute_type fp16's loss scaling does not run over split optimizer state here; "
+                "use compute_type bf16"
+            )
+        if stages and self.gpas_gate_grad_clip > 0:
+            problems.append(
+                "sharding: gpas_gate_grad_clip clips the gates' gradients, which the split optimizer holds "
+                "on one device each; set gpas_gate_grad_clip: 0 or leave sharding out"
+            )
+        return problems
 
     def elastic_choices(self, key: str) -> list[int]:
         """The numbers one ``elastic_*_choices`` key lists (ValueError when they are not numbers)."""
@@ -623,6 +694,32 @@ class TrainConfig:
                 "elastic: true needs at least one of elastic_depth_choices, elastic_experts_choices, elastic_topk_choices"
             )
         return problems
+
+
+def sharding_device_problems(sharding: Any, degree: Any, devices: int) -> list[str]:
+    """What ``sharding`` / ``sharding_parallel_degree`` ask of a run on ``devices`` devices (a value that is
+    not a stage name or a number is left to the config's own checks)."""
+    words = _split_words(str(sharding or ""))
+    if not any(w in SHARDING_STAGES for w in words):
+        return []
+    try:
+        degree = int(degree)
+    except (TypeError, ValueError):
+        return []
+    if degree == 1 or degree == 0:
+        return []
+    if devices == 1:
+        return [
+            f"sharding: {sharding} splits the optimizer state over data-parallel devices, but this run has "
+            "one device; train on 2 or more (the studio's num_devices, or paddle.distributed.launch "
+            "--nproc_per_node N), set sharding_parallel_degree: 1, or leave sharding out"
+        ]
+    if degree > 1 and devices % degree:
+        return [
+            f"sharding_parallel_degree: {degree} must divide the run's {devices} devices "
+            "(or be -1 for all of them)"
+        ]
+    return []
 
 
 def defaults_for(stage: str = "SFT", fine_tuning: str = "LoRA") -> dict[str, Any]:
@@ -914,6 +1011,11 @@ def _fields(cls: type) -> dict[str, Any]:
 def _suggest(key: str, fields: dict[str, Any]) -> str:
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _split_words(s: str) -> list[str]:
+    """ERNIEKit's space-separated option words (``sharding: "stage2 offload"``), lower-cased."""
+    return [w.lower() for w in re.split(r"[\s,]+", s.strip()) if w]
 
 
 def _split(s: str) -> list[str]:

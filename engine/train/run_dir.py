@@ -122,7 +122,7 @@ def write_json(path: Path, data: dict) -> None:
 # ---- checkpoint contents ----------------------------------------------------------------------------
 
 
-def _state_by_name(optimizer, params: dict[str, paddle.Tensor]) -> dict:
+def optimizer_state_by_name(optimizer, params: dict[str, paddle.Tensor]) -> dict:
     """Optimizer state keyed by parameter *path* (auto-generated tensor names differ between processes)."""
     state = optimizer.state_dict()
     by_internal = sorted(((p.name, n) for n, p in params.items()), key=lambda x: -len(x[0]))
@@ -175,13 +175,25 @@ def persistent_state(model, trainable: dict | None = None) -> dict[str, paddle.T
 
 
 def save_checkpoint(
-    out_dir: Path, step: int, model, optimizer, trainable: dict, data, ema, elapsed: float, elastic=None
+    out_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    trainable: dict,
+    data,
+    ema,
+    elapsed: float,
+    elastic=None,
+    optimizer_state: dict | None = None,
 ) -> Path:
     """Model (trainable part), optimizer, RNG, data position, EMA and the elastic sampler as
-    ``checkpoint-<step>``."""
+    ``checkpoint-<step>``. ``optimizer_state``: the whole state by parameter name when ``optimizer`` holds a
+    shard of it (``engine.train.sharding``); the file is the same either way, so any rank count resumes it."""
     tmp = begin_checkpoint(out_dir, step)
     paddle.save(persistent_state(model, trainable), str(tmp / "model.pdparams"))
-    paddle.save(_state_by_name(optimizer, trainable), str(tmp / "optimizer.pdopt"))
+    if optimizer_state is None:
+        optimizer_state = optimizer_state_by_name(optimizer, trainable)
+    paddle.save(optimizer_state, str(tmp / "optimizer.pdopt"))
     rng = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),

@@ -33,7 +33,13 @@ from engine.models.quantized import apply_weight_only, hold_in_low_precision
 from engine.train import lora as lora_mod
 from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
-from engine.train.config import WEIGHT_ONLY_COMPUTE_TYPES, Notice, TrainConfig
+from engine.train.config import (
+    WEIGHT_ONLY_COMPUTE_TYPES,
+    ConfigError,
+    Notice,
+    TrainConfig,
+    sharding_device_problems,
+)
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
 from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
 from engine.train.parallel import DataParallel
@@ -55,6 +61,13 @@ from engine.train.run_dir import (
 )
 from engine.train.scalars import ScalarWriters, run_name
 from engine.train.sft import evaluate_lm, labelled_tokens, language_model_loss
+from engine.train.sharding import (
+    ShardedOptimizer,
+    TensorwiseOffload,
+    gpu_sharding_problem,
+    optimizer_state_bytes,
+    per_rank,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +92,9 @@ class RunSummary:
     steps: int = 0
     notices: list[dict[str, str]] = field(default_factory=list)
     precision: dict[str, Any] = field(default_factory=dict)  # what compute_type became on this node
+    # bytes of optimizer state each rank held at the end (sharding splits it), and how it was split
+    optimizer_state_bytes: list[int] = field(default_factory=list)
+    sharding: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -202,7 +218,10 @@ def lr_ratio(cfg: TrainConfig, name: str) -> float:
 
 
 def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]):
-    """AdamW (``optim`` adamw or ERNIEKit's adamw_custom) with LoRA+ or per-module learning-rate groups."""
+    """AdamW (``optim`` adamw or ERNIEKit's adamw_custom) with LoRA+ or per-module learning-rate groups.
+
+    Under sharding the groups become each weight's ``optimize_attr["learning_rate"]`` (what Paddle's
+    param groups set) on one flat list: fleet's DygraphShardingOptimizer takes no param groups."""
     if cfg.lora:
         params = lora_mod.lora_parameter_groups(model, cfg.lora_plus_scale)
     else:
@@ -215,6 +234,13 @@ def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]
             else [{"params": ps, "learning_rate": ratio} for ratio, ps in groups.items()]
         )
     no_decay = {p.name for n, p in trainable.items() if p.ndim < 2 or "norm" in n}
+    if cfg.sharding_stage and isinstance(params[0], dict):
+        flat = []
+        for group in params:
+            for p in group["params"]:
+                p.optimize_attr["learning_rate"] = group.get("learning_rate", 1.0)
+                flat.append(p)
+        params = flat
     return paddle.optimizer.AdamW(
         learning_rate=cfg.learning_rate,
         parameters=params,
@@ -326,6 +352,14 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
         out.append(Notice("vit_lr_ratio", "the vision encoder does not train in this run"))
     if cfg.moe_gate_lr_ratio != 1.0 and (cfg.lora or not model.config.is_moe):
         out.append(Notice("moe_gate_lr_ratio", "no MoE router trains in this run"))
+    if cfg.sharding_stage and not cfg.do_train:
+        out.append(
+            Notice("sharding", "an evaluation-only run (do_train: false) has no optimizer state to split")
+        )
+    if cfg.tensorwise_offload_optimizer and gpu_sharding_problem("") is not None:
+        out.append(
+            Notice("tensorwise_offload_optimizer", "on CPU the optimizer state lives in host memory already")
+        )
     return out + vision_notices(cfg, model)
 
 
@@ -390,6 +424,7 @@ class TrainRun:
     scaler: Any = None  # fp16 on a GPU: paddle.amp.GradScaler
     scalars: ScalarWriters | None = None  # report_to: TensorBoard / VisualDL copies of metrics.jsonl rows
     elastic: ElasticTraining | None = None  # elastic: the family and the per-step sampler
+    sharded: ShardedOptimizer | None = None  # sharding: the optimizer state split over the ranks
 
     def __post_init__(self) -> None:
         mc = self.model.config
@@ -413,6 +448,13 @@ def _train(cfg: TrainConfig, dp: DataParallel, out_dir: Path, summary: RunSummar
             summary.status, summary.final_metrics = "succeeded", evaluate_only(cfg, run, emit)
             return
         end = train_loop(cfg, dp, out_dir, run, emit, stop)
+        summary.optimizer_state_bytes = per_rank(dp, optimizer_state_bytes(run.optimizer))
+        if run.sharded is not None:
+            summary.sharding = {
+                "stage": run.sharded.stage,
+                "degree": run.sharded.degree,
+                "data_parallel_degree": run.sharded.dp_degree,
+            }
     finally:
         if run.scalars is not None:
             run.scalars.close(failed=sys.exc_info()[1] is not None)
@@ -431,6 +473,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     """Tokenizer, model (+ DPO reference), optimizer, EMA and data; restored from the last checkpoint."""
     from engine.tokenizer import load_tokenizer
 
+    check_devices(cfg, dp.world)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     precision = resolve_precision(cfg.compute_type)
@@ -449,10 +492,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
         trainable = masters.trainable(trainable)
     else:
         masters = None
-    optimizer = build_optimizer(cfg, model, trainable)
-    scaler = None
-    if precision.mode is PrecisionMode.AMP:
-        model, optimizer, scaler = set_up_amp(model, optimizer, precision)
+    model, optimizer, scaler, sharded = build_run_optimizer(cfg, dp, model, trainable, precision)
     ema = WeightEMA(trainable, cfg.ema_decay) if cfg.ema_decay else None
     data, total, epoch_steps = None, 0, 1
     if cfg.do_train:  # an evaluation-only run needs no training data
@@ -467,6 +507,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     run.epoch_steps, run.notices = epoch_steps, runtime_notices(cfg, model, precision)
     run.precision, run.masters, run.scaler = precision, masters, scaler
     run.elastic = ElasticTraining(cfg, model) if cfg.elastic else None
+    run.sharded = sharded
     ckpt = latest_checkpoint(out_dir) if data is not None else None
     if ckpt is not None:
         run.step, run.elapsed_before = load_checkpoint(
@@ -481,6 +522,43 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     run.metrics_log = MetricsLog(out_dir / "metrics.jsonl") if dp.main else None
     run.scalars = ScalarWriters(cfg.logging_dir, cfg.report_to, run_name(out_dir)) if dp.main else None
     return run
+
+
+def build_run_optimizer(cfg: TrainConfig, dp: DataParallel, model, trainable: dict, precision: Precision):
+    """AdamW, decorated for AMP on a GPU (with its fp16 loss scaler), its state offloaded to host memory
+    (tensorwise_offload_optimizer, GPU) and split over the ranks (sharding): (model, optimizer, scaler,
+    sharded); stage 2 wraps the model too."""
+    optimizer = build_optimizer(cfg, model, trainable)
+    scaler = None
+    if precision.mode is PrecisionMode.AMP:
+        model, optimizer, scaler = set_up_amp(model, optimizer, precision)
+    if cfg.tensorwise_offload_optimizer and gpu_sharding_problem("") is None:
+        TensorwiseOffload(optimizer)
+    split = cfg.do_train and cfg.sharding_degree(dp.world) > 1
+    sharded = ShardedOptimizer(cfg, dp, model, optimizer) if split else None
+    if sharded is not None:
+        model, optimizer = sharded.model, sharded.optimizer
+    return model, optimizer, scaler, sharded
+
+
+def check_devices(cfg: TrainConfig, world: int) -> None:
+    """What the config asks of the ``world`` ranks this run got: sharding needs 2+ ranks that its degree
+    divides, and stage 2 a GPU (``engine.train.sharding.gpu_sharding_problem``)."""
+    if not cfg.do_train:  # an evaluation has no optimizer state to split (runtime_notices says so)
+        return
+    problems = sharding_device_problems(cfg.sharding, cfg.sharding_parallel_degree, world)
+    if cfg.sharding_stage == 2 and 1 < cfg.sharding_degree(world) < world:
+        # the gradient norm it reports would miss the data-parallel all-reduce inside Paddle's step
+        problems.append(
+            f"sharding_parallel_degree: stage2 spans all of the run's {world} devices here; "
+            "set -1, or use stage1 to replicate a smaller split"
+        )
+    if cfg.sharding_stage == 2 and cfg.sharding_degree(world) > 1:
+        problems += [
+            p + "; use sharding: stage1" for p in [gpu_sharding_problem(f"sharding: {cfg.sharding}")] if p
+        ]
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def build_dpo_loss(cfg: TrainConfig) -> DPOLoss:
@@ -531,7 +609,14 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
             run.elastic.begin_step(run.model)
         try:
             sums, tokens, counts = accumulate_gradients(
-                run.model, run.objective, micro, dp, run.moe_groups, run.dpo_loss, run.scaler
+                run.model,
+                run.objective,
+                micro,
+                dp,
+                run.moe_groups,
+                run.dpo_loss,
+                run.scaler,
+                run.sharded.loss_scale if run.sharded is not None else 1.0,
             )
         finally:
             if run.elastic is not None:
@@ -561,23 +646,8 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
         # the last step is always checkpointed: a rerun then finds the run finished, and a larger
         # max_steps continues it instead of starting over
         saving = due(cfg.save_strategy, cfg.save_steps, step, run.epoch_steps)
-        if (saving or step == total or cancelled) and dp.main:
-            t_save = time.time()
-            path = save_checkpoint(
-                out_dir,
-                step,
-                run.model,
-                run.optimizer,
-                run.trainable,
-                run.data,
-                run.ema,
-                now - t_start,
-                run.elastic,
-            )
-            timing.saved(time.time() - t_save)
-            emit({"type": "checkpoint", "step": step, "path": str(path)})
-            if cfg.save_total_limit:
-                prune_checkpoints(out_dir, cfg.save_total_limit)
+        if saving or step == total or cancelled:
+            save_step_checkpoint(cfg, dp, out_dir, run, step, now - t_start, timing, emit)
         if cancelled:
             # the other ranks wait for rank 0's checkpoint: a rank leaving first makes the launcher stop them
             dp.sum(np.zeros(1))
@@ -588,6 +658,33 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
     if timing.last_save_s is not None:
         last_metrics["checkpoint_s"] = round(timing.last_save_s, 3)
     return LoopEnd(step, last_metrics, cancelled=False)
+
+
+def save_step_checkpoint(
+    cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun, step: int, elapsed: float, timing, emit
+) -> None:
+    """``checkpoint-<step>`` by rank 0; under sharding every rank first sends its part of the optimizer
+    state, so the file holds all of it (any number of ranks resumes it)."""
+    t_save = time.time()
+    state = run.sharded.gathered_state(run.trainable) if run.sharded is not None else None
+    if not dp.main:
+        return
+    path = save_checkpoint(
+        out_dir,
+        step,
+        run.model,
+        run.optimizer,
+        run.trainable,
+        run.data,
+        run.ema,
+        elapsed,
+        run.elastic,
+        optimizer_state=state,
+    )
+    timing.saved(time.time() - t_save)
+    emit({"type": "checkpoint", "step": step, "path": str(path)})
+    if cfg.save_total_limit:
+        prune_checkpoints(out_dir, cfg.save_total_limit)
 
 
 def peak_rss_mib() -> float:
@@ -646,10 +743,23 @@ def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
     for p in run.params:
         if p.grad is None:
             p._copy_gradient_from(paddle.zeros_like(p))
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    if run.sharded is not None:  # reduce to the owners, clip by the norm over every shard, update, share
+        grad_norm = run.sharded.step(run.params, max_norm)
+    else:
+        grad_norm = _replicated_step(cfg, run, dp, max_norm)
+    if run.masters is not None:
+        run.masters.write_back()
+    if cfg.compute_type == "fp8":
+        quant.next_step(run.model)
+    return grad_norm
+
+
+def _replicated_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel, max_norm: float) -> float:
+    """Plain data parallel: every rank sums all gradients, clips them and steps the whole AdamW."""
     dp.sum_grads(run.params)
     if run.scaler is not None:  # fp16: clip the true gradients, not the scaled ones
         run.scaler.unscale_(run.optimizer)
-    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     grad_norm = clip_grad_norm(run.params, max_norm)
     if cfg.gpas_gate_grad_clip > 0:
         gpas.clip_gate_grads(run.model, cfg.gpas_gate_grad_clip)
@@ -659,10 +769,6 @@ def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
     else:
         run.optimizer.step()
     run.optimizer.clear_grad(set_to_zero=False)
-    if run.masters is not None:
-        run.masters.write_back()
-    if cfg.compute_type == "fp8":
-        quant.next_step(run.model)
     return grad_norm
 
 
@@ -761,7 +867,9 @@ def _finish_training(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: Tra
         if run.masters is not None:
             run.masters.write_back()
     if dp.main:
-        summary.model_dir = str(_save_final(cfg, run.model, out_dir))
+        # stage 2 wraps the model (GroupShardedStage2): the final files name the model's own weights
+        model = run.sharded.layer if run.sharded is not None else run.model
+        summary.model_dir = str(_save_final(cfg, model, out_dir))
         copy_tokenizer_files(cfg.model_name_or_path, out_dir)
 
 
@@ -773,12 +881,14 @@ def accumulate_gradients(
     moe_groups: list[int],
     dpo_loss: DPOLoss | None = None,
     scaler=None,
+    loss_scale: float = 1.0,
 ):
     """Forward and backward every micro-batch of one optimiser step.
 
     Losses are normalised by the labelled tokens (DPO: pairs) of the whole step on all ranks, so the
     summed gradients equal those of one big batch. Returns metric sums, tokens seen and expert counts.
-    ``scaler`` (fp16 on a GPU) scales each loss before backward.
+    ``scaler`` (fp16 on a GPU) scales each loss before backward; ``loss_scale`` (the ranks, under sharding,
+    whose reduction averages) multiplies it.
     """
     share = 1.0 / (len(micro) * dp.world)
     token_norm, pair_norm = _step_norms(objective, micro, dp)
@@ -799,6 +909,8 @@ def accumulate_gradients(
                 present = moe_balance.present_groups(batch, model.config, prefix)
                 layer_counts = moe_balance.expert_counts(stats, moe_groups, present, keep)
                 counts = moe_balance.add_counts(counts, layer_counts)
+        if loss_scale != 1.0:
+            loss = loss * loss_scale
         (scaler.scale(loss) if scaler is not None else loss).backward()
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v

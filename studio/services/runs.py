@@ -24,6 +24,7 @@ from engine.train.config import (
     STAGES,
     TrainConfig,
     config_from_dict,
+    sharding_device_problems,
 )
 from studio import queue
 from studio.config import Settings
@@ -392,7 +393,15 @@ def _check_gpu(settings: Settings, gpu: int | None) -> None:
 def _check_devices(settings: Settings, spec: RunSpec) -> None:
     """A run on N devices waits on `train.devices.<N>` for a worker owning at least N devices of one node:
     refuse an N no worker of the node the studio knows (its ERNIE_STUDIO_GPUS and WORKER_DEVICES) can own,
-    or the run would wait forever."""
+    or the run would wait forever. Sharding asks for devices too: on one it is refused before anything is
+    queued."""
+    hyper = spec.hyperparameters
+    trains = str(hyper.get("do_train", True)).lower() not in ("false", "0", "no")
+    problems = sharding_device_problems(
+        hyper.get("sharding", ""), hyper.get("sharding_parallel_degree", -1), spec.num_devices
+    )
+    if problems and trains:
+        raise InvalidInput("hyperparameters: " + "; ".join(problems))
     if spec.num_devices == 1:
         return
     if spec.gpu is not None:

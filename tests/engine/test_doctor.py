@@ -33,6 +33,11 @@ def test_quick_doctor_reports_facts_and_passes_on_a_healthy_node(quick_report):
     )
     for c in report["checks"]:
         assert set(c) >= {"name", "passed", "detail", "duration_s"} and c["passed"], c
+    # fleet's stage 1 runs on gloo and NCCL; stage 2 and optimizer offload need a GPU
+    sharding = next(c for c in report["checks"] if c["name"] == "sharding")
+    assert "stage1" in sharding["values"]["supported"]
+    if not report["facts"]["paddle"]["compiled_with_cuda"]:
+        assert sharding["values"]["supported"] == ["stage1"] and "stage2 needs a GPU" in sharding["detail"]
     probe = next(c for c in report["checks"] if c["name"] == "training_probe")
     assert probe["values"]["last_loss"] < (1 - probes.MIN_LOSS_DROP) * probe["values"]["first_loss"]
     json.dumps(report)  # one JSON object, nothing unserialisable

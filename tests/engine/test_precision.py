@@ -32,7 +32,7 @@ from engine.train.precision import (
     loss_scaler,
     resolve_precision,
 )
-from engine.train.run_dir import _state_by_name, _state_from_names
+from engine.train.run_dir import _state_from_names, optimizer_state_by_name
 from engine.train.trainer import build_model, build_optimizer, setup_run, train_loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_checkpoint_keys_amp_master_weights_by_parameter_path():
         def state_dict(self):
             return state
 
-    by_name = _state_by_name(Optimizer(), {"layer.weight": w})
+    by_name = optimizer_state_by_name(Optimizer(), {"layer.weight": w})
     assert set(by_name["master_weights"]) == {"layer.weight"} and "layer.weight::_moment1_0" in by_name
     assert _state_from_names(by_name, {"layer.weight": w}).keys() == state.keys()
     assert set(_state_from_names(by_name, {"layer.weight": w})["master_weights"]) == {w.name}

@@ -42,6 +42,19 @@ def test_create_validates_against_the_engine_config(client, settings):
     assert r.status_code == 201 and r.json()["config"]["beta"] == 0.2
 
 
+def test_sharding_on_one_device_is_refused_and_nothing_is_queued(client):
+    ds = upload(client, DEMO_SFT).json()
+    body = {"dataset_ids": [ds["id"]], "hyperparameters": {"max_steps": 5, "sharding": "stage1"}}
+    r = client.post("/api/v1/runs", json=body)
+    assert r.status_code == 422, r.text
+    assert "sharding: stage1 splits the optimizer state" in r.json()["message"]
+    assert "one device" in r.json()["message"]
+    assert client.get("/api/v1/runs").json() == []
+    # ERNIEKit's single-GPU recipes: stage1 with sharding_parallel_degree 1 splits nothing and trains
+    body["hyperparameters"]["sharding_parallel_degree"] = 1
+    assert client.post("/api/v1/runs", json=body).status_code == 201
+
+
 def test_queue_positions_cancel_resume_clone_delete(client, settings):
     ds = upload(client, DEMO_SFT).json()
     runs = [_run(client, ds["id"], learning_rate=lr) for lr in (1e-4, 2e-4, 3e-4)]
