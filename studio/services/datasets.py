@@ -629,12 +629,13 @@ def _tokenizer(session: Session, settings: Settings, model: str, field: str):
     """The tokenizer of model `model` (any name /models lists, or a model directory), named by `field`."""
     from engine import load_tokenizer
     from engine.models.paths import tokenizer_dir
+    from engine.tokenizer import ChatTemplateRefused
     from studio.services.models import ensure_model_dir
 
     d = ensure_model_dir(session, settings, model, field=field)
     try:
         return load_tokenizer(str(tokenizer_dir(d)))
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ChatTemplateRefused) as e:
         raise InvalidInput(f"{field}: {e}") from None
 
 
