@@ -69,7 +69,7 @@ def served_file_response(path: Path) -> FileResponse:
 
 
 class GradioFileGuard:
-    """ASGI middleware over Gradio's file route: ``.remote/`` is a 404, and every answer gets the types,
+    """ASGI middleware over Gradio's file route: ``.remote/`` and URLs are a 404, every answer gets the types,
     disposition and headers of ``served_file_response`` (Gradio serves any file under its allowed paths
     inline with a guessed type, ``text/html`` included)."""
 
@@ -83,14 +83,16 @@ class GradioFileGuard:
             await self.app(scope, receive, send)
             return
         named = path[len(prefix) :]
-        if in_remote_cache(named):
+        problem = None
+        if "://" in named or named.lower().startswith(("http:", "https:")):
+            # Gradio would fetch the URL and stream it back from the studio's origin; the studio shows only
+            # files it holds
+            problem = "the studio serves its own files only, not URLs"
+        elif in_remote_cache(named):
+            problem = f"{CACHE_DIR}/ holds copies of the URLs records name; it is not served"
+        if problem:
             response = JSONResponse(
-                {
-                    "message": f"{CACHE_DIR}/ holds copies of the URLs records name; it is not served",
-                    "details": None,
-                },
-                status_code=404,
-                headers=SERVED_FILE_HEADERS,
+                {"message": problem, "details": None}, status_code=404, headers=SERVED_FILE_HEADERS
             )
             await response(scope, receive, send)
             return

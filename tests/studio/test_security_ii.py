@@ -108,6 +108,10 @@ def test_gradio_file_route_serves_pages_only_as_attachments_and_never_remote(stu
     for named in (remote / "0123abcd", f"{folder}/images/../.remote/0123abcd"):
         r = studio_with_ui.get(f"/gradio_api/file={named}")
         assert r.status_code in (403, 404) and b"internal service answer" not in r.content, named
+    # Gradio's file route would fetch a URL and stream it back from the studio's origin
+    for url in ("http://127.0.0.1:9/x.png", "https://example.com/a.html", "http:/example.com/a"):
+        r = studio_with_ui.get(f"/gradio_api/file={url}")
+        assert r.status_code == 404 and "not URLs" in r.json()["message"], url
     # a refused file still carries the headers
     r = studio_with_ui.get("/gradio_api/file=/etc/passwd")
     assert r.status_code == 403 and r.headers["x-content-type-options"] == "nosniff"
