@@ -163,3 +163,10 @@ def test_preview_refuses_a_model_whose_template_escapes(client, settings, tiny_m
         assert r.status_code == 422, r.text
         assert f"model {evil}, chat_template.jinja:1" in r.json()["message"]
     assert not sentinel.exists()
+
+
+def test_a_download_name_cannot_leave_the_models_folder(client, settings):
+    for name in ("x/..", "x/.", "x/a\\b"):
+        r = client.post("/api/v1/models/downloads", json={"name": name})
+        assert r.status_code == 422 and "is not a hub repo id" in r.json()["message"], (name, r.text)
+    assert client.get("/api/v1/models/downloads").json() == []
