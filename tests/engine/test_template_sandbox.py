@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,30 @@ DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 ESCAPE = "{{ cycler.__init__.__globals__.os.popen('touch %s').read() }}"
 # the same escape by computed names: no attribute is named in the source, only the sandbox can stop it
 COMPUTED = "{{ (cycler|attr('__in' ~ 'it__')|attr('__glo' ~ 'bals__'))['os'].popen('touch %s').read() }}"
+
+
+# Process-starting audit events seen while a `watching()` block runs (an audit hook cannot be removed, so
+# it records only when armed).
+_STARTS = {"os.system", "subprocess.Popen", "os.posix_spawn", "os.exec", "os.fork", "os.spawn"}
+_seen: list[str] | None = None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _seen is not None and event in _STARTS:
+        _seen.append(event)
+
+
+sys.addaudithook(_audit)
+
+
+@contextmanager
+def watching():
+    global _seen
+    _seen = []
+    try:
+        yield _seen
+    finally:
+        _seen = None
 
 
 def evil_model(
@@ -50,9 +76,12 @@ def test_an_escaping_template_is_refused_at_load_naming_model_and_file(tiny_mode
 def test_a_computed_escape_is_stopped_by_the_sandbox_at_render(tiny_model_dir, tmp_path):
     sentinel = tmp_path / "SENTINEL"
     tok = engine.load_tokenizer(str(evil_model(tiny_model_dir, tmp_path / "evil", COMPUTED, sentinel)))
-    with pytest.raises(ChatTemplateRefused, match=r"chat_template.jinja: the chat template tried to leave"):
+    refused = pytest.raises(
+        ChatTemplateRefused, match=r"chat_template.jinja: the chat template tried to leave"
+    )
+    with watching() as started, refused:
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
-    assert not sentinel.exists()
+    assert started == [] and not sentinel.exists()
 
 
 def test_the_sandbox_keeps_what_templates_use(tiny_model_dir, tmp_path):
