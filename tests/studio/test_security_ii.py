@@ -132,6 +132,10 @@ def test_gradio_uploads_obey_the_upload_limit(studio_with_ui):
     upload_dir = Path(studio_with_ui.app.state.settings.home)
     ok = studio_with_ui.post("/gradio_api/upload", files={"files": ("small.jsonl", b"{}\n" * 100)})
     assert ok.status_code == 200, ok.text
+    # a picture uploaded through the UI (the chat's image box) is shown back inline
+    image = sorted(VL_IMAGES.iterdir())[0]
+    shown = studio_with_ui.post("/gradio_api/upload", files={"files": (image.name, image.read_bytes())})
+    assert_inline_image(studio_with_ui.get(f"/gradio_api/file={shown.json()[0]}"), image.read_bytes())
     # one file over the 1 MB limit, with its length declared
     big = studio_with_ui.post("/gradio_api/upload", files={"files": ("big.jsonl", b"x" * (3 * 2**20))})
     assert big.status_code == 413 and "ERNIE_STUDIO_MAX_UPLOAD_MB" in big.text
