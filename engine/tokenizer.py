@@ -7,11 +7,14 @@ import logging
 import numbers
 import re
 import shutil
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import sentencepiece as spm
+from jinja2 import nodes
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,7 @@ class ErnieTokenizer:
         model_file: str | Path,
         config: dict[str, Any] | None = None,
         added: dict[str, int] | None = None,
+        template_source: str | None = None,
     ):
         self.model_file = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
@@ -148,9 +152,12 @@ class ErnieTokenizer:
         toks = sorted(self.added_tokens, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(t) for t in toks) + ")") if toks else None
         self.chat_template = self.config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-        env.globals["raise_exception"] = _raise
-        self._template = env.from_string(self.chat_template)
+        if template_source is None:
+            template_source = "the chat template handed to ErnieTokenizer"
+        self.template_source = (
+            template_source if self.config.get("chat_template") else "ERNIE's built-in template"
+        )
+        self._template = compile_chat_template(self.chat_template, self.template_source)
 
     # ---- ids ---------------------------------------------------------------------------------------
     @property
@@ -297,15 +304,21 @@ class ErnieTokenizer:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
-        text = self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            cls_token=self.cls_token,
-            sep_token=self.sep_token,
-            bos_token=self.sp.id_to_piece(self.bos_token_id),
-            eos_token=self.sp.id_to_piece(self.eos_token_id),
-            **kwargs,
-        )
+        try:
+            text = self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                cls_token=self.cls_token,
+                sep_token=self.sep_token,
+                bos_token=self.sp.id_to_piece(self.bos_token_id),
+                eos_token=self.sp.id_to_piece(self.eos_token_id),
+                **kwargs,
+            )
+        except jinja2.sandbox.SecurityError as e:
+            raise ChatTemplateRefused(
+                f"{self.template_source}: the chat template tried to leave its sandbox ({e}); it is refused. "
+                "Use the model's official chat template"
+            ) from None
         return self.encode(text) if tokenize else text
 
     # ---- files -------------------------------------------------------------------------------------
@@ -321,9 +334,11 @@ class ErnieTokenizer:
             if isinstance(info, dict) and "content" in info:
                 added.setdefault(info["content"], int(tid))
         template_file = d / "chat_template.jinja"
-        if template_file.exists():
+        source = d / "tokenizer_config.json"
+        if template_file.exists():  # FastDeploy and transformers read it before tokenizer_config.json
             config["chat_template"] = template_file.read_text(encoding="utf-8")
-        return cls(model_file, config, added)
+            source = template_file
+        return cls(model_file, config, added, template_source=f"model {d}, {source.name}")
 
     def save_pretrained(self, path: str | Path) -> None:
         d = Path(path)
@@ -410,3 +425,83 @@ def _read_json(path: Path) -> dict:
 
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
+
+
+class ChatTemplateRefused(ValueError):
+    """A model's chat template that reaches for Python internals; the message names the model and file."""
+
+
+# Attributes the sandbox refuses at render time (jinja2.sandbox.is_safe_attribute): anything starting with
+# an underscore, and the frame / code handles of functions, methods, generators and coroutines.
+_UNSAFE_NAMES = frozenset(
+    {"mro"}
+    | jinja2.sandbox.UNSAFE_FUNCTION_ATTRIBUTES
+    | jinja2.sandbox.UNSAFE_METHOD_ATTRIBUTES
+    | jinja2.sandbox.UNSAFE_GENERATOR_ATTRIBUTES
+    | jinja2.sandbox.UNSAFE_COROUTINE_ATTRIBUTES
+    | jinja2.sandbox.UNSAFE_ASYNC_GENERATOR_ATTRIBUTES
+)
+
+
+def _unsafe_name(name: Any) -> bool:
+    return isinstance(name, str) and (name.startswith("_") or name in _UNSAFE_NAMES)
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False
+) -> str:
+    """transformers' ``tojson`` (no HTML escaping: a chat template's output is model text, not a web page)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class ChatTemplateSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """transformers' sandbox, except that reaching for an unsafe attribute fails at once (jinja's sandbox
+    hands back an undefined value, which would surface later as a confusing undefined-name error)."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        raise jinja2.sandbox.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe"
+        )
+
+
+def compile_chat_template(source_text: str, source: str) -> jinja2.Template:
+    """A chat template compiled in an immutable sandbox, as transformers renders them.
+
+    A template that names a Python internal (``__globals__``, ``__class__``, ``mro``, ...) is refused here,
+    before anything renders; one that reaches for it by a computed name is stopped by the sandbox at render
+    time (``apply_chat_template`` raises ``ChatTemplateRefused``). Either way nothing it names runs.
+    """
+    env = ChatTemplateSandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+        extensions=["jinja2.ext.loopcontrols"],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        tree = env.parse(source_text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateRefused(
+            f"{source}:{e.lineno}: the chat template does not parse: {e.message}"
+        ) from None
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Filter)):
+        if isinstance(node, nodes.Getattr):
+            name = node.attr
+        elif isinstance(node, nodes.Getitem):
+            name = node.arg.value if isinstance(node.arg, nodes.Const) else None
+        else:
+            first = node.args[0] if node.name == "attr" and node.args else None
+            name = first.value if isinstance(first, nodes.Const) else None
+        if _unsafe_name(name):
+            raise ChatTemplateRefused(
+                f"{source}:{node.lineno}: the chat template reaches for {name!r}, a Python internal that "
+                "templates may not touch (they render in a sandbox); it is refused. Use the model's official "
+                "chat template"
+            )
+    return env.from_string(tree)

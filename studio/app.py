@@ -7,10 +7,12 @@ import logging
 from fastapi import FastAPI
 
 from studio.api.auth import TokenAuthMiddleware
-from studio.api.body_limits import JSONBodyGuard
+from studio.api.body_limits import GradioUploadLimit, JSONBodyGuard
 from studio.api.errors import install_error_handlers
 from studio.api.routes import compare, datasets, deployments, evals, exports, models, nodes, runs
 from studio.api.security import RequestOriginMiddleware
+from studio.api.served_files import GradioFileGuard
+from studio.api.uploads import MULTIPART_OVERHEAD
 from studio.config import Settings, get_settings
 from studio.processes import freeze_startup_heap
 
@@ -52,6 +54,10 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
     # Added first of the three, so it runs after the origin and token checks: a refused request's body is
     # never read.
     app.add_middleware(JSONBodyGuard)
+    # Gradio's file and upload routes under the REST API's rules: uploaded files are served inline only as
+    # previewable images and videos (studio/api/served_files.py), uploads obey ERNIE_STUDIO_MAX_UPLOAD_MB.
+    app.add_middleware(GradioFileGuard)
+    app.add_middleware(GradioUploadLimit, max_bytes=settings.max_upload_bytes, overhead=MULTIPART_OVERHEAD)
     app.add_middleware(TokenAuthMiddleware, token=settings.token)
     # Added last, so it runs first: a cross-site or rebound request is refused before anything else.
     app.add_middleware(
@@ -81,7 +87,13 @@ def _mount_ui(app: FastAPI, settings: Settings) -> None:
         return
     blocks = build_ui(settings)
     # Record images are shown from the datasets folder; nothing else of the server's files is Gradio's.
-    gr.mount_gradio_app(app, blocks, path="/", allowed_paths=[str(settings.datasets_dir)])
+    gr.mount_gradio_app(
+        app,
+        blocks,
+        path="/",
+        allowed_paths=[str(settings.datasets_dir)],
+        max_file_size=settings.max_upload_bytes,  # each file, as the REST API counts it
+    )
     # Gradio checks that a file named in a request was uploaded through it (and that files it returns lie in
     # allowed paths) only for Blocks marked launched; `launch()` and Gradio's reload set this flag,
     # `mount_gradio_app` does not. Without it, `{"path": "/any/file", "meta": {"_type": "gradio.FileData"}}`

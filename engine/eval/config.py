@@ -125,7 +125,9 @@ class EvalConfig:
     judge_url: str = option("", "OpenAI-compatible base URL of the judge, e.g. http://127.0.0.1:8188/v1.")
     judge_model: str = option("default", "Model name the judge endpoint serves.")
     judge_api_key: str = option(
-        "", "Judge API key; empty reads ERNIE_STUDIO_JUDGE_API_KEY, then OPENAI_API_KEY."
+        "",
+        "Judge API key; empty sends the operator's ERNIE_STUDIO_JUDGE_API_KEY (else OPENAI_API_KEY) only when "
+        "judge_url is listed in ERNIE_STUDIO_JUDGE_URLS, and no key otherwise.",
     )
     judge_mode: str = option(
         "score",

@@ -14,6 +14,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 SCORE_PROMPT = """\
 Please act as an impartial judge and evaluate the quality of the response provided by an AI assistant to the \
@@ -68,15 +69,53 @@ class JudgeSettings:
     timeout: float
     max_tokens: int = 512
     where: str = "judge_url"  # the config key's "file:line"
+    key_note: str = ""  # why no key was sent, told when the judge refuses
 
 
-def api_key(configured: str) -> str:
-    """The configured key, else ERNIE_STUDIO_JUDGE_API_KEY, else OPENAI_API_KEY (our server needs none)."""
-    return (
-        configured
-        or os.environ.get("ERNIE_STUDIO_JUDGE_API_KEY")
-        or os.environ.get("OPENAI_API_KEY")
-        or "none"
+# The operator's keys (the worker's environment) and the judge endpoints they may be sent to. The eval's own
+# key (judge_api_key, or the studio's ERNIE_STUDIO_EVAL_JUDGE_API_KEY for one eval) goes to its judge_url.
+OPERATOR_KEY_VARS = ("ERNIE_STUDIO_JUDGE_API_KEY", "OPENAI_API_KEY")
+OPERATOR_URLS_VAR = "ERNIE_STUDIO_JUDGE_URLS"
+EVAL_KEY_VAR = "ERNIE_STUDIO_EVAL_JUDGE_API_KEY"
+NO_KEY = "none"  # what the openai client sends when there is no key (ernie-studio serve needs none)
+
+
+def endpoint_id(url: str) -> tuple[str, str, int | None, str]:
+    """An endpoint as compared with the operator's list: scheme, host, port (default filled in), path."""
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = parts.scheme.lower()
+    port = port if port is not None else {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower().rstrip("."), port, parts.path.rstrip("/")
+
+
+def operator_urls() -> list[str]:
+    """``ERNIE_STUDIO_JUDGE_URLS``: the comma-separated judge endpoints the operator's key may go to."""
+    return [u.strip() for u in os.environ.get(OPERATOR_URLS_VAR, "").split(",") if u.strip()]
+
+
+def api_key(configured: str, url: str) -> tuple[str, str]:
+    """The key to send to the judge at ``url``, and (when one is withheld) why.
+
+    The eval's own key goes to its judge_url. The operator's key (ERNIE_STUDIO_JUDGE_API_KEY, else
+    OPENAI_API_KEY) goes only to an endpoint listed in ERNIE_STUDIO_JUDGE_URLS: a judge_url comes with the
+    eval request, and the worker's key must not follow it to a server the requester chose.
+    """
+    own = configured or os.environ.get(EVAL_KEY_VAR, "")
+    if own:
+        return own, ""
+    operator = next((os.environ[v] for v in OPERATOR_KEY_VARS if os.environ.get(v)), "")
+    if not operator:
+        return NO_KEY, ""
+    if endpoint_id(url) in {endpoint_id(u) for u in operator_urls()}:
+        return operator, ""
+    var = next(v for v in OPERATOR_KEY_VARS if os.environ.get(v))
+    return NO_KEY, (
+        f"the worker's {var} was not sent: it goes only to the judge endpoints the operator lists in "
+        f"{OPERATOR_URLS_VAR}, and {url} is not one of them; give judge_api_key with this judge_url"
     )
 
 
@@ -131,7 +170,8 @@ class Judge:
         except openai.APIStatusError as e:
             raise JudgeError(
                 f"{self.settings.where}: the judge at {self.settings.url} refused GET /models with HTTP "
-                f"{e.status_code}: {_short(e.message)}; check judge_url and judge_api_key"
+                f"{e.status_code}: {_short(e.message)}; "
+                + (self.settings.key_note or "check judge_url and judge_api_key")
             ) from e
 
     def ask(self, prompt: str) -> str:

@@ -80,8 +80,9 @@ class Evaluation:
         self.samples = SampleLog(self.out / SAMPLES_FILE)
         self.judge = self._judge()
         self.baseline = self._baseline() if self.judge and cfg.judge_mode == "pairwise" else None
-        self.model = engine.load_model(cfg.model_name_or_path)
+        # the tokenizer first: a chat template the sandbox refuses stops the eval before the model loads
         self.tok = engine.load_tokenizer(cfg.model_name_or_path)
+        self.model = engine.load_model(cfg.model_name_or_path)
         self.encoder = SampleEncoder(self.tok, cfg.max_seq_len)
         self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
         self._engine = None
@@ -91,12 +92,14 @@ class Evaluation:
         cfg = self.cfg
         if "judge" not in cfg.metrics:
             return None
+        key, key_note = api_key(cfg.judge_api_key, cfg.judge_url)
         settings = JudgeSettings(
             cfg.judge_url,
             cfg.judge_model,
-            api_key(cfg.judge_api_key),
+            key,
             cfg.judge_timeout,
             where=cfg.where("judge_url"),
+            key_note=key_note,
         )
         judge = Judge(settings)
         judge.check()

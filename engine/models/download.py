@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,10 @@ class Downloaded:
     files: list[HubFile]
 
 
+# A hub repo id's owner and name (huggingface_hub's validate_repo_id); the name becomes a directory name.
+HUB_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?")
+
+
 def resolve_name(name: str) -> tuple[str, str]:
     """(hub repo id, directory name) for an official preset (``ernie-4.5-0.3b``) or a hub repo id."""
     key = name.strip().lower()
@@ -74,7 +79,13 @@ def resolve_name(name: str) -> tuple[str, str]:
         )
     owner, _, repo = name.strip().partition("/")
     if owner and repo and "/" not in repo:
-        return name.strip(), repo
+        for part in (owner, repo):
+            if not HUB_NAME.fullmatch(part) or ".." in part or "--" in part:
+                raise ValueError(
+                    f"{name!r} is not a hub repo id: {part!r} must be 1-96 letters, digits, '-', '_' or '.', "
+                    "not starting or ending with '-' or '.' and without '--' or '..' (the hub's rule)"
+                )
+        return name.strip(), repo  # the repo part names the directory under models/: checked above
     raise ValueError(
         f"unknown model {name!r}: name an official preset ({', '.join(HUB_IDS)}) "
         "or a hub repo id such as baidu/ERNIE-4.5-0.3B-PT"

@@ -137,8 +137,9 @@ def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
     from engine.serve.generate import GenerationEngine
     from engine.serve.server import create_app
 
-    model = engine.load_model(str(model_dir), dtype=args.dtype)
+    # the tokenizer first: a chat template the sandbox refuses stops the server before the model loads
     tokenizer = engine.load_tokenizer(str(tokenizer_dir(model_dir)))
+    model = engine.load_model(str(model_dir), dtype=args.dtype)
     gen = GenerationEngine(model, tokenizer, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     app = create_app(gen, args.served_model_name, args.max_concurrent_requests, model_dir, args.media_dir)
     config = uvicorn.Config(

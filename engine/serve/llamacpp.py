@@ -73,11 +73,11 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
     from engine.models.paths import tokenizer_dir
     from engine.train import gguf_export
 
+    tokenizer = engine.load_tokenizer(str(tokenizer_dir(model_dir)))  # a refused chat template stops here
     loaded = engine.load_model(str(model_dir), dtype="float32")  # merges a LoRA run
     problems = gguf_export.gguf_problems(loaded.config)
     if problems:
         raise ValueError(f"llama.cpp cannot serve {model_dir}: " + "; ".join(problems))
-    tokenizer = engine.load_tokenizer(str(tokenizer_dir(model_dir)))
     out.parent.mkdir(parents=True, exist_ok=True)
     if gguf_type in gguf_export.QUANTIZE_NAMES:
         f16 = gguf_export.write_gguf(loaded, tokenizer, out.with_name("model-f16.gguf"), "f16")

@@ -169,3 +169,47 @@ def _replay(first: Message, receive: Receive) -> Callable[[], Awaitable[Message]
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
     await JSONResponse({"message": message, "details": None}, status_code=status)(scope, receive, send)
+
+
+GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
+
+
+class GradioUploadLimit:
+    """ASGI middleware: Gradio's upload route under the studio's ERNIE_STUDIO_MAX_UPLOAD_MB, for the whole
+    body (Gradio's own ``max_file_size`` counts each file of a request that may carry a thousand).
+
+    A declared length over the limit is refused before anything is read; a body that grows past it while it
+    streams stops Gradio's parser, which deletes what it wrote and answers 413.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, overhead: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.overhead = overhead
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GRADIO_UPLOAD_PATHS:
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes + self.overhead
+        problem = (
+            f"file: the upload is over the limit of {self.max_bytes / 2**20:g} MB (maximum allowed size); "
+            "split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
+        )
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await _refuse(scope, receive, send, 413, problem)
+                return
+        size = 0
+
+        async def counted() -> Message:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > limit:
+                from starlette.formparsers import MultiPartException
+
+                raise MultiPartException(problem)
+            return message
+
+        await self.app(scope, counted, send)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from engine.data.formats import FORMATS
 from engine.data.records import TABLE_SUFFIXES
+from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
 from engine.eval.config import BENCHMARK_TYPES
 from studio.config import Settings
 from studio.models import Dataset
@@ -560,6 +561,12 @@ def dataset_file(session: Session, settings: Settings, dataset_id: int, rel_path
     if rel_path.startswith("/") or ".." in rel_path.split("/"):
         raise InvalidInput(f"path: {rel_path!r} must be a relative path inside the dataset")
     target = confine(settings, rel_path, field="path", within=base, label=f"dataset {dataset_id}")
+    if (
+        REMOTE_CACHE_DIR in Path(rel_path).parts
+        or REMOTE_CACHE_DIR in target.parts[len(base.resolve().parts) :]
+    ):
+        # fetched copies of the URLs records name: what a record's server sent is not the studio's to serve
+        raise NotFound(f"path: {REMOTE_CACHE_DIR}/ of dataset {dataset_id} is not served")
     try:
         found = target != base and target.is_file()
     except OSError as e:
@@ -629,12 +636,13 @@ def _tokenizer(session: Session, settings: Settings, model: str, field: str):
     """The tokenizer of model `model` (any name /models lists, or a model directory), named by `field`."""
     from engine import load_tokenizer
     from engine.models.paths import tokenizer_dir
+    from engine.tokenizer import ChatTemplateRefused
     from studio.services.models import ensure_model_dir
 
     d = ensure_model_dir(session, settings, model, field=field)
     try:
         return load_tokenizer(str(tokenizer_dir(d)))
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ChatTemplateRefused) as e:
         raise InvalidInput(f"{field}: {e}") from None
 
 

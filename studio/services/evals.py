@@ -63,7 +63,7 @@ MANAGED = {
     "eval_dataset_prob": "every record of every dataset is scored",
     "judge_baseline": "pass judge_baseline_eval_id (an eval of the baseline model on the same datasets)",
     "judge_api_key": "pass judge_api_key beside options (it is kept out of the config), or set "
-    "ERNIE_STUDIO_JUDGE_API_KEY in the workers' environment",
+    "ERNIE_STUDIO_JUDGE_API_KEY and ERNIE_STUDIO_JUDGE_URLS in the workers' environment",
 }
 EVAL_KEYS = {f.name for f in dataclasses.fields(EvalConfig)}
 
@@ -604,9 +604,12 @@ def eval_heartbeat(session: Session, eval_id: int, worker: str, pid: int | None)
 
 
 def judge_environment(settings: Settings, eval_id: int) -> dict[str, str]:
-    """The scorer's ERNIE_STUDIO_JUDGE_API_KEY when the eval was given an external judge's key."""
+    """The scorer's ERNIE_STUDIO_EVAL_JUDGE_API_KEY when the eval was given an external judge's key: the eval's
+    own key, sent to its judge_url (the worker's ERNIE_STUDIO_JUDGE_API_KEY goes only to ERNIE_STUDIO_JUDGE_URLS)."""
+    from engine.eval.judge import EVAL_KEY_VAR
+
     try:
-        return {"ERNIE_STUDIO_JUDGE_API_KEY": judge_key_path(settings, eval_id).read_text(encoding="utf-8")}
+        return {EVAL_KEY_VAR: judge_key_path(settings, eval_id).read_text(encoding="utf-8")}
     except FileNotFoundError:
         return {}
 

@@ -199,6 +199,10 @@ def test_aistudio_and_unknown_names_are_refused_before_any_download(tmp_path):
         resolve_name("tiny")
     with pytest.raises(ValueError, match="unknown model 'ernie-5'"):
         resolve_name("ernie-5")
+    # the repo part names the directory under models/: nothing that leaves it, nothing the hub would not name
+    for bad in ("x/..", "x/.", "../x", "x/a\\b", "x/a b", "x/-a", "x/a..b", "x/" + "a" * 97):
+        with pytest.raises(ValueError, match="is not a hub repo id"):
+            resolve_name(bad)
     assert not (tmp_path / "studio").exists()
 
 

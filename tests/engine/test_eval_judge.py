@@ -93,3 +93,76 @@ def test_a_judge_that_does_not_answer_is_a_located_error(tiny_model_dir, tmp_pat
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert results["status"] == "failed" and "does not answer" in results["error"]
     assert not (tmp_path / "out" / "eval_samples.jsonl").exists()
+
+
+class KeyRecorder:
+    """A stand-in judge endpoint that records the Authorization header of every request and refuses it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.seen: list[str] = []
+        seen = self.seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append(self.headers.get("Authorization", ""))
+                body = b'{"error": {"message": "bad key"}}'
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorder():
+    r = KeyRecorder()
+    yield r
+    r.close()
+
+
+def test_a_judge_url_from_the_request_never_receives_the_workers_key(
+    tiny_model_dir, tmp_path, recorder, monkeypatch
+):
+    monkeypatch.setenv("ERNIE_STUDIO_JUDGE_API_KEY", "operator-secret")
+    monkeypatch.setenv("OPENAI_API_KEY", "openai-secret")
+    monkeypatch.setenv("ERNIE_STUDIO_JUDGE_URLS", "https://judge.internal.example/v1")
+    config = write_config(tmp_path, tiny_model_dir, metrics="exact_match,judge", judge_url=recorder.url)
+    with pytest.raises(JudgeError, match=r"ERNIE_STUDIO_JUDGE_API_KEY was not sent: .*give judge_api_key"):
+        run_eval(load_eval_config(config))  # refused by the judge's check, before the model loads
+    assert recorder.seen and not any("secret" in h for h in recorder.seen), recorder.seen
+    assert not (tmp_path / "out" / "eval_samples.jsonl").exists()
+
+
+def test_the_workers_key_goes_only_to_the_operators_judge_and_a_request_key_to_its_url(recorder, monkeypatch):
+    from engine.eval.judge import api_key
+
+    monkeypatch.setenv("OPENAI_API_KEY", "openai-secret")
+    monkeypatch.setenv("ERNIE_STUDIO_JUDGE_URLS", f"https://other.example/v1, {recorder.url}/")
+    for configured, expected in [("", "openai-secret"), ("request-key", "request-key")]:
+        key, note = api_key(configured, recorder.url)
+        with pytest.raises(JudgeError):
+            Judge(JudgeSettings(recorder.url, "default", key, 5.0, key_note=note)).check()
+        assert recorder.seen[-1] == f"Bearer {expected}"
+    # the studio hands an eval's own key to the scorer in ERNIE_STUDIO_EVAL_JUDGE_API_KEY: it goes to any URL
+    monkeypatch.setenv("ERNIE_STUDIO_EVAL_JUDGE_API_KEY", "eval-key")
+    assert api_key("", "http://anywhere.example/v1") == ("eval-key", "")
+    monkeypatch.delenv("ERNIE_STUDIO_EVAL_JUDGE_API_KEY")
+    # a host that only starts like a listed one, or a listed host on another port, is not that endpoint
+    for url in [recorder.url.replace("127.0.0.1", "127.0.0.1.evil.example"), "https://other.example:8443/v1",
+                "https://other.example@evil.example/v1"]:  # fmt: skip
+        assert api_key("", url)[0] == "none", url
+    assert api_key("", "HTTPS://Other.Example:443/v1/")[0] == "openai-secret"

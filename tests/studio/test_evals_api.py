@@ -295,7 +295,7 @@ def test_judge_by_deployment_or_external_url_and_key_and_pairwise_baseline(clien
     assert ev["config"]["judge_url"] == "https://judge.example/v1" and "judge_api_key" not in ev["config"]
     path = evals_svc.judge_key_path(settings, ev["id"])
     assert path.read_text() == key and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert evals_svc.judge_environment(settings, ev["id"]) == {"ERNIE_STUDIO_JUDGE_API_KEY": key}
+    assert evals_svc.judge_environment(settings, ev["id"]) == {"ERNIE_STUDIO_EVAL_JUDGE_API_KEY": key}
     assert client.delete(f"/api/v1/evals/{ev['id']}").status_code == 204 and not path.exists()
 
     # The baseline of pairwise judging: a finished eval of the same datasets.

@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from studio.api.deps import ID, SessionDep, SettingsDep
+from studio.api.served_files import served_file_response
 from studio.api.uploads import receive_dataset_upload
 from studio.db import session_factory
 from studio.schemas import DatasetOut, ErrorOut, PreviewOut
@@ -126,8 +127,9 @@ def dataset_file(
     session: SessionDep,
     settings: SettingsDep,
 ) -> FileResponse:
-    """A file of the dataset, e.g. an image a VL record names; confined to the data file's folder."""
-    return FileResponse(svc.dataset_file(session, settings, dataset_id, path))
+    """A file of the dataset, e.g. an image a VL record names; confined to the data file's folder. Only
+    previewable images and videos are served inline; anything else is an attachment (served_files.py)."""
+    return served_file_response(svc.dataset_file(session, settings, dataset_id, path))
 
 
 @router.delete("/{dataset_id}", status_code=204, responses=ERRORS)
