@@ -17,7 +17,7 @@ UV_SYNC    := $(UV) sync --locked --compile-bytecode --python $(PYTHON)
 # The studio's own packages, compiled the same way (only what changed; the checkout is not a venv uv owns).
 BYTECODE   := $(PY) -m compileall -q -j 0 studio engine workers migrations
 
-.PHONY: run test lint format bench install install-dev lock lock-check clean llamacpp
+.PHONY: run test lint format bench install install-dev lock lock-check clean llamacpp reference
 
 # llama.cpp (GGUF serving on CPU nodes, `serve --backend llamacpp`): llama-server, llama-quantize and
 # llama-perplexity built once from the llama.cpp source the pinned llama-cpp-python sdist vendors, cached
@@ -25,6 +25,11 @@ BYTECODE   := $(PY) -m compileall -q -j 0 studio engine workers migrations
 LLAMACPP_PY_VERSION := 0.3.36
 llamacpp: | $(UV)
 	PYTHON=$(TOOLS)/bin/python tools/build_llamacpp.sh $(LLAMACPP_PY_VERSION)
+
+# The transformers reference environment (torch CPU + transformers, never a project dependency): built once
+# under ~/.cache/ernie-studio/reference (ERNIE_STUDIO_REFERENCE_HOME); the suite reads our exports with it.
+reference:
+	tools/build_reference_env.sh >/dev/null
 
 # uv itself, pinned, in a small venv of its own (pip is the one tool every Python has).
 $(UV):
@@ -54,12 +59,13 @@ run: $(VENV)/.base
 	$(BYTECODE)
 	$(VENV)/bin/ernie-studio up --host $(HOST) --port $(PORT)
 
-test: lock-check $(VENV)/.dev llamacpp
+test: lock-check $(VENV)/.dev llamacpp reference
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(BYTECODE)
-	$(PY) -m pytest -q -ra -n 2 --durations=25 $(PYTEST_ARGS)
+	ERNIE_STUDIO_REFERENCE_PYTHON="$$(tools/build_reference_env.sh)" \
+	  $(PY) -m pytest -q -ra -n 2 --durations=25 $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
