@@ -5,19 +5,20 @@ the run fits the node it will go to."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from engine.estimate import DatasetTokens, Estimate, NodeFacts, estimate_run, fit_warning
+from engine.estimate import DatasetTokens, Estimate, NodeFacts, PlanError, estimate_run, fit_warning, plan_run
 from engine.models.config import ErnieConfig
 from engine.train.config import TrainConfig
 from studio import queue
 from studio.config import Settings
 from studio.models import Dataset
 from studio.services import datasets as datasets_svc
-from studio.services.errors import ServiceError
+from studio.services.errors import InvalidInput, ServiceError
 from studio.services.models import model_dir_for
 from studio.services.nodes import OFFLINE, NodeView, list_nodes
 
@@ -70,7 +71,66 @@ def estimate_spec(
         est.assumptions.append(
             f"{missing} dataset(s) without token statistics yet: their samples count as long as the others'"
         )
-    return with_fit(est, node, len(facts))
+    out = with_fit(est, node, len(facts))
+    out["plan"] = plan_for(session, settings, model, train, base_model)
+    return out
+
+
+def plan_for(
+    session: Session, settings: Settings, model: ErnieConfig, train: TrainConfig, base_model: str
+) -> dict[str, Any] | None:
+    """The planner's proposal for this model, stage, fine-tuning and max_seq_len on the studio's nodes (the
+    settings that fit, best first, and why the others do not); None when no node has reported."""
+    nodes = studio_nodes(session, settings)
+    if not nodes:
+        return None
+    try:
+        plan = plan_run(
+            model,
+            train.stage,
+            train.fine_tuning,
+            train.max_seq_len,
+            nodes,
+            model_name=base_model,
+            lora_rank=train.lora_rank,
+            lora_targets=list(train.lora_target_modules) if train.lora else None,
+            batch_size=train.batch_size,
+            reference_free=train.reference_free,
+        )
+    except PlanError as e:
+        raise InvalidInput(str(e)) from None
+    return plan.to_dict()
+
+
+def studio_nodes(session: Session, settings: Settings) -> list[NodeFacts]:
+    """The nodes the studio knows (workers that reported a doctor and are not offline), one per machine:
+    a GPU node's devices are its GPUs, a CPU node's the processes its largest training worker runs."""
+    by_node: dict[str, NodeFacts] = {}
+    for view in list_nodes(session, settings):
+        if view.state == OFFLINE or view.doctor is None:
+            continue
+        facts = NodeFacts.from_doctor(view.doctor, view.node or view.name)
+        if facts.device == "cpu":
+            facts = replace(facts, devices=max([1, *(queue.devices_of(q) for q in view.queues)]))
+        seen = by_node.get(facts.name)
+        if seen is None or facts.devices > seen.devices:
+            by_node[facts.name] = facts
+    return list(by_node.values())
+
+
+def check_known_devices(session: Session, settings: Settings, num_devices: int) -> None:
+    """Refuse a run on more devices than the studio's nodes hold together (it would wait forever); nothing
+    is checked before a node has reported."""
+    nodes = studio_nodes(session, settings)
+    known = sum(n.devices for n in nodes)
+    if nodes and num_devices > known:
+        held = ", ".join(
+            f"{n.name}: {n.devices} {'GPU(s)' if n.device == 'gpu' else 'process(es)'}" for n in nodes
+        )
+        raise InvalidInput(
+            f"num_devices: {num_devices} devices are more than the studio's nodes hold ({known} in all: "
+            f"{held}); ask for at most {known}, or start workers on more nodes"
+        )
 
 
 def with_fit(est: Estimate, node: NodeFacts | None, candidates: int = 1) -> dict[str, Any]:

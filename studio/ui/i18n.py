@@ -621,6 +621,15 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     ),
     "tr.est.disk": ("disk: {gb:.2f} GB", "磁盘：{gb:.2f} GB"),
     "tr.est.assumptions": ("assumptions", "估算依据"),
+    "tr.plan.title": (
+        "**Proposed settings** for {model} ({stage} {fine_tuning}, {seq:,} tokens a row) on the studio's "
+        "{devices} {kind} device(s):",
+        "**建议配置**：{model}（{stage} {fine_tuning}，每行 {seq:,} 个 Token），本工作室共 {devices} 个 {kind} 设备：",
+    ),
+    "tr.plan.fits": ("{what} — **{peak:.1f} GiB** per device", "{what} — 每设备 **{peak:.1f} GiB**"),
+    "tr.plan.settings": ("keys: `{keys}`", "配置项：`{keys}`"),
+    "tr.plan.none": ("**Nothing fits**: {reason}", "**没有可行配置**：{reason}"),
+    "tr.plan.rejected": ("why the others do not fit", "其他配置为何不可行"),
     "tr.err.no_clone": ("Pick a run to clone.", "请选择要克隆的任务。"),
     "tr.err.no_dataset": ("pick at least one dataset", "请至少选择一个数据集"),
     "dl.msg.params": ("{n:.2f}B parameters", "{n:.2f}B 参数"),

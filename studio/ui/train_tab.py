@@ -220,9 +220,39 @@ def format_estimate(est: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
     disk = est.get("disk") or {}
     if disk:
         lines.append("  \n" + text("tr.est.disk", lang, gb=disk["total_bytes"] / 1e9))
+    if est.get("plan"):
+        lines.append("\n" + format_plan(est["plan"], lang))
     if est.get("assumptions"):
         lines.append(f"\n<details><summary>{text('tr.est.assumptions', lang)}</summary>\n")
         lines += [f"- {localize_message(a, lang)}" for a in est["assumptions"]]
+        lines.append("\n</details>")
+    return "\n".join(lines)
+
+
+def format_plan(plan: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
+    """The planner's proposal (``plan`` of the estimate) for the form: the settings that fit, best first,
+    with the keys to set; or why nothing fits; and, folded, why the other settings do not."""
+    lines = [
+        text(
+            "tr.plan.title",
+            lang,
+            model=plan.get("model") or "",
+            stage=plan["stage"],
+            fine_tuning=plan["fine_tuning"],
+            seq=plan["seq_len"],
+            devices=plan["devices_known"],
+            kind=plan["device"].upper(),
+        )
+    ]
+    for option in plan.get("fits") or []:
+        keys = ", ".join(f"{k}: {v}" for k, v in option["settings"].items())
+        what = text("tr.plan.fits", lang, what=option["description"], peak=option["memory_gib"]["peak"])
+        lines.append(f"- {what}  \n  {text('tr.plan.settings', lang, keys=keys)}")
+    if not plan.get("fits"):
+        lines.append(text("tr.plan.none", lang, reason=localize_message(plan.get("reason") or "", lang)))
+    if plan.get("rejected"):
+        lines.append(f"\n<details><summary>{text('tr.plan.rejected', lang)}</summary>\n")
+        lines += [f"- {r['description']}: {localize_message(r['reason'], lang)}" for r in plan["rejected"]]
         lines.append("\n</details>")
     return "\n".join(lines)
 
