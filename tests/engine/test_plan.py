@@ -176,3 +176,22 @@ def test_a_cpu_node_plans_its_processes_in_its_ram():
     assert small.verdict == "fits" or "per process" in small.reason
     with pytest.raises(PlanError, match="sharding: stage2 needs GPUs"):
         plan_run(model, "SFT", "Full", 1024, [node], num_devices=2, sharding="stage2")
+
+
+def test_ernie_studio_estimate_prints_the_plan(tiny_moe_model_dir, tmp_path, capsys):
+    from engine.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"src": ["hi"], "tgt": ["hello there"]}\n' * 4)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"model_name_or_path: {tiny_moe_model_dir}\ntrain_dataset_path: {data}\noutput_dir: {tmp_path / 'o'}\n"
+        "fine_tuning: Full\nmax_seq_len: 256\nmax_steps: 2\n"
+    )
+    args = ["estimate", str(cfg), "--gpu", "H800", "--memory-gib", "80", "--node-devices", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "plan for SFT Full at 256 tokens a row on 8 GPU device(s) of 80 GiB: fits" in out
+    assert "fits: 1 device(s), bf16" in out and "compute_type=bf16" in out
+    with pytest.raises(SystemExit, match="num_devices: 16 devices are more than the studio's nodes hold"):
+        main([*args, "--devices", "16"])
