@@ -85,6 +85,8 @@ GPU_PEAK_FLOPS = {
 }
 GPU_DEFAULT_PEAK_FLOPS = 100e12
 GPU_UTILISATION = 0.35  # share of peak a training step sustains (MFU)
+# How far a node's own record may move the modelled step time (a bad record must not swing it wildly).
+STEP_RATIO_BOUNDS = (0.25, 4.0)
 # Recent steps the ETA looks at: the median of their per-step times (the first, slow step drops out).
 ETA_WINDOW = 5
 
@@ -127,6 +129,9 @@ class NodeFacts:
     gpu_name: str = ""
     probe_tokens_per_second: float | None = None  # the doctor's throughput probe
     devices: int = 1  # GPUs of a GPU node; processes a CPU node's training worker runs a run on
+    # measured / modelled seconds per step of the node's recent runs (the studio keeps both), and how many
+    step_time_ratio: float | None = None
+    step_time_runs: int = 0
 
     @classmethod
     def from_doctor(cls, report: dict[str, Any] | None, name: str = "") -> NodeFacts:
@@ -681,7 +686,16 @@ def _time(
             notes.append(
                 f"CPU: no throughput probe from this node; the reference node's {rate / 1e9:.0f} GFLOP/s assumed"
             )
-    step_s = flops / rate + opt_s + upcast_s + overhead
+    step_s = model_step_s = flops / rate + opt_s + upcast_s + overhead
+    ratio = node.step_time_ratio
+    if ratio:
+        # the node's own record beats any probe: its last runs took `ratio` times what this model said
+        ratio = min(max(ratio, STEP_RATIO_BOUNDS[0]), STEP_RATIO_BOUNDS[1])
+        step_s *= ratio
+        notes.append(
+            f"this node's recent runs took {ratio:.2f}x the modelled step time "
+            f"({node.step_time_runs} run(s)): {model_step_s:.2f} s a step becomes {step_s:.2f} s"
+        )
     checkpoints = _checkpoint_count(cfg, steps)
     ckpt_s = ckpt_bytes / save_rate
     final_s = ckpt_s + final_bytes / save_rate  # the last step's checkpoint, then the final model
@@ -693,6 +707,7 @@ def _time(
     total = (steps + 0.5) * step_s + (checkpoints - 1) * ckpt_s + final_s
     return {
         "step_s": step_s,
+        "step_s_model": model_step_s,
         "step_s_range": [step_s * TIME_RANGE[0], step_s * TIME_RANGE[1]],
         "compute_s": flops / rate,
         "optimizer_s": opt_s,

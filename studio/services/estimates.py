@@ -5,18 +5,30 @@ the run fits the node it will go to."""
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from engine.estimate import DatasetTokens, Estimate, NodeFacts, PlanError, estimate_run, fit_warning, plan_run
+from engine.estimate import (
+    ETA_WINDOW,
+    DatasetTokens,
+    Estimate,
+    NodeFacts,
+    PlanError,
+    estimate_run,
+    fit_warning,
+    plan_run,
+    recent_step_seconds,
+)
 from engine.models.config import ErnieConfig
 from engine.train.config import TrainConfig
 from studio import queue
 from studio.config import Settings
-from studio.models import Dataset
+from studio.models import Dataset, Run, RunMetric, RunStatus
 from studio.services import datasets as datasets_svc
 from studio.services.errors import InvalidInput, ServiceError
 from studio.services.models import model_dir_for
@@ -27,6 +39,8 @@ log = logging.getLogger(__name__)
 # Datasets up to this many records get their token statistics computed when a run is queued (a pass of the
 # tokenizer, then cached); larger ones use cached statistics only until someone asks for an estimate.
 STATS_ON_QUEUE_MAX_RECORDS = 20_000
+# A node's last runs whose measured step time corrects the modelled one.
+STEP_RECORD_RUNS = 5
 
 
 def estimate_spec(
@@ -57,6 +71,8 @@ def estimate_spec(
     facts = [NodeFacts.from_doctor(n.doctor, n.name) for n in nodes]
     # the most constrained node the run may land on decides whether it fits
     node = min(facts, key=lambda f: f.memory_bytes or float("inf")) if facts else None
+    if node is not None:
+        node = with_step_record(session, node)
     est = estimate_run(
         model,
         train,
@@ -131,6 +147,34 @@ def check_known_devices(session: Session, settings: Settings, num_devices: int) 
             f"num_devices: {num_devices} devices are more than the studio's nodes hold ({known} in all: "
             f"{held}); ask for at most {known}, or start workers on more nodes"
         )
+
+
+def with_step_record(session: Session, node: NodeFacts) -> NodeFacts:
+    """``node`` with the measured / modelled step time of its worker's last runs (``STEP_RECORD_RUNS``
+    that succeeded with an estimate and logged steps): the median ratio, which corrects what a throughput
+    probe taken once at the worker's start cannot know (the node's load since, its real kernels)."""
+    runs = session.scalars(
+        select(Run)
+        .where(Run.worker == node.name, Run.status == RunStatus.SUCCEEDED, Run.estimate.is_not(None))
+        .order_by(Run.ended_at.desc())
+        .limit(STEP_RECORD_RUNS)
+    ).all()
+    ratios = []
+    for run in runs:
+        time = (run.estimate or {}).get("time") or {}
+        modelled = time.get("step_s_model") or time.get("step_s")
+        points = session.scalars(
+            select(RunMetric.values)
+            .where(RunMetric.run_id == run.id)
+            .order_by(RunMetric.step.desc())
+            .limit(ETA_WINDOW + 1)
+        ).all()
+        measured = recent_step_seconds([float(v.get("step_s") or 0.0) for v in reversed(points)])
+        if modelled and measured:
+            ratios.append(measured / modelled)
+    if not ratios:
+        return node
+    return replace(node, step_time_ratio=statistics.median(ratios), step_time_runs=len(ratios))
 
 
 def with_fit(est: Estimate, node: NodeFacts | None, candidates: int = 1) -> dict[str, Any]:

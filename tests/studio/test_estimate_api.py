@@ -276,3 +276,26 @@ def test_more_devices_than_the_studios_nodes_hold_is_refused_and_nothing_is_queu
     # a node whose worker runs 2 processes holds them
     cpu_node(session, "train@small", ram_gib=16, queues=("train", "cpu", "train.devices.2"))
     assert client.post("/api/v1/runs/estimate", json=spec).status_code == 200
+
+
+def test_the_step_time_follows_the_nodes_own_record(client, session):
+    """A probe taken once at the worker's start misjudged the node (REST said 8.6 s a step for a 0.3B LoRA
+    run that took 4.2 s): the node's finished runs correct the modelled step time by their median ratio."""
+    cpu_node(session, "train@small", ram_gib=64, probe=1000.0)
+    ds = upload(client, DEMO_SFT).json()
+    spec = {"dataset_ids": [ds["id"]], "hyperparameters": {"max_steps": 6}}
+    first = client.post("/api/v1/runs/estimate", json=spec).json()["time"]
+    assert first["step_s"] == first["step_s_model"]
+    run_id = client.post("/api/v1/runs", json=spec).json()["id"]
+    run_lifecycle.claim_run(session, run_id, "train@small", "small")
+    modelled = session.get(Run, run_id).estimate["time"]["step_s_model"]
+    run_lifecycle.record_metrics(session, run_id, _rows(range(1, 7), 6, lambda s: 0.49 * modelled))
+    run = session.get(Run, run_id)
+    run.status, run.ended_at = RunStatus.SUCCEEDED, utcnow()
+    session.commit()
+    est = client.post("/api/v1/runs/estimate", json=spec).json()
+    assert est["time"]["step_s"] == pytest.approx(0.49 * est["time"]["step_s_model"], rel=1e-6)
+    assert any(
+        "this node's recent runs took 0.49x the modelled step time (1 run(s))" in a
+        for a in est["assumptions"]
+    )
