@@ -15,7 +15,13 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
 - wint8 / wint4/8: the frozen base's decoder linears as int8 values (int4 values sit in int8 memory) plus
   fp32 per-channel scales; embedding, norms and the vision tower stay fp32. Always LoRA.
 - LoRA trains adapters only (fp32, rank r on each target linear, experts and VL groups included).
-- The model loads in fp32 before it is cast or quantized, so every variant passes through an fp32 peak.
+- The weights stream from safetensors tensor by tensor into the run's storage precision (issue 26): the
+  load holds the stored weights plus the tensor being read, never a whole fp32 copy.
+- Across devices (``Layout``): sharding stage 1 splits masters and moments over the ranks holding the same
+  weights, stage 2 the gradients too; expert parallelism gives each rank 1 / degree of the routed experts
+  (their weights, gradients, state and adapters); offload moves masters and moments to host RAM (GPU).
+- DPO: LoRA's reference is the base with its adapters off (no copy); Full keeps a frozen reference in the
+  run's storage precision.
 - Saving a checkpoint serialises a copy of what it writes (trainable weights and optimizer state);
   saving a Full run's final model copies the weights again (fp32).
 """
@@ -242,12 +248,12 @@ def estimate_run(
     )
     training = parts["training"]
     # the weights stream in tensor by tensor, cast or quantized as each is read: the load holds the run's
-    # weights in their storage precision, plus one tensor being read and its fp32 cast (the embedding)
-    load_peak = parts["baseline"] + parts["weights"] + parts["reference_model"] + 2 * 4 * counts.embedding
+    # weights in their storage precision, plus the largest tensor (the embedding) while it is read; on a GPU
+    # the host holds one tensor at a time
+    largest = counts.embedding * (2 if mode.endswith("-emulated") or mode.endswith("-amp") else 4)
+    load_peak = parts["baseline"] + parts["weights"] + parts["reference_model"] + largest
     if gpu:
-        load_peak = (
-            CPU_PROCESS_BASELINE_BYTES + 2 * 4 * counts.embedding
-        )  # the host holds one tensor at a time
+        load_peak = CPU_PROCESS_BASELINE_BYTES + largest
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
     # save: a serialised copy of the state beside what training holds (the allocator keeps its pool)
