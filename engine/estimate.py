@@ -44,12 +44,13 @@ GIB = 1024**3
 # The reference node: 2-core AMD EPYC, Paddle 3.3.1 CPU build. Its doctor throughput probe (tiny model,
 # batch 4 x 128, forward + backward + AdamW) runs at REFERENCE_PROBE_TOKENS_S while an ERNIE-4.5-0.3B
 # step sustains REFERENCE_CPU_FLOPS in its matmuls. Another node (or the same one under another load) is
-# assumed to run at (probe / reference) ** PROBE_EXPONENT of it: the tiny probe is dominated by per-op
-# overhead, a big model by matmuls, and on the reference node the 0.3B step moved about half as much
-# (in log terms) as the probe did across loads (bench/bench_estimate.py, docs/benchmarks.md).
+# assumed to run at (probe / reference) ** PROBE_EXPONENT of it. Measured on 2026-11-26 with the CPU step
+# of then (docs/benchmarks.md): the 0.3B LoRA step times the probe gave the same product (31.2k and 31.1k)
+# at loads 7.5 and 14.7, where the probe moved 3.6x, and 33k-38k in the earlier runs at loads 2-4.5: the
+# step follows the probe in proportion (a square root had it at half the measured time at load 14.7).
 REFERENCE_PROBE_TOKENS_S = 4300.0
-REFERENCE_CPU_FLOPS = 46e9
-PROBE_EXPONENT = 0.5
+REFERENCE_CPU_FLOPS = 54e9
+PROBE_EXPONENT = 1.0
 # Per trainable weight and step on the reference CPU: gradient zero-fill, all-reduce bookkeeping, the norm
 # for clipping and AdamW's update (memory-bound, so it does not scale with matmul speed).
 REFERENCE_CPU_OPTIMIZER_S_PER_PARAM = 7.8e-9
@@ -291,10 +292,12 @@ def estimate_run(
         0, f"{trainable:,} of {counts.total:,} weights train ({kind}); {counts.active:,} active per token"
     )
     if world > 1:
+        plain = layout == Layout(world)
         notes.append(
-            f"{world} ranks: {layout.describe()}"
+            (f"{world} data-parallel ranks, each holding the whole model and optimizer" if plain else
+             f"{world} ranks: {layout.describe()}")
             + ("" if gpu else f"; on one CPU node they share its RAM ({node_memory / GIB:.1f} GiB) and cores")
-        )
+        )  # fmt: skip
     return Estimate(
         parameters=counts,
         trainable=trainable,
@@ -685,7 +688,7 @@ def _time(
         if probe:
             notes.append(
                 f"CPU: {rate / 1e9:.0f} GFLOP/s in matmuls, the reference node's {REFERENCE_CPU_FLOPS / 1e9:.0f} "
-                f"scaled by the square root of this node's doctor throughput probe against the reference "
+                f"scaled by this node's doctor throughput probe against the reference "
                 f"({probe:,.0f} vs {REFERENCE_PROBE_TOKENS_S:,.0f} tokens/s)"
             )
         else:

@@ -677,10 +677,6 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "{trainable} / {total} 个权重参与训练（{kind}）；每个 Token 激活 {active} 个",
     ),
     (
-        rf"host RAM: the model loads in fp32 first, about (?P<a>{_N}) GiB per rank \((?P<b>{_N}) GiB for (?P<n>\d+)\)",
-        "主机内存：模型先以 fp32 加载，每个进程约 {a} GiB（{n} 个共 {b} GiB）",
-    ),
-    (
         r"fp16 needs a GPU \(loss scaling\); this node would refuse the run",
         "fp16 需要 GPU（损失缩放）；此节点会拒绝该任务",
     ),
@@ -712,9 +708,9 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "GPU {gpu}：持续 {rate} TFLOP/s（峰值 {peak} 的 {util}%）",
     ),
     (
-        rf"CPU: (?P<rate>{_N}) GFLOP/s in matmuls, the reference node's (?P<ref>{_N}) scaled by the square root of "
+        rf"CPU: (?P<rate>{_N}) GFLOP/s in matmuls, the reference node's (?P<ref>{_N}) scaled by "
         rf"this node's doctor throughput probe against the reference \((?P<probe>{_N}) vs (?P<refp>{_N}) tokens/s\)",
-        "CPU：矩阵乘 {rate} GFLOP/s，即参考节点的 {ref} 按本节点 doctor 吞吐探测与参考值之比的平方根缩放"
+        "CPU：矩阵乘 {rate} GFLOP/s，即参考节点的 {ref} 按本节点 doctor 吞吐探测与参考值之比缩放"
         "（{probe} 对 {refp} Token/秒）",
     ),
     (
@@ -743,6 +739,15 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     (
         r"(?P<n>\d+) data-parallel ranks, each holding the whole model and optimizer",
         "{n} 个数据并行进程，各持完整模型与优化器",
+    ),
+    (
+        rf"this node's recent runs took (?P<r>{_N})x the modelled step time \((?P<n>\d+) run\(s\)\): "
+        rf"(?P<a>{_N}) s a step becomes (?P<b>{_N}) s",
+        "此节点最近 {n} 个任务的实际步时为模型估算的 {r} 倍：每步 {a} 秒按 {b} 秒计",
+    ),
+    (
+        rf"host RAM: the offloaded optimizer state, (?P<a>{_N}) GiB per rank \((?P<b>{_N}) GiB for (?P<n>\d+)\)",
+        "主机内存：卸载的优化器状态每进程约 {a} GiB（{n} 个进程共 {b} GiB）",
     ),
     (
         r"(?P<n>\d+) dataset\(s\) without token statistics yet: their samples count as long as the others'",

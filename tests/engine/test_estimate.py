@@ -223,9 +223,10 @@ def test_cpu_time_scales_with_the_node_probe(tmp_path):
     model = official("ernie-4.5-0.3b", tmp_path)
     fast = estimate_run(model, train(), DATA, node=CPU)
     slow = estimate_run(model, train(), DATA, node=NodeFacts(probe_tokens_per_second=4300 / 4))
-    # a node whose probe runs at a quarter of the reference runs the matmuls at half the speed
-    assert close(slow.time["compute_s"], 2 * fast.time["compute_s"], 0.01)
-    assert slow.time["step_s"] > 1.5 * fast.time["step_s"]
+    # a node whose probe runs at a quarter of the reference runs the matmuls at a quarter of the speed (the
+    # 0.3B step followed the probe in proportion across loads: docs/benchmarks.md)
+    assert close(slow.time["compute_s"], 4 * fast.time["compute_s"], 0.01)
+    assert slow.time["step_s"] > 3 * fast.time["step_s"]
     assert any("throughput probe against the reference (1,075" in a for a in slow.assumptions)
     lo, hi = fast.time["step_s_range"]
     assert lo < fast.time["step_s"] < hi
