@@ -931,7 +931,7 @@ def plan_run(
     pool = gpu_nodes or list(nodes)
     kind = "gpu" if gpu_nodes else "cpu"
     known = sum(max(n.devices, 1) for n in pool)
-    _check_pins(model, known, pool, num_devices, expert_parallel_degree, sharding)
+    check_settings(model, pool, num_devices, expert_parallel_degree, sharding)
     lora = fine_tuning == "LoRA"
     targets = list(lora_targets or LORA_TARGETS) if lora else []
     base = config_from_dict(
@@ -1006,14 +1006,19 @@ def plan_run(
     return plan
 
 
-def _check_pins(
+def check_settings(
     model: ErnieConfig,
-    known: int,
-    pool: list[NodeFacts],
+    nodes: list[NodeFacts],
     num_devices: int | None,
-    ep: int | None,
-    sharding: str | None,
+    ep: int | None = None,
+    sharding: str | None = None,
 ) -> None:
+    """Refuse, naming the key, what cannot run on ``nodes``: more devices than they hold, an expert-parallel
+    degree that does not divide the experts (or the devices) or on a dense model, sharding on one device,
+    sharding stage 2 without GPUs."""
+    gpu_nodes = [n for n in nodes if n.device == "gpu"]
+    pool = gpu_nodes or list(nodes)
+    known = sum(max(n.devices, 1) for n in pool)
     if num_devices is not None:
         if num_devices < 1:
             raise PlanError(f"num_devices: {num_devices} is not a number of devices (1 or more)")

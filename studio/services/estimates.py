@@ -19,6 +19,7 @@ from engine.estimate import (
     Estimate,
     NodeFacts,
     PlanError,
+    check_settings,
     estimate_run,
     fit_warning,
     plan_run,
@@ -88,12 +89,17 @@ def estimate_spec(
             f"{missing} dataset(s) without token statistics yet: their samples count as long as the others'"
         )
     out = with_fit(est, node, len(facts))
-    out["plan"] = plan_for(session, settings, model, train, base_model)
+    out["plan"] = plan_for(session, settings, model, train, base_model, devices)
     return out
 
 
 def plan_for(
-    session: Session, settings: Settings, model: ErnieConfig, train: TrainConfig, base_model: str
+    session: Session,
+    settings: Settings,
+    model: ErnieConfig,
+    train: TrainConfig,
+    base_model: str,
+    num_devices: int = 1,
 ) -> dict[str, Any] | None:
     """The planner's proposal for this model, stage, fine-tuning and max_seq_len on the studio's nodes (the
     settings that fit, best first, and why the others do not); None when no node has reported."""
@@ -112,6 +118,14 @@ def plan_for(
             lora_targets=list(train.lora_target_modules) if train.lora else None,
             batch_size=train.batch_size,
             reference_free=train.reference_free,
+        )
+        # the run's own parallel choices, where its config has those keys (sharding, expert parallelism)
+        check_settings(
+            model,
+            nodes,
+            num_devices,
+            getattr(train, "expert_parallel_degree", None),
+            getattr(train, "sharding", None) or None,
         )
     except PlanError as e:
         raise InvalidInput(str(e)) from None
