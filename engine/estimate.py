@@ -848,6 +848,8 @@ class Verdict:
     host_bytes: float  # host RAM one node needs (offloaded state, or every process of a CPU node)
     fits: bool
     reason: str = ""
+    capacity: float = 0.0  # what one device (one process's share of a CPU node) offers
+    host_capacity: float | None = None  # a node's host RAM, where known
 
     def to_dict(self) -> dict[str, Any]:
         parts = {k: v / GIB for k, v in self.memory.items() if v}
@@ -855,7 +857,9 @@ class Verdict:
             "settings": self.candidate.settings(),
             "description": self.candidate.describe(),
             "memory_gib": parts,
+            "capacity_gib": self.capacity / GIB,
             "host_gib_per_node": self.host_bytes / GIB,
+            "host_capacity_gib": None if self.host_capacity is None else self.host_capacity / GIB,
             "fits": self.fits,
             "reason": self.reason,
         }
@@ -877,6 +881,7 @@ class Plan:
     rejected: list[Verdict]
     reason: str = ""
     needs_tensor_parallel: int | None = None
+    tensor_parallel_option: Verdict | None = None  # the setting that would fit with that much
 
     @property
     def verdict(self) -> str:
@@ -901,6 +906,9 @@ class Plan:
             "fits": [v.to_dict() for v in self.fits],
             "rejected": [v.to_dict() for v in self.rejected],
             "needs_tensor_parallel": self.needs_tensor_parallel,
+            "tensor_parallel_option": self.tensor_parallel_option.to_dict()
+            if self.tensor_parallel_option
+            else None,
         }
 
 
@@ -997,6 +1005,7 @@ def plan_run(
         fit = sorted((v for v in (weigh(c) for c in cands) if v.fits), key=_preference)
         if fit:
             plan.needs_tensor_parallel = tp
+            plan.tensor_parallel_option = fit[0]
             plan.reason += (
                 f"; it needs tensor parallelism: with tensor_parallel_degree {tp} (sequence parallel) it "
                 f"would take {fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()}), "
@@ -1181,7 +1190,7 @@ def _weigh(
             )
     if ram is not None and host > ram:
         lines.append(f"host RAM: {host / GIB:.0f} GiB per node against {ram / GIB:.0f} GiB")
-    return Verdict(cand, memory, host, not lines, "; ".join(lines))
+    return Verdict(cand, memory, host, not lines, "; ".join(lines), device_cap, ram)
 
 
 def _preference(v: Verdict) -> tuple:

@@ -626,9 +626,25 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         "{devices} {kind} device(s):",
         "**建议配置**：{model}（{stage} {fine_tuning}，每行 {seq:,} 个 Token），本工作室共 {devices} 个 {kind} 设备：",
     ),
-    "tr.plan.fits": ("{what} — **{peak:.1f} GiB** per device", "{what} — 每设备 **{peak:.1f} GiB**"),
-    "tr.plan.settings": ("keys: `{keys}`", "配置项：`{keys}`"),
-    "tr.plan.none": ("**Nothing fits**: {reason}", "**没有可行配置**：{reason}"),
+    "tr.plan.fits": (
+        "**{peak:.1f} GiB** per device of {cap:.1f} — `{keys}`",
+        "每设备 **{peak:.1f} GiB**（可用 {cap:.1f}）— `{keys}`",
+    ),
+    "tr.plan.none": (
+        "**Nothing fits** on {devices} device(s): at best {peak:.1f} GiB per device against {cap:.1f} GiB",
+        "**没有可行配置**：{devices} 个设备上最少也需每设备 {peak:.1f} GiB，可用 {cap:.1f} GiB",
+    ),
+    "tr.plan.moe": (
+        "{moe:.1f} GiB of it are the MoE blocks' activations, which recompute does not cover here",
+        "其中 {moe:.1f} GiB 为 MoE 模块的激活值，此处重计算不覆盖它们",
+    ),
+    "tr.plan.tp": (
+        "it would fit with tensor_parallel_degree {tp} ({peak:.1f} GiB per device), which this engine does "
+        "not have",
+        "若使用 tensor_parallel_degree {tp} 可放下（每设备 {peak:.1f} GiB），但本引擎不支持张量并行",
+    ),
+    "tr.plan.over": ("{peak:.1f} GiB > {cap:.1f} GiB", "{peak:.1f} GiB > {cap:.1f} GiB"),
+    "tr.plan.host": ("host RAM {host:.0f} GiB > {cap:.0f} GiB", "主机内存 {host:.0f} GiB > {cap:.0f} GiB"),
     "tr.plan.rejected": ("why the others do not fit", "其他配置为何不可行"),
     "tr.err.no_clone": ("Pick a run to clone.", "请选择要克隆的任务。"),
     "tr.err.no_dataset": ("pick at least one dataset", "请至少选择一个数据集"),

@@ -230,8 +230,9 @@ def format_estimate(est: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
 
 
 def format_plan(plan: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
-    """The planner's proposal (``plan`` of the estimate) for the form: the settings that fit, best first,
-    with the keys to set; or why nothing fits; and, folded, why the other settings do not."""
+    """The planner's proposal (``plan`` of the estimate) for the form, built from its figures in ``lang``:
+    the settings that fit (their keys), or the closest one and what would make it fit; and, folded, the
+    settings that do not fit with their figures."""
     lines = [
         text(
             "tr.plan.title",
@@ -245,16 +246,42 @@ def format_plan(plan: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
         )
     ]
     for option in plan.get("fits") or []:
-        keys = ", ".join(f"{k}: {v}" for k, v in option["settings"].items())
-        what = text("tr.plan.fits", lang, what=option["description"], peak=option["memory_gib"]["peak"])
-        lines.append(f"- {what}  \n  {text('tr.plan.settings', lang, keys=keys)}")
-    if not plan.get("fits"):
-        lines.append(text("tr.plan.none", lang, reason=localize_message(plan.get("reason") or "", lang)))
-    if plan.get("rejected"):
+        shown = text(
+            "tr.plan.fits",
+            lang,
+            peak=option["memory_gib"]["peak"],
+            cap=option["capacity_gib"],
+            keys=_plan_keys(option),
+        )
+        lines.append(f"- {shown}")
+    rejected = plan.get("rejected") or []
+    if not plan.get("fits") and rejected:
+        closest = rejected[-1]
+        mem = closest["memory_gib"]
+        devices = closest["settings"]["num_devices"]
+        parts = [text("tr.plan.none", lang, devices=devices, peak=mem["peak"], cap=closest["capacity_gib"])]
+        if mem.get("moe_activations", 0) > 0.25 * mem["peak"]:
+            parts.append(text("tr.plan.moe", lang, moe=mem["moe_activations"]))
+        option = plan.get("tensor_parallel_option")
+        if option:
+            tp = plan["needs_tensor_parallel"]
+            parts.append(text("tr.plan.tp", lang, tp=tp, peak=option["memory_gib"]["peak"]))
+        lines.append("; ".join(parts))
+    if rejected:
         lines.append(f"\n<details><summary>{text('tr.plan.rejected', lang)}</summary>\n")
-        lines += [f"- {r['description']}: {localize_message(r['reason'], lang)}" for r in plan["rejected"]]
+        for option in rejected:
+            peak, cap = option["memory_gib"]["peak"], option["capacity_gib"]
+            why = [text("tr.plan.over", lang, peak=peak, cap=cap)] if peak > cap else []
+            host_cap = option.get("host_capacity_gib")
+            if host_cap is not None and option["host_gib_per_node"] > host_cap:
+                why.append(text("tr.plan.host", lang, host=option["host_gib_per_node"], cap=host_cap))
+            lines.append(f"- `{_plan_keys(option)}`: {'; '.join(why)}")
         lines.append("\n</details>")
     return "\n".join(lines)
+
+
+def _plan_keys(option: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in option["settings"].items())
 
 
 def launch_warning(estimate: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:

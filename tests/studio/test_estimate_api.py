@@ -93,7 +93,7 @@ def test_the_train_form_shows_the_warning(settings, session, big_model):
     shown = TrainHandlers(ctx, keys).show_estimate(*form.values())
     assert shown.startswith("⚠️ **will not fit") and "train@small" in shown
     assert "trainable parameters" in shown and "assumptions" in shown
-    assert "**Proposed settings** for" in shown and "**Nothing fits**: does not fit on 1 device(s)" in shown
+    assert "**Proposed settings** for" in shown and "**Nothing fits** on 1 device(s)" in shown
 
 
 # ---- ETA and progress in GET /runs/{id} -------------------------------------------------------------------
@@ -253,13 +253,16 @@ def test_the_estimate_proposes_settings_that_fit_the_studios_nodes(client, sessi
     # the Train form shows the proposal with the keys to set, and (folded) why the others do not fit
     shown = format_plan(plan)
     assert shown.startswith("**Proposed settings** for") and "tensorwise_offload_optimizer: True" in shown
-    assert f"expert_parallel_degree: {best['expert_parallel_degree']}" in shown and "GiB per device" in shown
+    assert f"expert_parallel_degree: {best['expert_parallel_degree']}" in shown and "GiB** per device of 73.6" in shown
     # half the GPUs: nothing fits, and the planner says why
     gpu_node(session, "train@gpu1", gpus=4)
     plan = client.post("/api/v1/runs/estimate", json=spec).json()["plan"]
     assert plan["verdict"] == "does not fit" and plan["proposal"] is None
     assert plan["reason"].startswith("does not fit on 4 device(s)")
-    assert "**Nothing fits**: does not fit on 4 device(s)" in format_plan(plan)
+    shown = format_plan(plan)
+    assert "**Nothing fits** on 4 device(s): at best" in shown and "GiB per device against 73.6 GiB" in shown
+    assert "tensor_parallel_degree 2" in shown and plan["needs_tensor_parallel"] == 2
+    assert "没有可行配置" in format_plan(plan, "zh") and "Nothing fits" not in format_plan(plan, "zh")
 
 
 def test_more_devices_than_the_studios_nodes_hold_is_refused_and_nothing_is_queued(client, session, settings):
