@@ -253,7 +253,10 @@ def test_the_estimate_proposes_settings_that_fit_the_studios_nodes(client, sessi
     # the Train form shows the proposal with the keys to set, and (folded) why the others do not fit
     shown = format_plan(plan)
     assert shown.startswith("**Proposed settings** for") and "tensorwise_offload_optimizer: True" in shown
-    assert f"expert_parallel_degree: {best['expert_parallel_degree']}" in shown and "GiB** per device of 73.6" in shown
+    assert (
+        f"expert_parallel_degree: {best['expert_parallel_degree']}" in shown
+        and "GiB** per device of 73.6" in shown
+    )
     # half the GPUs: nothing fits, and the planner says why
     gpu_node(session, "train@gpu1", gpus=4)
     plan = client.post("/api/v1/runs/estimate", json=spec).json()["plan"]
