@@ -29,7 +29,7 @@ from engine.models.config import ErnieConfig
 from engine.train.config import TrainConfig
 from studio import queue
 from studio.config import Settings
-from studio.models import Dataset, Run, RunMetric, RunStatus
+from studio.models import Dataset, NodeStatus, Run, RunMetric, RunStatus
 from studio.services import datasets as datasets_svc
 from studio.services.errors import InvalidInput, ServiceError
 from studio.services.models import model_dir_for
@@ -137,7 +137,7 @@ def studio_nodes(session: Session, settings: Settings) -> list[NodeFacts]:
     a GPU node's devices are its GPUs, a CPU node's the processes its largest training worker runs."""
     by_node: dict[str, NodeFacts] = {}
     for view in list_nodes(session, settings):
-        if view.state == OFFLINE or view.doctor is None:
+        if view.state in (OFFLINE, NodeStatus.FAILED) or view.doctor is None:  # a failed doctor takes no work
             continue
         facts = NodeFacts.from_doctor(view.doctor, view.node or view.name)
         if facts.device == "cpu":
