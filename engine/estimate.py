@@ -15,16 +15,23 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
 - wint8 / wint4/8: the frozen base's decoder linears as int8 values (int4 values sit in int8 memory) plus
   fp32 per-channel scales; embedding, norms and the vision tower stay fp32. Always LoRA.
 - LoRA trains adapters only (fp32, rank r on each target linear, experts and VL groups included).
-- The model loads in fp32 before it is cast or quantized, so every variant passes through an fp32 peak.
+- The weights stream from safetensors tensor by tensor into the run's storage precision (issue 26): the
+  load holds the stored weights plus the tensor being read, never a whole fp32 copy.
+- Across devices (``Layout``): sharding stage 1 splits masters and moments over the ranks holding the same
+  weights, stage 2 the gradients too; expert parallelism gives each rank 1 / degree of the routed experts
+  (their weights, gradients, state and adapters); offload moves masters and moments to host RAM (GPU).
+- DPO: LoRA's reference is the base with its adapters off (no copy); Full keeps a frozen reference in the
+  run's storage precision.
 - Saving a checkpoint serialises a copy of what it writes (trainable weights and optimizer state);
   saving a Full run's final model copies the weights again (fp32).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
@@ -37,12 +44,13 @@ GIB = 1024**3
 # The reference node: 2-core AMD EPYC, Paddle 3.3.1 CPU build. Its doctor throughput probe (tiny model,
 # batch 4 x 128, forward + backward + AdamW) runs at REFERENCE_PROBE_TOKENS_S while an ERNIE-4.5-0.3B
 # step sustains REFERENCE_CPU_FLOPS in its matmuls. Another node (or the same one under another load) is
-# assumed to run at (probe / reference) ** PROBE_EXPONENT of it: the tiny probe is dominated by per-op
-# overhead, a big model by matmuls, and on the reference node the 0.3B step moved about half as much
-# (in log terms) as the probe did across loads (bench/bench_estimate.py, docs/benchmarks.md).
+# assumed to run at (probe / reference) ** PROBE_EXPONENT of it. Measured on 2026-11-26 with the CPU step
+# of then (docs/benchmarks.md): the 0.3B LoRA step times the probe gave the same product (31.2k and 31.1k)
+# at loads 7.5 and 14.7, where the probe moved 3.6x, and 33k-38k in the earlier runs at loads 2-4.5: the
+# step follows the probe in proportion (a square root had it at half the measured time at load 14.7).
 REFERENCE_PROBE_TOKENS_S = 4300.0
-REFERENCE_CPU_FLOPS = 46e9
-PROBE_EXPONENT = 0.5
+REFERENCE_CPU_FLOPS = 54e9
+PROBE_EXPONENT = 1.0
 # Per trainable weight and step on the reference CPU: gradient zero-fill, all-reduce bookkeeping, the norm
 # for clipping and AdamW's update (memory-bound, so it does not scale with matmul speed).
 REFERENCE_CPU_OPTIMIZER_S_PER_PARAM = 7.8e-9
@@ -84,6 +92,8 @@ GPU_PEAK_FLOPS = {
 }
 GPU_DEFAULT_PEAK_FLOPS = 100e12
 GPU_UTILISATION = 0.35  # share of peak a training step sustains (MFU)
+# How far a node's own record may move the modelled step time (a bad record must not swing it wildly).
+STEP_RATIO_BOUNDS = (0.25, 4.0)
 # Recent steps the ETA looks at: the median of their per-step times (the first, slow step drops out).
 ETA_WINDOW = 5
 
@@ -125,6 +135,10 @@ class NodeFacts:
     ram_bytes: int | None = None  # host RAM of a GPU node (where the fp32 load happens)
     gpu_name: str = ""
     probe_tokens_per_second: float | None = None  # the doctor's throughput probe
+    devices: int = 1  # GPUs of a GPU node; processes a CPU node's training worker runs a run on
+    # measured / modelled seconds per step of the node's recent runs (the studio keeps both), and how many
+    step_time_ratio: float | None = None
+    step_time_runs: int = 0
 
     @classmethod
     def from_doctor(cls, report: dict[str, Any] | None, name: str = "") -> NodeFacts:
@@ -140,7 +154,13 @@ class NodeFacts:
         if gpus:
             smallest = min(gpus, key=lambda d: d["total_memory_bytes"])
             return cls(
-                "gpu", name, int(smallest["total_memory_bytes"]), ram, str(smallest.get("name", "")), probe
+                "gpu",
+                name,
+                int(smallest["total_memory_bytes"]),
+                ram,
+                str(smallest.get("name", "")),
+                probe,
+                len(gpus),
             )
         return cls("cpu", name, ram, ram, "", probe)
 
@@ -223,46 +243,34 @@ def estimate_run(
     world = max(num_devices, 1)
     steps, per_epoch = _steps(cfg, datasets, world, notes)
 
-    held = _held_bytes(counts, cfg.compute_type, mode, gpu)
-    state = _training_state_bytes(trainable, mode, lora)
-    adapters = 4 * counts.lora if lora else 0  # fp32 adapter weights beside the frozen base
-    act = _activation_bytes(model, cfg, shape.rows, shape.memory_width)
-    reference = counts.total * 4 if cfg.stage == "DPO" and not lora and not cfg.reference_free else 0
-    baseline = GPU_CONTEXT_BYTES if gpu else CPU_PROCESS_BASELINE_BYTES
-    steady = baseline + held + adapters + state["masters"] + state["moments"] + reference
-    # gradients fill up while backward frees activations, but Paddle's allocator keeps what it freed for
-    # reuse: at the end of the first backward the process holds both
-    training = steady + state["gradients"] + act["total"]
-    file_bytes = checkpoint_bytes or counts.total * (2 if model.dtype in ("bfloat16", "float16") else 4)
-    load_peak = CPU_PROCESS_BASELINE_BYTES + counts.total * 4 + file_bytes + counts.embedding * 4
+    layout = layout_of(cfg, world)
+    parts = device_memory(
+        model, counts, cfg, mode, gpu, trainable, shape.rows, shape.memory_width, layout, notes
+    )
+    training = parts["training"]
+    # the weights stream in tensor by tensor, cast or quantized as each is read: the load holds the run's
+    # weights in their storage precision, plus the largest tensor (the embedding) while it is read; on a GPU
+    # the host holds one tensor at a time
+    largest = counts.embedding * (2 if mode.endswith("-emulated") or mode.endswith("-amp") else 4)
+    load_peak = parts["baseline"] + parts["weights"] + parts["reference_model"] + largest
+    if gpu:
+        load_peak = CPU_PROCESS_BASELINE_BYTES + largest
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
     # save: a serialised copy of the state beside what training holds (the allocator keeps its pool)
     save_peak = training + SAVE_COPY * ckpt_bytes
     final_peak = training + (0 if lora else FINAL_SAVE_COPY * final_bytes)
-    memory = {
-        "baseline": baseline,
-        "weights": held,
-        "adapters": adapters,
-        "master_weights": state["masters"],
-        "gradients": state["gradients"],
-        "optimizer": state["moments"],
-        "reference_model": reference,
-        "activations": act["total"],
-        "logits": act["logits"],
-        "training": training,
-        "load_peak": load_peak,
-        "save_peak": max(save_peak, final_peak),
-    }
+    memory = {k: v for k, v in parts.items() if k != "host_offload"}
+    memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))
     on_device = [training, memory["save_peak"]] + ([] if gpu else [load_peak])
     memory["peak"] = max(on_device)
     memory["total"] = memory["peak"]  # the name earlier clients read
     lo, hi = memory["peak"] * MEMORY_RANGE[0], memory["peak"] * MEMORY_RANGE[1]
     node_memory = memory["peak"] * (world if not gpu else 1)
-    if gpu:
+    if gpu and parts["host_offload"]:
         notes.append(
-            f"host RAM: the model loads in fp32 first, about {load_peak / GIB:.1f} GiB per rank "
-            f"({world * load_peak / GIB:.1f} GiB for {world})"
+            f"host RAM: the offloaded optimizer state, {parts['host_offload'] / GIB:.1f} GiB per rank "
+            f"({world * parts['host_offload'] / GIB:.1f} GiB for {world})"
         )
     flops = _flops_per_step(model, counts, cfg, shape, lora)
     time = _time(
@@ -284,10 +292,12 @@ def estimate_run(
         0, f"{trainable:,} of {counts.total:,} weights train ({kind}); {counts.active:,} active per token"
     )
     if world > 1:
+        plain = layout == Layout(world)
         notes.append(
-            f"{world} data-parallel ranks, each holding the whole model and optimizer"
+            (f"{world} data-parallel ranks, each holding the whole model and optimizer" if plain else
+             f"{world} ranks: {layout.describe()}")
             + ("" if gpu else f"; on one CPU node they share its RAM ({node_memory / GIB:.1f} GiB) and cores")
-        )
+        )  # fmt: skip
     return Estimate(
         parameters=counts,
         trainable=trainable,
@@ -334,13 +344,12 @@ def _precision_mode(compute_type: str, gpu: bool, notes: list[str]) -> str:
 
 
 def _held_bytes(counts: ParameterCounts, compute_type: str, mode: str, gpu: bool) -> float:
-    """The model's weights as the run holds them."""
+    """The model's weights as the run holds them (``counts`` may be one device's share)."""
     if mode in WEIGHT_ONLY_COMPUTE_TYPES:
-        # int8 values (int4 too) + fp32 per-output-channel scales (~1/in of the weights; 1% is ample)
-        linears = counts.decoder_linears * 1.01
-        if gpu:  # the weight-only GEMM keeps a second copy in its own layout (int4 packed on GPU)
-            int4 = counts.expert_linears if compute_type == "wint4/8" else 0
-            linears += (counts.decoder_linears - int4) + int4 * 0.5
+        # int8 values + fp32 per-output-channel scales (~1/in of the weights; 1% is ample); int4 values sit
+        # in int8 memory on a CPU and are packed two a byte on a GPU (the weight-only GEMM's own layout)
+        int4 = counts.expert_linears if compute_type == "wint4/8" and gpu else 0
+        linears = (counts.decoder_linears - int4) * 1.01 + int4 * 0.51
         return linears + 4 * (counts.total - counts.decoder_linears)
     if mode.endswith("-amp"):
         return 2 * (counts.total - counts.other) + 4 * counts.other
@@ -350,7 +359,7 @@ def _held_bytes(counts: ParameterCounts, compute_type: str, mode: str, gpu: bool
     return 4 * counts.total
 
 
-def _training_state_bytes(trainable: int, mode: str, lora: bool) -> dict[str, float]:
+def _training_state_bytes(trainable: float, mode: str, lora: bool) -> dict[str, float]:
     """Gradients, master weights and AdamW moments of what trains."""
     low = not lora and (mode.endswith("-emulated") or mode.endswith("-amp"))
     if low and mode.endswith("-emulated"):
@@ -359,6 +368,133 @@ def _training_state_bytes(trainable: int, mode: str, lora: bool) -> dict[str, fl
     if low:
         return {"masters": 4 * trainable, "gradients": 2 * trainable, "moments": 8 * trainable}
     return {"masters": 0.0, "gradients": 4 * trainable, "moments": 8 * trainable}
+
+
+# ---- how a run spreads over its devices ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run's ranks split the work: ``devices`` = data-parallel x sharding x expert-parallel (x tensor
+    parallel, which the planner only uses to say a run needs it). Sharding shards the optimizer state (stage
+    1; stage 2 the gradients too) over the ranks holding the same weights; expert parallelism gives each rank
+    1 / ``expert_parallel`` of every MoE layer's routed experts; offload keeps the optimizer state in host
+    RAM (GPU)."""
+
+    devices: int = 1
+    expert_parallel: int = 1
+    sharding_stage: int = 0
+    offload: bool = False
+    tensor_parallel: int = 1
+
+    @property
+    def sharding_degree(self) -> int:
+        if not self.sharding_stage:
+            return 1
+        if self.tensor_parallel > 1:  # experts split over the tensor-parallel group and beyond (moe_group mp)
+            return max(self.devices // max(self.expert_parallel, self.tensor_parallel), 1)
+        return max(self.devices // self.expert_parallel, 1)
+
+    def describe(self) -> str:
+        parts = []
+        if self.tensor_parallel > 1:
+            parts.append(f"tensor parallel {self.tensor_parallel}")
+        if self.expert_parallel > 1:
+            parts.append(f"experts split over {self.expert_parallel}")
+        if self.sharding_stage:
+            what = "optimizer state" + (" and gradients" if self.sharding_stage == 2 else "")
+            parts.append(f"sharding stage {self.sharding_stage} ({what} split over {self.sharding_degree})")
+        if self.offload:
+            parts.append("optimizer state offloaded to host RAM")
+        return ", ".join(parts) or "data-parallel, each holding the whole model and optimizer"
+
+
+def layout_of(cfg: TrainConfig, devices: int) -> Layout:
+    """The layout a config asks for. The keys are read where the config has them (sharding, expert
+    parallelism and offload are honoured by the trainer since issue 26; a config without them is plain
+    data parallel)."""
+    sharding = str(getattr(cfg, "sharding", "") or "")
+    stage = 2 if "stage2" in sharding else (1 if "stage1" in sharding else 0)
+    ep = int(getattr(cfg, "expert_parallel_degree", 1) or 1)
+    offload = bool(getattr(cfg, "tensorwise_offload_optimizer", False))
+    return Layout(max(devices, 1), max(ep, 1), stage if devices > 1 else 0, offload)
+
+
+def local_counts(counts: ParameterCounts, layout: Layout) -> ParameterCounts:
+    """One device's share of the weights: routed experts split over the expert-parallel group, the rest
+    (embedding, head, dense linears) over the tensor-parallel group."""
+    ep, tp = layout.expert_parallel, layout.tensor_parallel
+    experts = counts.expert_linears
+    dense = counts.decoder_linears - experts
+    local_experts = experts // ep
+    local_dense = dense // tp
+    emb, head = counts.embedding // tp, counts.head // tp
+    decoder = local_dense + local_experts
+    total = decoder + emb + head + counts.other + counts.vision
+    lora = counts.lora - counts.expert_lora + counts.expert_lora // ep
+    return replace(
+        counts,
+        total=total,
+        embedding=emb,
+        head=head,
+        decoder_linears=decoder,
+        expert_linears=local_experts,
+        lora=lora,
+        expert_lora=counts.expert_lora // ep,
+    )
+
+
+def device_memory(
+    model: ErnieConfig,
+    counts: ParameterCounts,
+    cfg: TrainConfig,
+    mode: str,
+    gpu: bool,
+    trainable: int,
+    rows: int,
+    row_len: float,
+    layout: Layout,
+    notes: list[str] | None = None,
+) -> dict[str, float]:
+    """Bytes one device (one process on a CPU node) holds while training, by part, under ``layout``;
+    ``host_offload``: what offload moves to host RAM per rank."""
+    lora = cfg.lora
+    local = local_counts(counts, layout)
+    local_trainable = local.lora if lora else max(trainable - (counts.total - local.total), 0)
+    held = _held_bytes(local, cfg.compute_type, mode, gpu)
+    state = _training_state_bytes(local_trainable, mode, lora)
+    s = layout.sharding_degree
+    masters, moments = state["masters"] / s, state["moments"] / s
+    gradients = state["gradients"] / (s if layout.sharding_stage >= 2 else 1)
+    offloaded = 0.0
+    if layout.offload and gpu:
+        offloaded, masters, moments = masters + moments, 0.0, 0.0
+    adapters = 4 * local.lora if lora else 0  # fp32 adapter weights beside the frozen base
+    act = _activation_bytes(model, cfg.recompute, rows, row_len, gpu, mode, layout.tensor_parallel)
+    # DPO's reference: LoRA switches its adapters off (the base is the reference); Full keeps a frozen copy
+    # of the base in the run's storage precision
+    reference = 0.0
+    if cfg.stage == "DPO" and not lora and not cfg.reference_free:
+        reference = _held_bytes(local, cfg.compute_type, mode, gpu)
+    baseline = GPU_CONTEXT_BYTES if gpu else CPU_PROCESS_BASELINE_BYTES
+    steady = baseline + held + adapters + masters + moments + reference
+    # gradients fill up while backward frees activations, but Paddle's allocator keeps what it freed for
+    # reuse: at the end of the first backward the process holds both
+    training = steady + gradients + act["total"]
+    return {
+        "baseline": baseline,
+        "weights": held,
+        "adapters": adapters,
+        "master_weights": masters,
+        "gradients": gradients,
+        "optimizer": moments,
+        "reference_model": reference,
+        "activations": act["total"],
+        "logits": act["logits"],
+        "moe_activations": act["moe_kept"],
+        "training": training,
+        "host_offload": offloaded,
+    }
 
 
 def _checkpoint_bytes(counts: ParameterCounts, trainable: int, mode: str, lora: bool) -> float:
@@ -432,36 +568,62 @@ def _steps(
     return max(1, round(per_epoch * cfg.num_train_epochs)), per_epoch
 
 
-def _activation_bytes(model: ErnieConfig, cfg: TrainConfig, rows: int, row_len: float) -> dict[str, float]:
-    """Eager fp32 activations kept for backward, with and without recompute, and the logits."""
+def _activation_bytes(
+    model: ErnieConfig, recompute: bool, rows: int, row_len: float, gpu: bool, mode: str, tp: int = 1
+) -> dict[str, float]:
+    """Activations kept for backward, with and without recompute, and the logits. Eager fp32 on a CPU (its
+    attention keeps the score matrices); 16-bit with flash attention (no scores) on a GPU in bf16 / fp16 or
+    under a weight-only base. Recompute recomputes the attention and dense FFN blocks and keeps each one's
+    input; MoE blocks are not recomputed (engine/models/ernie.py: router statistics keep their gradient).
+    Tensor parallelism (sequence parallel) splits them over its group."""
     h, hd = model.hidden_size, model.head_dim
     nh, kv = model.num_attention_heads, model.num_key_value_heads
-    layers = model.num_hidden_layers
-    ffn = _ffn_width_per_token(model)
-    # norms (in and out, twice), qkv, rotary (q and k, rotated and their halves), scaled q, attention out
-    # and its transpose, o_proj, residuals, up_gate, swiglu, down
-    per_token_layer = 8 * h + (nh + 2 * kv) * hd + (4 * nh + 2 * kv) * hd + 3 * ffn
+    elem = 2 if gpu and mode not in ("fp32", "fp8-qat") else 4
     tokens = rows * row_len
-    scores = 2 * nh * rows * row_len * row_len / 2  # scores and probabilities of the causal half
-    layer_bytes = 4 * ACTIVATION_SLACK * (per_token_layer * tokens + scores)
-    if cfg.recompute:  # each layer keeps its input; one layer's activations live at a time in backward
-        kept = 4 * h * tokens * layers + layer_bytes
-    else:
-        kept = layer_bytes * layers
-    logits = 4 * LOGIT_COPIES * tokens * model.vocab_size
-    return {"layers": kept, "logits": logits, "total": kept + logits}
-
-
-def _ffn_width_per_token(model: ErnieConfig) -> float:
-    """Mean FFN width a token runs through over the layers (MoE: k experts + shared experts)."""
-    widths = []
-    for i in range(model.num_hidden_layers):
-        if not model.is_moe_layer(i):
-            widths.append(model.intermediate_size)
+    # norms (in and out), qkv, rotary (q and k, rotated and their halves), scaled q, attention out and its
+    # transpose, o_proj, residual
+    attention = 4 * h + (nh + 2 * kv) * hd + (4 * nh + 2 * kv) * hd
+    scores = 0.0 if gpu else 2 * nh * rows * row_len * row_len / 2  # scores and probabilities, causal half
+    kept = 0.0
+    largest = 0.0
+    moe = 0.0  # what the MoE blocks keep under recompute (they are not recomputed)
+    for is_moe, ffn in _ffn_per_layer(model):
+        layer = elem * ACTIVATION_SLACK * ((attention + ffn) * tokens + scores)
+        largest = max(largest, layer)
+        if not recompute:
+            kept += layer
+        elif is_moe:
+            kept += elem * (h + ACTIVATION_SLACK * ffn) * tokens
+            moe += elem * ACTIVATION_SLACK * ffn * tokens
         else:
-            inter = model.expert_intermediate_sizes[0]
-            widths.append(inter * (model.moe_k + model.moe_num_shared_experts))
-    return sum(widths) / max(len(widths), 1)
+            kept += elem * 2 * h * tokens
+    if recompute:  # one layer's activations live at a time while it is recomputed
+        kept += largest
+    logits = 4 * LOGIT_COPIES * tokens * model.vocab_size
+    return {"layers": kept / tp, "logits": logits / tp, "total": (kept + logits) / tp, "moe_kept": moe / tp}
+
+
+_FFN_LAYERS: dict[int, tuple[ErnieConfig, list[tuple[bool, int]]]] = {}
+
+
+def _ffn_per_layer(model: ErnieConfig) -> list[tuple[bool, int]]:
+    """(MoE or not, floats kept per token) of each layer's FFN block; remembered per config object (the
+    planner weighs hundreds of settings of one model)."""
+    hit = _FFN_LAYERS.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    h, out = model.hidden_size, []
+    for i in range(model.num_hidden_layers):
+        if model.is_moe_layer(i):
+            inter, k = model.expert_intermediate_sizes[0], model.moe_k
+            # each token's k expert inputs and outputs (dispatch and combine) beside the FFN activations
+            out.append((True, 4 * h + 3 * inter * (k + model.moe_num_shared_experts) + 2 * k * h))
+        else:
+            out.append((False, 4 * h + 3 * model.intermediate_size))
+    if len(_FFN_LAYERS) > 16:
+        _FFN_LAYERS.clear()
+    _FFN_LAYERS[id(model)] = (model, out)
+    return out
 
 
 def _flops_per_step(
@@ -526,14 +688,23 @@ def _time(
         if probe:
             notes.append(
                 f"CPU: {rate / 1e9:.0f} GFLOP/s in matmuls, the reference node's {REFERENCE_CPU_FLOPS / 1e9:.0f} "
-                f"scaled by the square root of this node's doctor throughput probe against the reference "
+                f"scaled by this node's doctor throughput probe against the reference "
                 f"({probe:,.0f} vs {REFERENCE_PROBE_TOKENS_S:,.0f} tokens/s)"
             )
         else:
             notes.append(
                 f"CPU: no throughput probe from this node; the reference node's {rate / 1e9:.0f} GFLOP/s assumed"
             )
-    step_s = flops / rate + opt_s + upcast_s + overhead
+    step_s = model_step_s = flops / rate + opt_s + upcast_s + overhead
+    ratio = node.step_time_ratio
+    if ratio:
+        # the node's own record beats any probe: its last runs took `ratio` times what this model said
+        ratio = min(max(ratio, STEP_RATIO_BOUNDS[0]), STEP_RATIO_BOUNDS[1])
+        step_s *= ratio
+        notes.append(
+            f"this node's recent runs took {ratio:.2f}x the modelled step time "
+            f"({node.step_time_runs} run(s)): {model_step_s:.2f} s a step becomes {step_s:.2f} s"
+        )
     checkpoints = _checkpoint_count(cfg, steps)
     ckpt_s = ckpt_bytes / save_rate
     final_s = ckpt_s + final_bytes / save_rate  # the last step's checkpoint, then the final model
@@ -545,6 +716,7 @@ def _time(
     total = (steps + 0.5) * step_s + (checkpoints - 1) * ckpt_s + final_s
     return {
         "step_s": step_s,
+        "step_s_model": model_step_s,
         "step_s_range": [step_s * TIME_RANGE[0], step_s * TIME_RANGE[1]],
         "compute_s": flops / rate,
         "optimizer_s": opt_s,
@@ -607,6 +779,460 @@ def _eval_time(
     eval_s = step_s / 3 * tokens / max(step_tokens, 1.0)
     notes.append(f"evaluation: {evals} pass(es) over {batches} batch(es), ~{eval_s:.0f} s each")
     return {"evals": evals, "eval_s": eval_s}
+
+
+# ---- the planner: settings that fit the studio's nodes ----------------------------------------------------
+
+# Precisions the planner tries, most faithful first (a run takes the first that fits). On a GPU, Full trains
+# in bf16 (AMP O2); on a CPU bf16 is emulated and slower than fp32, so fp32 comes first there.
+PLAN_PRECISIONS = {
+    ("gpu", "Full"): ("bf16",),
+    ("gpu", "LoRA"): ("bf16", "wint8", "wint4/8"),
+    ("cpu", "Full"): ("fp32", "bf16"),
+    ("cpu", "LoRA"): ("fp32", "bf16", "wint8", "wint4/8"),
+}
+# Tensor-parallel degrees the planner tries when nothing else fits, to say how much a run would need.
+PLAN_TENSOR_PARALLEL = (2, 4, 8)
+# What the planner lists: the best settings that fit, and the closest ones that do not.
+PLAN_SHOWN = 5
+# Share of a GPU's memory a run may plan on: the rest goes to the allocator's fragmentation and the
+# collectives' buffers (Paddle's own default FLAGS_fraction_of_gpu_memory_to_use is 0.92).
+GPU_USABLE_SHARE = 0.92
+
+
+class PlanError(ValueError):
+    """A planner request that cannot be planned; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting the planner weighs: precision, recompute and how the ranks split the work."""
+
+    compute_type: str
+    recompute: bool
+    layout: Layout
+    nodes: int
+
+    def settings(self) -> dict[str, Any]:
+        """The training keys of this setting (ERNIEKit's names) and the studio's num_devices / nodes."""
+        lay = self.layout
+        out: dict[str, Any] = {
+            "compute_type": self.compute_type,
+            "recompute": self.recompute,
+            "num_devices": lay.devices,
+            "nodes": self.nodes,
+        }
+        if lay.sharding_stage:
+            out["sharding"] = f"stage{lay.sharding_stage}"
+            out["sharding_parallel_degree"] = lay.sharding_degree
+        if lay.expert_parallel > 1:
+            out["expert_parallel_degree"] = lay.expert_parallel
+        if lay.offload:
+            out["tensorwise_offload_optimizer"] = True
+        if lay.tensor_parallel > 1:
+            out["tensor_parallel_degree"] = lay.tensor_parallel
+        return out
+
+    def describe(self) -> str:
+        where = f"{self.layout.devices} device(s)" + (f" on {self.nodes} nodes" if self.nodes > 1 else "")
+        how = [self.compute_type] + (["recompute"] if self.recompute else [])
+        return f"{where}, {' + '.join(how)}, {self.layout.describe()}"
+
+
+@dataclass
+class Verdict:
+    """A candidate's per-device memory against the device it would run on, and why it does not fit."""
+
+    candidate: Candidate
+    memory: dict[str, float]  # bytes per device by part, "peak" included
+    host_bytes: float  # host RAM one node needs (offloaded state, or every process of a CPU node)
+    fits: bool
+    reason: str = ""
+    capacity: float = 0.0  # what one device (one process's share of a CPU node) offers
+    host_capacity: float | None = None  # a node's host RAM, where known
+
+    def to_dict(self) -> dict[str, Any]:
+        parts = {k: v / GIB for k, v in self.memory.items() if v}
+        return {
+            "settings": self.candidate.settings(),
+            "description": self.candidate.describe(),
+            "memory_gib": parts,
+            "capacity_gib": self.capacity / GIB,
+            "host_gib_per_node": self.host_bytes / GIB,
+            "host_capacity_gib": None if self.host_capacity is None else self.host_capacity / GIB,
+            "fits": self.fits,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Plan:
+    """The planner's answer: the settings that fit (best first) at the fewest devices, the closest ones
+    that do not and why, and when nothing fits, the reason (a tensor-parallel degree that would)."""
+
+    model: str
+    stage: str
+    fine_tuning: str
+    seq_len: int
+    device: str
+    devices_known: int
+    device_memory: float
+    fits: list[Verdict]
+    rejected: list[Verdict]
+    reason: str = ""
+    needs_tensor_parallel: int | None = None
+    tensor_parallel_option: Verdict | None = None  # the setting that would fit with that much
+
+    @property
+    def verdict(self) -> str:
+        return "fits" if self.fits else "does not fit"
+
+    @property
+    def best(self) -> Verdict | None:
+        return self.fits[0] if self.fits else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "model": self.model,
+            "stage": self.stage,
+            "fine_tuning": self.fine_tuning,
+            "seq_len": self.seq_len,
+            "device": self.device,
+            "devices_known": self.devices_known,
+            "device_memory_gib": self.device_memory / GIB,
+            "proposal": self.best.to_dict() if self.best else None,
+            "fits": [v.to_dict() for v in self.fits],
+            "rejected": [v.to_dict() for v in self.rejected],
+            "needs_tensor_parallel": self.needs_tensor_parallel,
+            "tensor_parallel_option": self.tensor_parallel_option.to_dict()
+            if self.tensor_parallel_option
+            else None,
+        }
+
+
+def plan_run(
+    model: ErnieConfig,
+    stage: str,
+    fine_tuning: str,
+    seq_len: int,
+    nodes: list[NodeFacts],
+    *,
+    model_name: str = "",
+    lora_rank: int = 8,
+    lora_targets: tuple[str, ...] | list[str] | None = None,
+    batch_size: int = 1,
+    reference_free: bool = False,
+    num_devices: int | None = None,
+    expert_parallel_degree: int | None = None,
+    sharding: str | None = None,
+) -> Plan:
+    """Settings that fit ``model`` for ``stage`` / ``fine_tuning`` at ``seq_len`` tokens a row on ``nodes``
+    (the studio's nodes: their devices and memory), best first, and why the others do not. ``num_devices``,
+    ``expert_parallel_degree`` and ``sharding`` pin those choices (checked; a bad one raises PlanError)."""
+    from engine.train.config import LORA_TARGETS, TrainConfig, config_from_dict
+
+    if not nodes:
+        raise PlanError("nodes: no node has reported its devices yet; start a worker (ernie-studio worker)")
+    gpu_nodes = [n for n in nodes if n.device == "gpu"]
+    pool = gpu_nodes or list(nodes)
+    kind = "gpu" if gpu_nodes else "cpu"
+    known = sum(max(n.devices, 1) for n in pool)
+    check_settings(model, pool, num_devices, expert_parallel_degree, sharding)
+    lora = fine_tuning == "LoRA"
+    targets = list(lora_targets or LORA_TARGETS) if lora else []
+    base = config_from_dict(
+        TrainConfig,
+        {
+            "model_name_or_path": model_name or "model",
+            "train_dataset_path": "data.jsonl",
+            "output_dir": "out",
+            "stage": stage,
+            "fine_tuning": fine_tuning,
+            "max_seq_len": seq_len,
+            "batch_size": batch_size,
+            "reference_free": reference_free,
+            "lora_rank": lora_rank,
+            **({"lora_target_modules": targets} if lora else {}),
+        },
+        source="plan",
+    )
+    counts = count_parameters(model, lora_rank, targets)
+    trainable = counts.lora if lora else _full_trainable(model, counts, base)
+    rows = batch_size * (2 if stage == "DPO" else 1)
+    counts_to_try = _device_counts(pool, num_devices)
+    stage_pin = None if sharding is None else _sharding_stage(sharding)
+
+    def weigh(cand: Candidate) -> Verdict:
+        cfg = replace(base, compute_type=cand.compute_type, recompute=cand.recompute)
+        return _weigh(model, counts, cfg, trainable, rows, seq_len, cand, pool, kind)
+
+    verdicts: dict[int, list[Verdict]] = {}
+    for d in counts_to_try:
+        cands = _candidates(model, kind, fine_tuning, d, pool, expert_parallel_degree, stage_pin, tp=1)
+        verdicts[d] = sorted((weigh(c) for c in cands), key=_preference)
+    device_memory = min(n.memory_bytes or 0 for n in pool)
+    fitting_counts = [d for d in counts_to_try if any(v.fits for v in verdicts[d])]
+    plan = Plan(
+        model=model_name,
+        stage=stage,
+        fine_tuning=fine_tuning,
+        seq_len=seq_len,
+        device=kind,
+        devices_known=known,
+        device_memory=device_memory,
+        fits=[],
+        rejected=[],
+    )
+    if fitting_counts:
+        chosen = fitting_counts[0]
+        plan.fits = [v for v in verdicts[chosen] if v.fits][:PLAN_SHOWN]
+        plan.rejected = _alternatives(plan.fits[0], verdicts[chosen])
+        smaller = [d for d in counts_to_try if d < chosen][-3:]
+        plan.rejected += [_leanest(verdicts[d]) for d in smaller]
+        return plan
+    plan.rejected = [_leanest(verdicts[d]) for d in counts_to_try[-3:]]
+    leanest = plan.rejected[-1]
+    plan.reason = f"does not fit on {_pool_text(pool, counts_to_try[-1])}: {leanest.reason}"
+    # would tensor parallelism (fleet's mp layers with sequence parallel) make it fit? Say how much.
+    d = counts_to_try[-1]
+    per_node = max(n.devices for n in pool)
+    for tp in PLAN_TENSOR_PARALLEL:
+        if tp > per_node or d % tp:
+            continue
+        cands = _candidates(model, kind, fine_tuning, d, pool, None, stage_pin, tp=tp)
+        fit = sorted((v for v in (weigh(c) for c in cands) if v.fits), key=_preference)
+        if fit:
+            plan.needs_tensor_parallel = tp
+            plan.tensor_parallel_option = fit[0]
+            plan.reason += (
+                f"; it needs tensor parallelism: with tensor_parallel_degree {tp} (sequence parallel) it "
+                f"would take {fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()}), "
+                "and this engine has no tensor parallelism (fleet's mp layers are not implemented)"
+            )
+            break
+    return plan
+
+
+def check_settings(
+    model: ErnieConfig,
+    nodes: list[NodeFacts],
+    num_devices: int | None,
+    ep: int | None = None,
+    sharding: str | None = None,
+) -> None:
+    """Refuse, naming the key, what cannot run on ``nodes``: more devices than they hold, an expert-parallel
+    degree that does not divide the experts (or the devices) or on a dense model, sharding on one device,
+    sharding stage 2 without GPUs."""
+    gpu_nodes = [n for n in nodes if n.device == "gpu"]
+    pool = gpu_nodes or list(nodes)
+    known = sum(max(n.devices, 1) for n in pool)
+    if num_devices is not None:
+        if num_devices < 1:
+            raise PlanError(f"num_devices: {num_devices} is not a number of devices (1 or more)")
+        if num_devices > known:
+            held = ", ".join(f"{n.name or 'a node'}: {max(n.devices, 1)}" for n in pool)
+            raise PlanError(
+                f"num_devices: {num_devices} devices are more than the studio's nodes hold ({known}: {held}); "
+                f"ask for at most {known}, or start workers on more nodes"
+            )
+    if ep is not None and ep > 1:
+        _check_expert_parallel(model, ep, num_devices)
+    if sharding is not None:
+        stage = _sharding_stage(sharding)
+        if stage and num_devices is not None and num_devices < 2:
+            raise PlanError(
+                f"sharding: {sharding} splits the optimizer state over data-parallel ranks and the run has "
+                "one device; leave sharding out or ask for num_devices of 2 or more"
+            )
+        if stage == 2 and all(n.device != "gpu" for n in pool):
+            raise PlanError(
+                "sharding: stage2 needs GPUs (Paddle's group_sharded_parallel refuses CPU); use stage1 here"
+            )
+
+
+def _check_expert_parallel(model: ErnieConfig, ep: int, num_devices: int | None) -> None:
+    if not model.is_moe:
+        raise PlanError(
+            f"expert_parallel_degree: {ep} splits routed experts, and this model is dense (no "
+            "moe_num_experts); leave it at 1"
+        )
+    bad = [n for n in model.expert_counts if n % ep]
+    if bad:
+        raise PlanError(
+            f"expert_parallel_degree: {ep} does not divide the model's {bad[0]} routed experts per layer; "
+            f"use a divisor of {bad[0]}"
+        )
+    if num_devices is not None and num_devices % ep:
+        raise PlanError(
+            f"expert_parallel_degree: {ep} does not divide num_devices {num_devices}; each expert group "
+            "needs that many ranks"
+        )
+
+
+def _sharding_stage(sharding: str) -> int:
+    value = (sharding or "").strip()
+    if value in ("", "none", "0"):
+        return 0
+    if value in ("stage1", "1"):
+        return 1
+    if value in ("stage2", "2"):
+        return 2
+    raise PlanError(f"sharding: {sharding!r} is not one of stage1, stage2 (or empty for none)")
+
+
+def _device_counts(pool: list[NodeFacts], pinned: int | None) -> list[int]:
+    """Device counts worth trying, ascending: powers of two within a node, whole nodes past it."""
+    if pinned is not None:
+        return [pinned]
+    total = sum(max(n.devices, 1) for n in pool)
+    per_node = max(max(n.devices, 1) for n in pool)
+    counts = {d for d in (1, 2, 4, 8, 16, 32, 64) if d <= min(per_node, total)}
+    counts |= {k * per_node for k in range(1, total // per_node + 1)}
+    counts.add(total)
+    return sorted(counts)
+
+
+def _nodes_for(pool: list[NodeFacts], devices: int) -> list[NodeFacts]:
+    """The nodes a run of ``devices`` takes: the largest first, whole nodes."""
+    taken, have = [], 0
+    for n in sorted(pool, key=lambda n: -max(n.devices, 1)):
+        if have >= devices:
+            break
+        taken.append(n)
+        have += max(n.devices, 1)
+    return taken
+
+
+def _pool_text(pool: list[NodeFacts], devices: int) -> str:
+    nodes = _nodes_for(pool, devices)
+    mem = min(n.memory_bytes or 0 for n in nodes)
+    what = "GiB device(s)" if nodes[0].device == "gpu" else "GiB of RAM per node"
+    return f"{devices} device(s) on {len(nodes)} node(s) ({mem / GIB:.0f} {what})"
+
+
+def _candidates(
+    model: ErnieConfig,
+    kind: str,
+    fine_tuning: str,
+    devices: int,
+    pool: list[NodeFacts],
+    ep_pin: int | None,
+    stage_pin: int | None,
+    tp: int,
+) -> list[Candidate]:
+    nodes = len(_nodes_for(pool, devices))
+    experts = min(model.expert_counts) if model.is_moe else 1
+    if ep_pin:
+        eps = [ep_pin]
+    else:
+        eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128) if experts % e == 0 and devices % e == 0]
+    stages = ([0, 1, 2] if kind == "gpu" else [0, 1]) if stage_pin is None else [stage_pin]
+    offloads = (False, True) if kind == "gpu" and fine_tuning == "Full" else (False,)
+    return [
+        Candidate(ct, recompute, Layout(devices, ep, stage, offload, tp), nodes)
+        for ct, recompute, ep, stage, offload in itertools.product(
+            PLAN_PRECISIONS[(kind, fine_tuning)], (False, True), eps, stages, offloads
+        )
+        if not (stage and Layout(devices, ep, 1, False, tp).sharding_degree < 2)  # nothing to shard over
+    ]
+
+
+def _weigh(
+    model: ErnieConfig,
+    counts: ParameterCounts,
+    cfg: TrainConfig,
+    trainable: int,
+    rows: int,
+    seq_len: int,
+    cand: Candidate,
+    pool: list[NodeFacts],
+    kind: str,
+) -> Verdict:
+    gpu = kind == "gpu"
+    mode = _precision_mode(cand.compute_type, gpu, [])
+    parts = device_memory(model, counts, cfg, mode, gpu, trainable, rows, seq_len, cand.layout)
+    peak = parts["training"]
+    if not gpu:  # a CPU rank also serialises a checkpoint beside what it holds
+        ckpt = parts["master_weights"] + parts["optimizer"] + (parts["adapters"] or parts["weights"])
+        peak += SAVE_COPY * ckpt
+    memory = {k: v for k, v in parts.items() if k not in ("training", "host_offload")}
+    memory["peak"] = peak
+    nodes = _nodes_for(pool, cand.layout.devices)
+    per_node = min(max(n.devices, 1) for n in nodes) if len(nodes) > 1 else cand.layout.devices
+    per_node = min(per_node, cand.layout.devices)
+    if gpu:
+        host = per_node * (parts["host_offload"] + CPU_PROCESS_BASELINE_BYTES)
+        device_cap = GPU_USABLE_SHARE * min(n.memory_bytes or 0 for n in nodes)
+        ram = min((n.ram_bytes for n in nodes if n.ram_bytes), default=None)
+    else:  # the ranks of one CPU node share its RAM
+        host = per_node * peak
+        device_cap = min(n.memory_bytes or 0 for n in nodes) / per_node
+        ram = None
+    lines = []
+    if peak > device_cap:
+        big = sorted(
+            (
+                (k, v)
+                for k, v in memory.items()
+                if k not in ("peak", "baseline", "logits", "moe_activations") and v
+            ),
+            key=lambda kv: -kv[1],
+        )[:4]
+        what = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in big)
+        where = "per device" if gpu else f"per process ({per_node} per node)"
+        lines.append(f"{peak / GIB:.1f} GiB {where} against {device_cap / GIB:.1f} GiB ({what} GiB)")
+        if memory["moe_activations"] > 0.25 * peak:
+            lines.append(
+                f"{memory['moe_activations'] / GIB:.1f} GiB of the activations are the MoE blocks', which "
+                "recompute does not cover here (their router statistics keep their gradient)"
+            )
+    if ram is not None and host > ram:
+        lines.append(f"host RAM: {host / GIB:.0f} GiB per node against {ram / GIB:.0f} GiB")
+    return Verdict(cand, memory, host, not lines, "; ".join(lines), device_cap, ram)
+
+
+def _preference(v: Verdict) -> tuple:
+    """Best first: what fits, then the more faithful precision, no recompute, no offload, less sharding,
+    fewer expert groups (less communication)."""
+    c = v.candidate
+    order = {ct: i for i, ct in enumerate(("fp32", "bf16", "wint8", "wint4/8"))}
+    return (not v.fits, order.get(c.compute_type, 9), c.recompute, c.layout.offload,
+            c.layout.sharding_stage, c.layout.expert_parallel)  # fmt: skip
+
+
+def _leanest(verdicts: list[Verdict]) -> Verdict:
+    """The setting that needs the least memory per device (what comes closest to fitting)."""
+    return min(verdicts, key=lambda v: v.memory["peak"])
+
+
+def _alternatives(best: Verdict, verdicts: list[Verdict]) -> list[Verdict]:
+    """At the chosen device count, each cheaper choice the best setting could not make, and why: the
+    more faithful precision, no recompute, no offload, less sharding, fewer expert groups."""
+    c = best.candidate
+    lay = c.layout
+    order = ("fp32", "bf16", "wint8", "wint4/8")
+    wanted = []
+    for v in verdicts:
+        o, lo = v.candidate, v.candidate.layout
+        if v.fits:
+            continue
+        same = (o.compute_type, o.recompute, lo.offload, lo.sharding_stage, lo.expert_parallel)
+        mine = (c.compute_type, c.recompute, lay.offload, lay.sharding_stage, lay.expert_parallel)
+        differs = [a != b for a, b in zip(same, mine, strict=True)]
+        if sum(differs) != 1:
+            continue
+        cheaper = (
+            (differs[0] and order.index(o.compute_type) < order.index(c.compute_type))
+            or (differs[1] and not o.recompute)
+            or (differs[2] and not lo.offload)
+            or (differs[3] and lo.sharding_stage < lay.sharding_stage)
+            or (differs[4] and lo.expert_parallel < lay.expert_parallel)
+        )
+        if cheaper:
+            wanted.append(v)
+    return wanted[:PLAN_SHOWN]
 
 
 # ---- the check against a node ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ class ParameterCounts:
     other: int  # norms and router gates (always fp32)
     lora: int  # adapter weights for the given rank and targets
     matmul_per_token: int  # weights a text token multiplies with (head included, embedding lookup not)
+    expert_lora: int = 0  # the adapters on routed experts (split with them under expert parallelism)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -93,6 +94,11 @@ def count_parameters(
     matmul = decoder - unused + routers + config.vocab_size * h
     targets = set(lora_targets)
     adapters = sum(lora_rank * (i + o) * n for t, i, o, n in linears if t.removeprefix("expert:") in targets)
+    expert_adapters = sum(
+        lora_rank * (i + o) * n
+        for t, i, o, n in linears
+        if t.startswith("expert:") and t.removeprefix("expert:") in targets
+    )
     for group, shapes in _vision_linears(config).items():
         if group in targets:
             adapters += sum(lora_rank * (i + o) * n for i, o, n in shapes)
@@ -107,4 +113,5 @@ def count_parameters(
         other=routers + norms,
         lora=adapters,
         matmul_per_token=matmul,
+        expert_lora=expert_adapters,
     )

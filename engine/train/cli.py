@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """The pre-flight estimate of a training config on this machine (or a node of --memory-gib)."""
     import os
 
-    from engine.estimate import NodeFacts, estimate_run, fit_warning
+    from engine.estimate import NodeFacts, PlanError, estimate_run, fit_warning, plan_run
     from engine.models.config import ErnieConfig
     from engine.train.config import load_config
 
@@ -62,12 +63,34 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         probe_tokens_per_second=_probe() if args.probe else None,
     )
     files = sum(p.stat().st_size for p in Path(cfg.model_name_or_path).glob("*.safetensors")) or None
+    node_devices = args.node_devices or args.devices
+    nodes = [
+        dataclasses.replace(node, name=f"node {i + 1}" if args.nodes > 1 else node.name, devices=node_devices)
+        for i in range(args.nodes)
+    ]
+    try:
+        plan = plan_run(
+            model,
+            cfg.stage,
+            cfg.fine_tuning,
+            cfg.max_seq_len,
+            nodes,
+            model_name=cfg.model_name_or_path,
+            lora_rank=cfg.lora_rank,
+            lora_targets=list(cfg.lora_target_modules) if cfg.lora else None,
+            batch_size=cfg.batch_size,
+            reference_free=cfg.reference_free,
+        )
+        if args.devices > plan.devices_known:
+            plan_run(model, cfg.stage, cfg.fine_tuning, cfg.max_seq_len, nodes, num_devices=args.devices)
+    except PlanError as e:
+        raise SystemExit(f"ernie-studio estimate: {e} (--devices, --nodes, --node-devices)") from None
     est = estimate_run(
         model, cfg, datasets, evals, node=node, num_devices=args.devices, checkpoint_bytes=files
     )
     out = est.to_dict()
     if args.json:
-        print(json.dumps({**out, "warning": fit_warning(est, node)}, indent=2))
+        print(json.dumps({**out, "warning": fit_warning(est, node), "plan": plan.to_dict()}, indent=2))
         return 0
     mem, t = out["memory_gib"], out["time"]
     print(f"peak memory {mem['peak']:.2f} GiB ({mem['range'][0]:.2f} - {mem['range'][1]:.2f}), per part:")
@@ -93,7 +116,26 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     warning = fit_warning(est, node)
     if warning:
         print(f"warning: {warning}")
+    _print_plan(plan.to_dict())
     return 0
+
+
+def _print_plan(plan: dict) -> None:
+    """The planner's proposal: the settings that fit (best first) and why the others do not."""
+    print(
+        f"\nplan for {plan['stage']} {plan['fine_tuning']} at {plan['seq_len']:,} tokens a row on "
+        f"{plan['devices_known']} {plan['device'].upper()} device(s) of {plan['device_memory_gib']:.0f} GiB: "
+        f"{plan['verdict']}"
+    )
+    for option in plan["fits"]:
+        keys = " ".join(f"{k}={v}" for k, v in option["settings"].items())
+        print(
+            f"  fits: {option['description']}: {option['memory_gib']['peak']:.1f} GiB per device\n    {keys}"
+        )
+    if plan["reason"]:
+        print(f"  {plan['reason']}")
+    for option in plan["rejected"]:
+        print(f"  does not fit: {option['description']}: {option['reason']}")
 
 
 def _token_stats(cfg, split: str) -> list:
@@ -143,6 +185,10 @@ def register(subparsers) -> None:
         "--gpu", metavar="NAME", help="estimate for a GPU of this name (e.g. A100) instead of the CPU"
     )
     p.add_argument("--memory-gib", type=float, help="memory of the node (one device for --gpu); default RAM")
+    p.add_argument("--nodes", type=int, default=1, help="nodes like this one the planner may use")
+    p.add_argument(
+        "--node-devices", type=int, help="devices of each node for the planner (default: --devices)"
+    )
     p.add_argument(
         "--probe", action="store_true", help="calibrate CPU time with the doctor's throughput probe"
     )

@@ -5,19 +5,33 @@ the run fits the node it will go to."""
 from __future__ import annotations
 
 import logging
+import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from engine.estimate import DatasetTokens, Estimate, NodeFacts, estimate_run, fit_warning
+from engine.estimate import (
+    ETA_WINDOW,
+    DatasetTokens,
+    Estimate,
+    NodeFacts,
+    PlanError,
+    check_settings,
+    estimate_run,
+    fit_warning,
+    plan_run,
+    recent_step_seconds,
+)
 from engine.models.config import ErnieConfig
 from engine.train.config import TrainConfig
 from studio import queue
 from studio.config import Settings
-from studio.models import Dataset
+from studio.models import Dataset, NodeStatus, Run, RunMetric, RunStatus
 from studio.services import datasets as datasets_svc
-from studio.services.errors import ServiceError
+from studio.services.errors import InvalidInput, ServiceError
 from studio.services.models import model_dir_for
 from studio.services.nodes import OFFLINE, NodeView, list_nodes
 
@@ -26,6 +40,8 @@ log = logging.getLogger(__name__)
 # Datasets up to this many records get their token statistics computed when a run is queued (a pass of the
 # tokenizer, then cached); larger ones use cached statistics only until someone asks for an estimate.
 STATS_ON_QUEUE_MAX_RECORDS = 20_000
+# A node's last runs whose measured step time corrects the modelled one.
+STEP_RECORD_RUNS = 5
 
 
 def estimate_spec(
@@ -56,6 +72,8 @@ def estimate_spec(
     facts = [NodeFacts.from_doctor(n.doctor, n.name) for n in nodes]
     # the most constrained node the run may land on decides whether it fits
     node = min(facts, key=lambda f: f.memory_bytes or float("inf")) if facts else None
+    if node is not None:
+        node = with_step_record(session, node)
     est = estimate_run(
         model,
         train,
@@ -70,7 +88,107 @@ def estimate_spec(
         est.assumptions.append(
             f"{missing} dataset(s) without token statistics yet: their samples count as long as the others'"
         )
-    return with_fit(est, node, len(facts))
+    out = with_fit(est, node, len(facts))
+    out["plan"] = plan_for(session, settings, model, train, base_model, devices)
+    return out
+
+
+def plan_for(
+    session: Session,
+    settings: Settings,
+    model: ErnieConfig,
+    train: TrainConfig,
+    base_model: str,
+    num_devices: int = 1,
+) -> dict[str, Any] | None:
+    """The planner's proposal for this model, stage, fine-tuning and max_seq_len on the studio's nodes (the
+    settings that fit, best first, and why the others do not); None when no node has reported."""
+    nodes = studio_nodes(session, settings)
+    if not nodes:
+        return None
+    try:
+        plan = plan_run(
+            model,
+            train.stage,
+            train.fine_tuning,
+            train.max_seq_len,
+            nodes,
+            model_name=base_model,
+            lora_rank=train.lora_rank,
+            lora_targets=list(train.lora_target_modules) if train.lora else None,
+            batch_size=train.batch_size,
+            reference_free=train.reference_free,
+        )
+        # the run's own parallel choices, where its config has those keys (sharding, expert parallelism)
+        check_settings(
+            model,
+            nodes,
+            num_devices,
+            getattr(train, "expert_parallel_degree", None),
+            getattr(train, "sharding", None) or None,
+        )
+    except PlanError as e:
+        raise InvalidInput(str(e)) from None
+    return plan.to_dict()
+
+
+def studio_nodes(session: Session, settings: Settings) -> list[NodeFacts]:
+    """The nodes the studio knows (workers that reported a doctor and are not offline), one per machine:
+    a GPU node's devices are its GPUs, a CPU node's the processes its largest training worker runs."""
+    by_node: dict[str, NodeFacts] = {}
+    for view in list_nodes(session, settings):
+        if view.state in (OFFLINE, NodeStatus.FAILED) or view.doctor is None:  # a failed doctor takes no work
+            continue
+        facts = NodeFacts.from_doctor(view.doctor, view.node or view.name)
+        if facts.device == "cpu":
+            facts = replace(facts, devices=max([1, *(queue.devices_of(q) for q in view.queues)]))
+        seen = by_node.get(facts.name)
+        if seen is None or facts.devices > seen.devices:
+            by_node[facts.name] = facts
+    return list(by_node.values())
+
+
+def check_known_devices(session: Session, settings: Settings, num_devices: int) -> None:
+    """Refuse a run on more devices than the studio's nodes hold together (it would wait forever); nothing
+    is checked before a node has reported."""
+    nodes = studio_nodes(session, settings)
+    known = sum(n.devices for n in nodes)
+    if nodes and num_devices > known:
+        held = ", ".join(
+            f"{n.name}: {n.devices} {'GPU(s)' if n.device == 'gpu' else 'process(es)'}" for n in nodes
+        )
+        raise InvalidInput(
+            f"num_devices: {num_devices} devices are more than the studio's nodes hold ({known} in all: "
+            f"{held}); ask for at most {known}, or start workers on more nodes"
+        )
+
+
+def with_step_record(session: Session, node: NodeFacts) -> NodeFacts:
+    """``node`` with the measured / modelled step time of its worker's last runs (``STEP_RECORD_RUNS``
+    that succeeded with an estimate and logged steps): the median ratio, which corrects what a throughput
+    probe taken once at the worker's start cannot know (the node's load since, its real kernels)."""
+    runs = session.scalars(
+        select(Run)
+        .where(Run.worker == node.name, Run.status == RunStatus.SUCCEEDED, Run.estimate.is_not(None))
+        .order_by(Run.ended_at.desc())
+        .limit(STEP_RECORD_RUNS)
+    ).all()
+    ratios = []
+    for run in runs:
+        time = (run.estimate or {}).get("time") or {}
+        modelled = time.get("step_s_model") or time.get("step_s")
+        points = session.scalars(
+            select(RunMetric.values)
+            .where(RunMetric.run_id == run.id)
+            .order_by(RunMetric.step.desc())
+            .limit(ETA_WINDOW + 1)
+        ).all()
+        measured = recent_step_seconds([float(v.get("step_s") or 0.0) for v in reversed(points)])
+        if modelled and measured:
+            ratios.append(measured / modelled)
+    if not ratios:
+        return node
+    return replace(node, step_time_ratio=statistics.median(ratios), step_time_runs=len(ratios))
 
 
 def with_fit(est: Estimate, node: NodeFacts | None, candidates: int = 1) -> dict[str, Any]:

@@ -294,6 +294,7 @@ def create_run(
 ) -> Run:
     """Record a queued run and put it on its queue."""
     queue_name = _queue_for(settings, spec)
+    _check_known_devices(session, settings, spec)
     check_evaluate(session, settings, spec)
     # before the run row exists: computing token statistics commits the dataset's cache
     estimate = _recorded_estimate(session, settings, spec, queue_name)
@@ -727,7 +728,15 @@ def erniekit_yaml(session: Session, run_id: int) -> str:
 def estimate_resources(session: Session, settings: Settings, spec: RunSpec) -> dict[str, Any]:
     """Memory, time and disk a run of `spec` would take (engine.estimate), with a range and what it assumed,
     checked against the nodes serving its queue (`warning` when it will not fit)."""
-    return _estimate(session, settings, spec, _queue_for(settings, spec), compute_stats=True)
+    queue_name = _queue_for(settings, spec)
+    _check_known_devices(session, settings, spec)
+    return _estimate(session, settings, spec, queue_name, compute_stats=True)
+
+
+def _check_known_devices(session: Session, settings: Settings, spec: RunSpec) -> None:
+    from studio.services.estimates import check_known_devices
+
+    check_known_devices(session, settings, spec.num_devices)
 
 
 def _estimate(

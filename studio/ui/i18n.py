@@ -621,6 +621,31 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     ),
     "tr.est.disk": ("disk: {gb:.2f} GB", "磁盘：{gb:.2f} GB"),
     "tr.est.assumptions": ("assumptions", "估算依据"),
+    "tr.plan.title": (
+        "**Proposed settings** for {model} ({stage} {fine_tuning}, {seq:,} tokens a row) on the studio's "
+        "{devices} {kind} device(s):",
+        "**建议配置**：{model}（{stage} {fine_tuning}，每行 {seq:,} 个 Token），本工作室共 {devices} 个 {kind} 设备：",
+    ),
+    "tr.plan.fits": (
+        "**{peak:.1f} GiB** per device of {cap:.1f} — `{keys}`",
+        "每设备 **{peak:.1f} GiB**（可用 {cap:.1f}）— `{keys}`",
+    ),
+    "tr.plan.none": (
+        "**Nothing fits** on {devices} device(s): at best {peak:.1f} GiB per device against {cap:.1f} GiB",
+        "**没有可行配置**：{devices} 个设备上最少也需每设备 {peak:.1f} GiB，可用 {cap:.1f} GiB",
+    ),
+    "tr.plan.moe": (
+        "{moe:.1f} GiB of it are the MoE blocks' activations, which recompute does not cover here",
+        "其中 {moe:.1f} GiB 为 MoE 模块的激活值，此处重计算不覆盖它们",
+    ),
+    "tr.plan.tp": (
+        "it would fit with tensor_parallel_degree {tp} ({peak:.1f} GiB per device), which this engine does "
+        "not have",
+        "若使用 tensor_parallel_degree {tp} 可放下（每设备 {peak:.1f} GiB），但本引擎不支持张量并行",
+    ),
+    "tr.plan.over": ("{peak:.1f} GiB > {cap:.1f} GiB", "{peak:.1f} GiB > {cap:.1f} GiB"),
+    "tr.plan.host": ("host RAM {host:.0f} GiB > {cap:.0f} GiB", "主机内存 {host:.0f} GiB > {cap:.0f} GiB"),
+    "tr.plan.rejected": ("why the others do not fit", "其他配置为何不可行"),
     "tr.err.no_clone": ("Pick a run to clone.", "请选择要克隆的任务。"),
     "tr.err.no_dataset": ("pick at least one dataset", "请至少选择一个数据集"),
     "dl.msg.params": ("{n:.2f}B parameters", "{n:.2f}B 参数"),
@@ -668,10 +693,6 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "{trainable} / {total} 个权重参与训练（{kind}）；每个 Token 激活 {active} 个",
     ),
     (
-        rf"host RAM: the model loads in fp32 first, about (?P<a>{_N}) GiB per rank \((?P<b>{_N}) GiB for (?P<n>\d+)\)",
-        "主机内存：模型先以 fp32 加载，每个进程约 {a} GiB（{n} 个共 {b} GiB）",
-    ),
-    (
         r"fp16 needs a GPU \(loss scaling\); this node would refuse the run",
         "fp16 需要 GPU（损失缩放）；此节点会拒绝该任务",
     ),
@@ -703,9 +724,9 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "GPU {gpu}：持续 {rate} TFLOP/s（峰值 {peak} 的 {util}%）",
     ),
     (
-        rf"CPU: (?P<rate>{_N}) GFLOP/s in matmuls, the reference node's (?P<ref>{_N}) scaled by the square root of "
+        rf"CPU: (?P<rate>{_N}) GFLOP/s in matmuls, the reference node's (?P<ref>{_N}) scaled by "
         rf"this node's doctor throughput probe against the reference \((?P<probe>{_N}) vs (?P<refp>{_N}) tokens/s\)",
-        "CPU：矩阵乘 {rate} GFLOP/s，即参考节点的 {ref} 按本节点 doctor 吞吐探测与参考值之比的平方根缩放"
+        "CPU：矩阵乘 {rate} GFLOP/s，即参考节点的 {ref} 按本节点 doctor 吞吐探测与参考值之比缩放"
         "（{probe} 对 {refp} Token/秒）",
     ),
     (
@@ -734,6 +755,15 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     (
         r"(?P<n>\d+) data-parallel ranks, each holding the whole model and optimizer",
         "{n} 个数据并行进程，各持完整模型与优化器",
+    ),
+    (
+        rf"this node's recent runs took (?P<r>{_N})x the modelled step time \((?P<n>\d+) run\(s\)\): "
+        rf"(?P<a>{_N}) s a step becomes (?P<b>{_N}) s",
+        "此节点最近 {n} 个任务的实际步时为模型估算的 {r} 倍：每步 {a} 秒按 {b} 秒计",
+    ),
+    (
+        rf"host RAM: the offloaded optimizer state, (?P<a>{_N}) GiB per rank \((?P<b>{_N}) GiB for (?P<n>\d+)\)",
+        "主机内存：卸载的优化器状态每进程约 {a} GiB（{n} 个进程共 {b} GiB）",
     ),
     (
         r"(?P<n>\d+) dataset\(s\) without token statistics yet: their samples count as long as the others'",

@@ -220,11 +220,68 @@ def format_estimate(est: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
     disk = est.get("disk") or {}
     if disk:
         lines.append("  \n" + text("tr.est.disk", lang, gb=disk["total_bytes"] / 1e9))
+    if est.get("plan"):
+        lines.append("\n" + format_plan(est["plan"], lang))
     if est.get("assumptions"):
         lines.append(f"\n<details><summary>{text('tr.est.assumptions', lang)}</summary>\n")
         lines += [f"- {localize_message(a, lang)}" for a in est["assumptions"]]
         lines.append("\n</details>")
     return "\n".join(lines)
+
+
+def format_plan(plan: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
+    """The planner's proposal (``plan`` of the estimate) for the form, built from its figures in ``lang``:
+    the settings that fit (their keys), or the closest one and what would make it fit; and, folded, the
+    settings that do not fit with their figures."""
+    lines = [
+        text(
+            "tr.plan.title",
+            lang,
+            model=plan.get("model") or "",
+            stage=plan["stage"],
+            fine_tuning=plan["fine_tuning"],
+            seq=plan["seq_len"],
+            devices=plan["devices_known"],
+            kind=plan["device"].upper(),
+        )
+    ]
+    for option in plan.get("fits") or []:
+        shown = text(
+            "tr.plan.fits",
+            lang,
+            peak=option["memory_gib"]["peak"],
+            cap=option["capacity_gib"],
+            keys=_plan_keys(option),
+        )
+        lines.append(f"- {shown}")
+    rejected = plan.get("rejected") or []
+    if not plan.get("fits") and rejected:
+        closest = rejected[-1]
+        mem = closest["memory_gib"]
+        devices = closest["settings"]["num_devices"]
+        parts = [text("tr.plan.none", lang, devices=devices, peak=mem["peak"], cap=closest["capacity_gib"])]
+        if mem.get("moe_activations", 0) > 0.25 * mem["peak"]:
+            parts.append(text("tr.plan.moe", lang, moe=mem["moe_activations"]))
+        option = plan.get("tensor_parallel_option")
+        if option:
+            tp = plan["needs_tensor_parallel"]
+            parts.append(text("tr.plan.tp", lang, tp=tp, peak=option["memory_gib"]["peak"]))
+        lines.append("; ".join(parts))
+    if rejected:
+        lines.append(f"\n<details><summary>{text('tr.plan.rejected', lang)}</summary>\n")
+        for option in rejected:
+            peak, cap = option["memory_gib"]["peak"], option["capacity_gib"]
+            why = [text("tr.plan.over", lang, peak=peak, cap=cap)] if peak > cap else []
+            host_cap = option.get("host_capacity_gib")
+            if host_cap is not None and option["host_gib_per_node"] > host_cap:
+                why.append(text("tr.plan.host", lang, host=option["host_gib_per_node"], cap=host_cap))
+            lines.append(f"- `{_plan_keys(option)}`: {'; '.join(why)}")
+        lines.append("\n</details>")
+    return "\n".join(lines)
+
+
+def _plan_keys(option: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in option["settings"].items())
 
 
 def launch_warning(estimate: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:

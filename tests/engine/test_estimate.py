@@ -201,9 +201,12 @@ def test_saves_and_disk(tmp_path):
     assert close(est.disk["checkpoint_bytes"], 12 * n) and close(est.disk["final_bytes"], 4 * n)
     assert est.time["final_save_s"] > est.time["checkpoint_s"] > 0
     assert est.memory["save_peak"] > est.memory["training"]
-    # the fp32 load is every variant's floor on a CPU node
+    # the load streams into the storage precision: a bf16 run never holds the fp32 weights (4 bytes each)
     lora = estimate_run(model, train(compute_type="bf16"), DATA, node=CPU)
-    assert lora.memory["peak"] >= lora.memory["load_peak"] > 4 * n
+    fp32 = estimate_run(model, train(), DATA, node=CPU)
+    assert lora.memory["load_peak"] - lora.memory["baseline"] < 1.35 * lora.memory["weights"] < 4 * n
+    assert fp32.memory["load_peak"] - fp32.memory["baseline"] >= 4 * n
+    assert lora.memory["peak"] >= lora.memory["load_peak"]
 
 
 def test_epoch_runs_count_steps_like_the_trainer(tmp_path):
@@ -220,9 +223,10 @@ def test_cpu_time_scales_with_the_node_probe(tmp_path):
     model = official("ernie-4.5-0.3b", tmp_path)
     fast = estimate_run(model, train(), DATA, node=CPU)
     slow = estimate_run(model, train(), DATA, node=NodeFacts(probe_tokens_per_second=4300 / 4))
-    # a node whose probe runs at a quarter of the reference runs the matmuls at half the speed
-    assert close(slow.time["compute_s"], 2 * fast.time["compute_s"], 0.01)
-    assert slow.time["step_s"] > 1.5 * fast.time["step_s"]
+    # a node whose probe runs at a quarter of the reference runs the matmuls at a quarter of the speed (the
+    # 0.3B step followed the probe in proportion across loads: docs/benchmarks.md)
+    assert close(slow.time["compute_s"], 4 * fast.time["compute_s"], 0.01)
+    assert slow.time["step_s"] > 3 * fast.time["step_s"]
     assert any("throughput probe against the reference (1,075" in a for a in slow.assumptions)
     lo, hi = fast.time["step_s_range"]
     assert lo < fast.time["step_s"] < hi

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import event
-from studio_helpers import DEMO_SFT, upload
+from studio_helpers import DEMO_DPO, DEMO_SFT, upload
 
 from engine.models.config import ErnieConfig
 from engine.models.presets import preset_fields
@@ -21,7 +21,7 @@ from studio.services import runs as runs_svc
 from studio.services.progress import run_progress
 from studio.ui.context import UIContext
 from studio.ui.i18n import Texts
-from studio.ui.train_tab import CONFIG_KEYS, TrainHandlers, form_defaults, launch_warning
+from studio.ui.train_tab import CONFIG_KEYS, TrainHandlers, form_defaults, format_plan, launch_warning
 
 GIB = 2**30
 
@@ -93,6 +93,7 @@ def test_the_train_form_shows_the_warning(settings, session, big_model):
     shown = TrainHandlers(ctx, keys).show_estimate(*form.values())
     assert shown.startswith("⚠️ **will not fit") and "train@small" in shown
     assert "trainable parameters" in shown and "assumptions" in shown
+    assert "**Proposed settings** for" in shown and "**Nothing fits** on 1 device(s)" in shown
 
 
 # ---- ETA and progress in GET /runs/{id} -------------------------------------------------------------------
@@ -210,3 +211,97 @@ def test_progress_reads_only_each_runs_latest_points(backend, request, tmp_path)
             ]
             assert not [p for p in plan if p.startswith("SCAN run_metrics")], plan
             assert sum("USING COVERING INDEX" in p for p in plan) == len(ids), plan
+
+
+# ---- the planner through REST -----------------------------------------------------------------------------
+
+
+def gpu_node(session, name: str, gpus: int, gib: float = 80, ram_gib: float = 2048) -> None:
+    nodes_svc.register_node(session, name=name, node=name.split("@")[-1], hostname="h", queues=["train"])
+    devices = [{"name": "NVIDIA H800", "total_memory_bytes": int(gib * GIB)} for _ in range(gpus)]
+    nodes_svc.record_doctor(
+        session,
+        name,
+        {
+            "passed": True,
+            "facts": {"devices": devices, "memory": {"total_bytes": int(ram_gib * GIB)}},
+            "checks": [],
+        },
+    )
+
+
+def test_the_estimate_proposes_settings_that_fit_the_studios_nodes(client, session, big_model):
+    gpu_node(session, "train@gpu1", gpus=8)
+    ds = upload(client, DEMO_DPO).json()
+    spec = {
+        "base_model": big_model,
+        "dataset_ids": [ds["id"]],
+        "stage": "DPO",
+        "fine_tuning": "Full",
+        "hyperparameters": {"max_steps": 10, "max_seq_len": 4096},
+    }
+    plan = client.post("/api/v1/runs/estimate", json=spec).json()["plan"]
+    assert plan["verdict"] == "fits" and plan["devices_known"] == 8 and plan["device"] == "gpu"
+    best = plan["proposal"]["settings"]
+    assert best["num_devices"] == 8 and best["expert_parallel_degree"] > 1
+    assert best["tensorwise_offload_optimizer"] is True and best["compute_type"] == "bf16"
+    assert plan["proposal"]["memory_gib"]["peak"] <= 0.92 * 80
+    # why the others do not: fewer devices, and the cheaper choices at 8 (no offload)
+    reasons = [r["reason"] for r in plan["rejected"]]
+    assert all("GiB per device against" in r for r in reasons)
+    assert any(r["settings"]["num_devices"] == 4 for r in plan["rejected"])
+    # the Train form shows the proposal with the keys to set, and (folded) why the others do not fit
+    shown = format_plan(plan)
+    assert shown.startswith("**Proposed settings** for") and "tensorwise_offload_optimizer: True" in shown
+    assert (
+        f"expert_parallel_degree: {best['expert_parallel_degree']}" in shown
+        and "GiB** per device of 73.6" in shown
+    )
+    # half the GPUs: nothing fits, and the planner says why
+    gpu_node(session, "train@gpu1", gpus=4)
+    plan = client.post("/api/v1/runs/estimate", json=spec).json()["plan"]
+    assert plan["verdict"] == "does not fit" and plan["proposal"] is None
+    assert plan["reason"].startswith("does not fit on 4 device(s)")
+    shown = format_plan(plan)
+    assert "**Nothing fits** on 4 device(s): at best" in shown and "GiB per device against 73.6 GiB" in shown
+    assert "tensor_parallel_degree 2" in shown and plan["needs_tensor_parallel"] == 2
+    assert "没有可行配置" in format_plan(plan, "zh") and "Nothing fits" not in format_plan(plan, "zh")
+
+
+def test_more_devices_than_the_studios_nodes_hold_is_refused_and_nothing_is_queued(client, session, settings):
+    settings.worker_devices = 4  # the studio's own node could run 4 processes: its workers report 1
+    cpu_node(session, "train@small", ram_gib=16)
+    ds = upload(client, DEMO_SFT).json()
+    spec = {"dataset_ids": [ds["id"]], "num_devices": 2, "hyperparameters": {"max_steps": 2}}
+    for url in ("/api/v1/runs/estimate", "/api/v1/runs"):
+        r = client.post(url, json=spec)
+        assert r.status_code in (400, 422), r.text
+        assert "num_devices: 2 devices are more than the studio's nodes hold (1 in all" in r.text
+    assert client.get("/api/v1/runs").json() == []
+    assert session.query(Run).count() == 0
+    # a node whose worker runs 2 processes holds them
+    cpu_node(session, "train@small", ram_gib=16, queues=("train", "cpu", "train.devices.2"))
+    assert client.post("/api/v1/runs/estimate", json=spec).status_code == 200
+
+
+def test_the_step_time_follows_the_nodes_own_record(client, session):
+    """A probe taken once at the worker's start misjudged the node (REST said 8.6 s a step for a 0.3B LoRA
+    run that took 4.2 s): the node's finished runs correct the modelled step time by their median ratio."""
+    cpu_node(session, "train@small", ram_gib=64, probe=1000.0)
+    ds = upload(client, DEMO_SFT).json()
+    spec = {"dataset_ids": [ds["id"]], "hyperparameters": {"max_steps": 6}}
+    first = client.post("/api/v1/runs/estimate", json=spec).json()["time"]
+    assert first["step_s"] == first["step_s_model"]
+    run_id = client.post("/api/v1/runs", json=spec).json()["id"]
+    run_lifecycle.claim_run(session, run_id, "train@small", "small")
+    modelled = session.get(Run, run_id).estimate["time"]["step_s_model"]
+    run_lifecycle.record_metrics(session, run_id, _rows(range(1, 7), 6, lambda s: 0.49 * modelled))
+    run = session.get(Run, run_id)
+    run.status, run.ended_at = RunStatus.SUCCEEDED, utcnow()
+    session.commit()
+    est = client.post("/api/v1/runs/estimate", json=spec).json()
+    assert est["time"]["step_s"] == pytest.approx(0.49 * est["time"]["step_s_model"], rel=1e-6)
+    assert any(
+        "this node's recent runs took 0.49x the modelled step time (1 run(s))" in a
+        for a in est["assumptions"]
+    )

@@ -1,0 +1,197 @@
+"""The planner (engine.estimate.plan_run) against ERNIEKit's hardware table (tests/engine/data/
+erniekit_hardware.csv, docs/training.md): each row fits its listed GPUs (or says it needs tensor
+parallelism, or why this engine cannot), and does not fit on half as many, with the reason; and the
+planner's refusals of settings that cannot run."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.estimate import GIB, Candidate, Layout, NodeFacts, PlanError, _weigh, count_parameters, plan_run
+from engine.models.config import ErnieConfig
+from engine.models.presets import preset_fields
+from engine.train.config import TrainConfig, config_from_dict
+
+TABLE = Path(__file__).parent / "data" / "erniekit_hardware.csv"
+ROWS = list(csv.DictReader(TABLE.open()))
+
+
+def gpu_nodes(gpus: int, per_node: int = 8, ram_gib: int = 2048) -> list[NodeFacts]:
+    """``gpus`` 80 GB GPUs: whole nodes of 8 (fewer on one node)."""
+    per = min(gpus, per_node)
+    return [
+        NodeFacts("gpu", f"node{i}", 80 * GIB, ram_gib * GIB, "NVIDIA H800", devices=per)
+        for i in range(gpus // per)
+    ]
+
+
+def plan(row: dict, gpus: int):
+    model = ErnieConfig(**preset_fields(row["model"]))
+    # ERNIEKit packs a DPO pair (prompt, chosen, rejected) into one row of max_seq_len; this engine trains
+    # chosen and rejected as two rows, so its max_seq_len is half the row
+    seq = int(row["seq"]) // (2 if row["stage"] == "DPO" else 1)
+    return plan_run(model, row["stage"], row["fine_tuning"], seq, gpu_nodes(gpus), model_name=row["model"])
+
+
+def test_the_table_has_every_model_recipe_and_length():
+    assert {r["model"] for r in ROWS} == {"ernie-4.5-0.3b", "ernie-4.5-21b-a3b", "ernie-4.5-300b-a47b"}
+    assert {(r["stage"], r["fine_tuning"]) for r in ROWS} == {
+        ("SFT", "Full"), ("SFT", "LoRA"), ("DPO", "Full"), ("DPO", "LoRA")
+    }  # fmt: skip
+    assert {r["seq"] for r in ROWS} == {"8192", "32768"}
+    big = [r for r in ROWS if r["model"] == "ernie-4.5-300b-a47b" and r["stage"] == "SFT"]
+    assert {r["gpus"] for r in big if r["fine_tuning"] == "Full"} == {"96", "112"}  # 12 and 14 nodes of 8
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['model']}-{r['recipe']}-{r['seq']}-{r['gpus']}")
+def test_each_row_on_its_gpus_and_on_half_as_many(row):
+    gpus = int(row["gpus"])
+    got = plan(row, gpus)
+    if row["expected"] == "fits":
+        assert got.verdict == "fits", got.reason
+        best = got.best
+        assert best.candidate.layout.devices <= gpus
+        assert best.memory["peak"] <= 0.92 * 80 * GIB
+        assert got.to_dict()["proposal"]["settings"]["num_devices"] == best.candidate.layout.devices
+    else:
+        assert got.verdict == "does not fit" and got.fits == []
+        assert f"does not fit on {gpus} device(s)" in got.reason and "GiB per device" in got.reason
+        if row["expected"] == "needs tensor parallelism":
+            assert got.needs_tensor_parallel in (2, 4, 8)
+            assert "needs tensor parallelism" in got.reason and "tensor_parallel_degree" in got.reason
+        else:  # what keeps it off these GPUs here: the MoE blocks' activations (not recomputed)
+            assert got.needs_tensor_parallel is None
+            assert "MoE blocks" in got.reason
+    if row["half"]:
+        half = plan(row, gpus // 2)
+        assert half.verdict == row["half"], half.reason
+        if row["half"] == "does not fit":
+            assert f"does not fit on {gpus // 2} device(s)" in half.reason
+            assert "GiB per device against" in half.reason
+
+
+def test_a_fitting_plan_says_why_the_cheaper_choices_do_not_fit():
+    row = next(
+        r for r in ROWS if r["model"] == "ernie-4.5-21b-a3b" and r["recipe"] == "DPO" and r["seq"] == "8192"
+    )
+    got = plan(row, 8)
+    best = got.best.candidate
+    assert best.layout.devices == 8 and best.layout.expert_parallel > 1 and best.layout.offload
+    settings = got.to_dict()["proposal"]["settings"]
+    assert settings["expert_parallel_degree"] == best.layout.expert_parallel
+    assert settings["tensorwise_offload_optimizer"] is True and settings["nodes"] == 1
+    # on 4 devices nothing fits, and each cheaper choice at 8 is rejected with its figure
+    assert any(v.candidate.layout.devices == 4 and "GiB per device" in v.reason for v in got.rejected)
+    at_eight = [v for v in got.rejected if v.candidate.layout.devices == 8]
+    assert at_eight and all(not v.fits and "against 73.6 GiB" in v.reason for v in at_eight)
+    assert any(not v.candidate.layout.offload for v in at_eight)
+
+
+def test_memory_by_part_follows_sharding_expert_parallel_offload_and_the_dpo_reference():
+    model = ErnieConfig(**preset_fields("ernie-4.5-21b-a3b"))
+    cfg = config_from_dict(
+        TrainConfig,
+        {
+            "model_name_or_path": "m",
+            "train_dataset_path": "d",
+            "output_dir": "o",
+            "compute_type": "bf16",
+            "fine_tuning": "Full",
+        },
+    )
+    counts = count_parameters(model)
+    pool = gpu_nodes(8)
+
+    def mem(layout: Layout, stage: str = "SFT") -> dict:
+        c = Candidate("bf16", False, layout, 1)
+        from dataclasses import replace
+
+        return _weigh(model, counts, replace(cfg, stage=stage), counts.total, 1, 1024, c, pool, "gpu").memory
+
+    plain = mem(Layout(8))
+    ep = mem(Layout(8, expert_parallel=8))
+    experts = counts.expert_linears
+    # experts split over 8: 7/8 of their bf16 bytes, gradients and fp32 state leave each device
+    assert ep["weights"] == pytest.approx(plain["weights"] - 2 * experts * 7 / 8, rel=1e-3)
+    assert ep["optimizer"] == pytest.approx(plain["optimizer"] - 8 * experts * 7 / 8, rel=1e-3)
+    stage1 = mem(Layout(8, sharding_stage=1))
+    assert stage1["optimizer"] == pytest.approx(plain["optimizer"] / 8)
+    assert stage1["master_weights"] == pytest.approx(plain["master_weights"] / 8)
+    assert stage1["gradients"] == plain["gradients"]
+    stage2 = mem(Layout(8, sharding_stage=2))
+    assert stage2["gradients"] == pytest.approx(plain["gradients"] / 8)
+    offload = mem(Layout(8, offload=True))
+    assert offload["optimizer"] == 0 and offload["master_weights"] == 0
+    dpo = mem(Layout(8), stage="DPO")
+    assert dpo["reference_model"] == pytest.approx(dpo["weights"])  # the reference in storage precision
+    lora = _weigh(
+        model, counts, replace(cfg, fine_tuning="LoRA", stage="DPO"), counts.lora, 2, 1024,
+        Candidate("bf16", False, Layout(1), 1), pool, "gpu",
+    ).memory  # fmt: skip
+    assert lora["reference_model"] == 0  # LoRA-DPO's reference is the base with its adapters off
+
+
+@pytest.mark.parametrize(
+    ("model_name", "pins", "key"),
+    [
+        (
+            "ernie-4.5-21b-a3b",
+            {"expert_parallel_degree": 3, "num_devices": 3},
+            "expert_parallel_degree: 3 does not divide",
+        ),
+        (
+            "ernie-4.5-0.3b",
+            {"expert_parallel_degree": 2, "num_devices": 2},
+            "expert_parallel_degree: 2 splits routed experts",
+        ),
+        (
+            "ernie-4.5-0.3b",
+            {"num_devices": 9},
+            "num_devices: 9 devices are more than the studio's nodes hold (8",
+        ),
+        (
+            "ernie-4.5-0.3b",
+            {"num_devices": 1, "sharding": "stage1"},
+            "sharding: stage1 splits the optimizer state",
+        ),
+    ],
+)
+def test_the_planner_refuses_settings_that_cannot_run(model_name, pins, key):
+    model = ErnieConfig(**preset_fields(model_name))
+    with pytest.raises(PlanError, match=key.replace("(", r"\(")):
+        plan_run(model, "SFT", "Full", 1024, gpu_nodes(8), **pins)
+
+
+def test_a_cpu_node_plans_its_processes_in_its_ram():
+    model = ErnieConfig(**preset_fields("ernie-4.5-0.3b"))
+    node = NodeFacts("cpu", "laptop", 16 * GIB, 16 * GIB, devices=2)
+    got = plan_run(model, "SFT", "Full", 1024, [node])
+    assert got.verdict == "fits" and got.device == "cpu"
+    assert got.best.candidate.compute_type == "fp32" and not got.best.candidate.layout.offload
+    small = plan_run(model, "SFT", "Full", 1024, [NodeFacts("cpu", "tiny", 4 * GIB, 4 * GIB, devices=2)])
+    assert small.verdict == "fits" or "per process" in small.reason
+    with pytest.raises(PlanError, match="sharding: stage2 needs GPUs"):
+        plan_run(model, "SFT", "Full", 1024, [node], num_devices=2, sharding="stage2")
+
+
+def test_ernie_studio_estimate_prints_the_plan(tiny_moe_model_dir, tmp_path, capsys):
+    from engine.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"src": ["hi"], "tgt": ["hello there"]}\n' * 4)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"model_name_or_path: {tiny_moe_model_dir}\ntrain_dataset_path: {data}\noutput_dir: {tmp_path / 'o'}\n"
+        "fine_tuning: Full\nmax_seq_len: 256\nmax_steps: 2\n"
+    )
+    args = ["estimate", str(cfg), "--gpu", "H800", "--memory-gib", "80", "--node-devices", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "plan for SFT Full at 256 tokens a row on 8 GPU device(s) of 80 GiB: fits" in out
+    assert "fits: 1 device(s), bf16" in out and "compute_type=bf16" in out
+    with pytest.raises(SystemExit, match="num_devices: 16 devices are more than the studio's nodes hold"):
+        main([*args, "--devices", "16"])
