@@ -109,6 +109,10 @@ _SHARDING = (
 # Model-parallel degrees this engine cannot honour: above 1 the run would not be the one asked for, so
 # such a config is refused instead of announced.
 REFUSED_DEGREES = {"tensor_parallel_degree": "tensor", "pipeline_parallel_degree": "pipeline"}
+# ERNIEKit's moe_group values this engine honours (its get_moe_group also has sharding and mpdp).
+MOE_GROUPS = ("dummy", "none", "dp", "data", "world", "mp", "model", "tp")
+MOE_GROUPS_ALL_RANKS = ("dp", "data", "world")
+MOE_GROUPS_TENSOR = ("mp", "model", "tp")
 # Devices (GPUs, or gloo processes on a CPU node) one data-parallel run may use on one node.
 MAX_DEVICES = 16
 _KERNEL = "chooses a fused GPU kernel; this engine's plain Paddle ops compute the same result"
@@ -149,8 +153,10 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "pp_need_data_degree": _PARALLEL,
     "pp_seg_method": _PARALLEL,
     "disable_pipeline_warmup": _PARALLEL,
-    "moe_group": "the communication group of expert parallelism; experts here run in one process",
-    "moe_multimodal_dispatch_use_allgather": "expert-parallel token dispatch; experts here run in one process",
+    "moe_multimodal_dispatch_use_allgather": (
+        "the expert-parallel dispatch here follows the backend: all-to-all on GPUs (NCCL), all_gather on "
+        "gloo (CPU), both modality groups in one exchange"
+    ),
     "use_sp_callback": "a sequence-parallel gradient hook; there is no sequence parallelism here",
     "distributed_dataloader": _LOADER,
     "save_sharding_stage1_model_include_freeze_params": _CHECKPOINT,
@@ -440,6 +446,19 @@ class TrainConfig:
     )
     moe_use_aux_free: bool | None = option(None, "Balance experts with correction biases (aux-free).")
     moe_correction_bias_rate: float = option(1e-3, "Step size of the aux-free bias update.", minimum=0)
+    expert_parallel_degree: int = option(
+        1,
+        "Expert parallelism: split each MoE layer's routed experts over this many ranks (a divisor of the "
+        "expert count and of the run's ranks); tokens travel to their expert's rank and back.",
+        minimum=1,
+        maximum=MAX_DEVICES,
+    )
+    moe_group: str = option(
+        "dummy",
+        "ERNIEKit's expert-parallel group: dp (or data, world) splits the experts over all ranks; mp (model, "
+        "tp) over the tensor-parallel group, one rank here; dummy (none) does not split.",
+        choices=MOE_GROUPS,
+    )
     # GPAS (engine.models.gpas)
     gpas: bool = option(
         False,
@@ -579,7 +598,29 @@ class TrainConfig:
             problems.append(
                 f"fp8_hadamard_block_size must be a power of two, got {self.fp8_hadamard_block_size}"
             )
+        if self.elastic and (self.expert_parallel_degree > 1 or self.moe_group in MOE_GROUPS_ALL_RANKS):
+            problems.append(
+                "expert_parallel_degree / moe_group: elastic training samples sub-models over the experts; "
+                "it runs with every expert in each process (leave expert_parallel_degree at 1)"
+            )
         return problems + self._elastic_problems()
+
+    def expert_degree(self, world: int) -> int:
+        """The expert-parallel degree on ``world`` ranks, from expert_parallel_degree and moe_group."""
+        degree = self.expert_parallel_degree
+        if self.moe_group in MOE_GROUPS_ALL_RANKS:
+            if degree > 1 and degree != world:
+                raise ConfigError(
+                    f"expert_parallel_degree: {degree} and moe_group: {self.moe_group} (all {world} ranks) "
+                    "disagree; give one of them"
+                )
+            degree = world
+        if world % degree:
+            raise ConfigError(
+                f"expert_parallel_degree: {degree} does not divide the {world} rank(s) of this run; "
+                "train on a multiple of it (the studio's num_devices, or --nproc_per_node)"
+            )
+        return degree
 
     def elastic_choices(self, key: str) -> list[int]:
         """The numbers one ``elastic_*_choices`` key lists (ValueError when they are not numbers)."""

@@ -174,14 +174,30 @@ def persistent_state(model, trainable: dict | None = None) -> dict[str, paddle.T
     return keep
 
 
+def checkpoint_states(model, optimizer, trainable: dict) -> tuple[dict, dict]:
+    """(weights, optimizer state) a checkpoint holds, keyed by parameter path."""
+    return persistent_state(model, trainable), _state_by_name(optimizer, trainable)
+
+
 def save_checkpoint(
-    out_dir: Path, step: int, model, optimizer, trainable: dict, data, ema, elapsed: float, elastic=None
+    out_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    trainable: dict,
+    data,
+    ema,
+    elapsed: float,
+    elastic=None,
+    states: tuple[dict, dict] | None = None,
 ) -> Path:
     """Model (trainable part), optimizer, RNG, data position, EMA and the elastic sampler as
-    ``checkpoint-<step>``."""
+    ``checkpoint-<step>``; ``states`` are the weights and optimizer state when the caller gathered them
+    (expert parallelism: every rank's experts, the un-split layout)."""
     tmp = begin_checkpoint(out_dir, step)
-    paddle.save(persistent_state(model, trainable), str(tmp / "model.pdparams"))
-    paddle.save(_state_by_name(optimizer, trainable), str(tmp / "optimizer.pdopt"))
+    weights, optim = states or checkpoint_states(model, optimizer, trainable)
+    paddle.save(weights, str(tmp / "model.pdparams"))
+    paddle.save(optim, str(tmp / "optimizer.pdopt"))
     rng = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -199,17 +215,24 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    ckpt: Path, model, optimizer, trainable: dict, data, ema, elastic=None
+    ckpt: Path, model, optimizer, trainable: dict, data, ema, elastic=None, held=None
 ) -> tuple[int, float]:
-    """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds)."""
+    """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds). ``held(name)`` says
+    whether a weight of the un-split layout lives in this process (expert parallelism: others' experts
+    are skipped)."""
     state = json.loads((ckpt / "trainer_state.json").read_text())
     weights = paddle.load(str(ckpt / "model.pdparams"))
     current = model.state_dict()
     for name, value in weights.items():
+        if held is not None and not held(name):
+            continue
         if name not in current:
             raise ValueError(f"{ckpt}/model.pdparams: tensor {name} does not fit this run's model")
         trainable.get(name, current[name]).set_value(value)
-    optimizer.set_state_dict(_state_from_names(paddle.load(str(ckpt / "optimizer.pdopt")), trainable))
+    optim = paddle.load(str(ckpt / "optimizer.pdopt"))
+    if held is not None:
+        optim = {k: v for k, v in optim.items() if "::" not in k or held(k.split("::", 1)[0])}
+    optimizer.set_state_dict(_state_from_names(optim, trainable))
     with open(ckpt / "rng_state.pkl", "rb") as f:
         rng = pickle.load(f)
     random.setstate(rng["python"])

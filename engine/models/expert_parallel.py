@@ -1,0 +1,373 @@
+"""Expert parallelism: each MoE layer's routed experts split over the ranks of an expert group.
+
+Rank ``r`` of a group of ``D`` ranks holds, in every modality group of ``E_g`` experts, the experts
+``r * E_g / D ... (r + 1) * E_g / D - 1``; the others are ``RemoteExpert`` stand-ins without weights, so
+parameter names keep the official layout (``mlp.experts.{e}``). Routing runs on every rank for its own
+tokens (the router, shared experts and everything else stay replicated). Each assignment (token, slot) is
+sent to the rank that owns its expert, computed there, and sent back; the sender weights and sums the k
+results exactly as the one-process loop does (``moe.loop_experts``).
+
+The exchange is one collective per direction and per layer (both modality groups travel together), so
+every rank runs the same collectives in the same order in forward and backward:
+
+- ``alltoall``: ``paddle.distributed.alltoall_single`` with per-rank split sizes (NCCL on GPUs); its
+  backward is the same exchange with the splits swapped.
+- ``allgather``: Paddle's gloo backend has no all_to_all and no reduce_scatter, so each rank all_gathers
+  every rank's (padded) send buffer and keeps the rows meant for it; the backward places each received
+  row's gradient back in the padded layout and all_reduces it, so each sender gets the sum over the
+  receivers (only the receiver of a row contributes to it).
+
+Expert gradients are complete on the owning rank (it saw every assignment of the group's tokens); they
+are summed only over ranks holding the same experts (data-parallel replicas), never over the expert group.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle import nn
+from paddle.autograd import PyLayer
+
+EXPERT_PARAM = re.compile(r"(^|\.)mlp\.experts\.(\d+)\.")
+
+
+class RemoteExpert(nn.Layer):
+    """An expert another rank of the expert group holds: no weights here, and never called."""
+
+    def __init__(self, owner: int):
+        super().__init__()
+        self.owner = owner
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        raise RuntimeError(f"expert held by rank {self.owner} of the expert group was called locally")
+
+
+def alltoall_available() -> bool:
+    """The one capability check: ``alltoall_single`` exists and the run is on GPUs (NCCL). Paddle's gloo
+    backend (CPU) raises "ProcessGroupGLOO does not support all_to_all", so CPU ranks use all_gather."""
+    import paddle.distributed as dist
+
+    return (
+        hasattr(dist, "alltoall_single")
+        and paddle.is_compiled_with_cuda()
+        and paddle.get_device().startswith("gpu")
+    )
+
+
+@dataclass
+class ExpertGroup:
+    """This rank's place in its expert group and the groups its collectives use."""
+
+    size: int  # ranks in the expert group (expert_parallel_degree)
+    rank: int  # this rank's position in it
+    world: int  # all ranks of the run
+    group: Any = None  # paddle.distributed Group of the expert group (None: the whole world)
+    replicas: Any = None  # ranks holding the same experts (None when there is one copy)
+    transport: str = "allgather"  # or "alltoall"
+
+    def owner(self, experts_in_group: int, index: int) -> int:
+        return index // (experts_in_group // self.size)
+
+    def owned(self, experts_in_group: int) -> range:
+        per = experts_in_group // self.size
+        return range(self.rank * per, (self.rank + 1) * per)
+
+
+def new_expert_group(degree: int) -> ExpertGroup:
+    """Expert groups of ``degree`` consecutive ranks; ranks at the same position in every group are one
+    expert's data-parallel replicas. Every rank creates every group, in the same order (Paddle's rule)."""
+    import paddle.distributed as dist
+
+    world, me = dist.get_world_size(), dist.get_rank()
+    if world % degree:
+        raise ValueError(
+            f"expert_parallel_degree: {degree} does not divide the {world} ranks of this run; use a divisor"
+        )
+    ep_group = replicas = None
+    for start in range(0, world, degree):
+        ranks = list(range(start, start + degree))
+        g = dist.new_group(ranks) if degree < world else None
+        if me in ranks:
+            ep_group = g
+    if world > degree:
+        for pos in range(degree):
+            ranks = list(range(pos, world, degree))
+            g = dist.new_group(ranks)
+            if me in ranks:
+                replicas = g
+    transport = "alltoall" if alltoall_available() else "allgather"
+    return ExpertGroup(degree, me % degree, world, ep_group, replicas, transport)
+
+
+# ---- splitting and gathering the experts ------------------------------------------------------------
+
+
+def moe_layers(model: nn.Layer) -> list[nn.Layer]:
+    from engine.models.moe import MoELayer
+
+    return [m for m in model.sublayers() if isinstance(m, MoELayer)]
+
+
+def check_degree(config, degree: int) -> None:
+    """Refuse a degree the model cannot be split by, naming the key."""
+    if degree <= 1:
+        return
+    if not config.is_moe:
+        raise ValueError(
+            f"expert_parallel_degree: {degree} needs an MoE model, but {config.model_type} is dense "
+            "(no routed experts to split); leave expert_parallel_degree at 1"
+        )
+    for n in config.expert_counts:
+        if n % degree:
+            raise ValueError(
+                f"expert_parallel_degree: {degree} does not divide the model's {n} experts per MoE layer "
+                f"(moe_num_experts {config.expert_counts}); use a divisor of {n}"
+            )
+
+
+def split_experts(model: nn.Layer, eg: ExpertGroup) -> int:
+    """Drop the experts other ranks of the group own; returns the number of experts kept per layer."""
+    kept = 0
+    for layer in moe_layers(model):
+        offset, kept = 0, 0
+        for n in layer.group_sizes:
+            mine = eg.owned(n)
+            for i in range(n):
+                if i not in mine:
+                    layer.experts[offset + i] = RemoteExpert(eg.owner(n, i))
+            kept += len(mine)
+            offset += n
+        layer.expert_group = eg
+    return kept
+
+
+def is_expert_param(name: str) -> bool:
+    """Whether a parameter (or optimizer-state path) belongs to a routed expert, which EP splits."""
+    return EXPERT_PARAM.search(name) is not None
+
+
+def _gather_objects(obj: Any, eg: ExpertGroup) -> list[Any]:
+    import paddle.distributed as dist
+
+    out: list[Any] = []
+    dist.all_gather_object(out, obj, group=eg.group)
+    return out
+
+
+def gather_named(state: dict[str, Any], eg: ExpertGroup) -> dict[str, Any]:
+    """The un-split view of a name-keyed state: every rank's expert entries added to the local replicated
+    ones. A collective: every rank of the expert group calls it."""
+    mine = {k: _numpy(v) for k, v in state.items() if is_expert_param(k)}
+    merged = {k: v for k, v in state.items() if not is_expert_param(k)}
+    for part in _gather_objects(mine, eg):
+        merged.update({k: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in part.items()})
+    return dict(sorted(merged.items(), key=lambda kv: _natural(kv[0])))
+
+
+def unsplit_experts(model: nn.Layer, eg: ExpertGroup, materialize: bool = True) -> None:
+    """Put every expert back (the official un-split layout), from the weights of the ranks that own them;
+    ``materialize`` False only sends (a rank that will not save)."""
+    layers = moe_layers(model)
+    mine = {}
+    for li, layer in enumerate(layers):
+        for i, expert in enumerate(layer.experts):
+            if not isinstance(expert, RemoteExpert):
+                mine[(li, i)] = {k: _numpy(v) for k, v in expert.state_dict().items()}
+    parts = _gather_objects(mine, eg)
+    if not materialize:
+        return
+    for part in parts:
+        for (li, i), state in part.items():
+            layer = layers[li]
+            if not isinstance(layer.experts[i], RemoteExpert):
+                continue
+            template = _local_expert_like(layer, i)
+            expert = copy.deepcopy(template)
+            expert.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+            layer.experts[i] = expert
+    for layer in layers:
+        layer.expert_group = None
+
+
+def _local_expert_like(layer, index: int) -> nn.Layer:
+    """A held expert of the same modality group as ``index`` (same shapes and wrappers)."""
+    offset = 0
+    for n in layer.group_sizes:
+        if index < offset + n:
+            for e in layer.experts[offset : offset + n]:
+                if not isinstance(e, RemoteExpert):
+                    return e
+        offset += n
+    raise RuntimeError("no expert of this modality group is held here")
+
+
+def _numpy(v: Any) -> Any:
+    return v.numpy() if isinstance(v, paddle.Tensor) else v
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# ---- the exchange -------------------------------------------------------------------------------------
+
+
+def _counts_matrix(send: np.ndarray, eg: ExpertGroup) -> np.ndarray:
+    """[D, D]: rows rank q sends to rank p (a forward-only all_gather of each rank's send counts)."""
+    import paddle.distributed as dist
+
+    parts: list[paddle.Tensor] = []
+    dist.all_gather(parts, paddle.to_tensor(send.astype(np.int64)), group=eg.group)
+    return np.stack([p.numpy() for p in parts])
+
+
+def _exchange(x: paddle.Tensor, counts: np.ndarray, eg: ExpertGroup) -> paddle.Tensor:
+    """Rows of ``x`` (sorted by destination, ``counts[eg.rank]`` per rank) to their ranks; returns the rows
+    this rank receives, ordered by sender."""
+    import paddle.distributed as dist
+
+    me, d = eg.rank, eg.size
+    if eg.transport == "alltoall":
+        send, recv = counts[me].tolist(), counts[:, me].tolist()
+        out = paddle.empty([sum(recv), *x.shape[1:]], dtype=x.dtype)
+        dist.alltoall_single(out, x, send, recv, group=eg.group)
+        return out
+    cap = max(int(counts.sum(axis=1).max()), 1)
+    padded = _pad_rows(x, cap)
+    parts: list[paddle.Tensor] = []
+    dist.all_gather(parts, padded, group=eg.group)
+    starts = np.cumsum(counts, axis=1) - counts  # where rank q's rows for rank p begin in its buffer
+    pieces = [parts[q][int(starts[q, me]) : int(starts[q, me] + counts[q, me])] for q in range(d)]
+    return paddle.concat(pieces, axis=0)
+
+
+def _exchange_back(g: paddle.Tensor, counts: np.ndarray, eg: ExpertGroup, rows: int) -> paddle.Tensor:
+    """The adjoint of ``_exchange``: the gradient of each received row back to its sender."""
+    import paddle.distributed as dist
+
+    me, d = eg.rank, eg.size
+    if eg.transport == "alltoall":
+        return _exchange(g, counts.T.copy(), eg)
+    cap = max(int(counts.sum(axis=1).max()), 1)
+    starts = np.cumsum(counts, axis=1) - counts
+    blocks, at = [], 0
+    for q in range(d):
+        n = int(counts[q, me])
+        block = paddle.zeros([cap, *g.shape[1:]], dtype=g.dtype)
+        if n:
+            s = int(starts[q, me])
+            block = paddle.concat([block[:s], g[at : at + n], block[s + n :]], axis=0)
+        blocks.append(block)
+        at += n
+    full = paddle.concat(blocks, axis=0)
+    dist.all_reduce(full, group=eg.group)
+    return full[me * cap : me * cap + rows]
+
+
+def _pad_rows(x: paddle.Tensor, rows: int) -> paddle.Tensor:
+    if x.shape[0] == rows:
+        return x
+    pad = paddle.zeros([rows - x.shape[0], *x.shape[1:]], dtype=x.dtype)
+    return paddle.concat([x, pad], axis=0)
+
+
+class Exchange(PyLayer):
+    """Differentiable ``_exchange``: rows go to the rank that owns their expert, gradients come back."""
+
+    @staticmethod
+    def forward(ctx, x, counts, eg):
+        ctx.counts, ctx.eg, ctx.rows = counts, eg, x.shape[0]
+        return _exchange(x, counts, eg)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _exchange_back(g, ctx.counts, ctx.eg, ctx.rows)
+
+
+def _differentiable(x: paddle.Tensor) -> paddle.Tensor:
+    """Every rank must run the exchange's backward, or the collectives of the others would wait forever:
+    whether a rank's rows need a gradient can differ (no rows, frozen inputs), so with autograd on they
+    always do."""
+    if paddle.is_grad_enabled() and x.stop_gradient:
+        x.stop_gradient = False
+    return x
+
+
+# ---- the split MoE forward ------------------------------------------------------------------------------
+
+
+def run_split_experts(
+    layer, parts: list[tuple[int, paddle.Tensor, paddle.Tensor, paddle.Tensor]], flat: paddle.Tensor
+) -> list[paddle.Tensor]:
+    """Routed output of every modality group in ``parts`` ((group, tokens [N, H], selected [N, k] index
+    inside the group, weights [N, k])) with the experts split over ``layer.expert_group``; ``flat`` is the
+    layer's input [N, H]. Every rank of the group calls it once per layer, with or without tokens."""
+    eg: ExpertGroup = layer.expert_group
+    sizes = layer.group_sizes
+    per = [n // eg.size for n in sizes]
+    held_base = np.cumsum([0, *per])[:-1]  # where each group's held experts start in the owner's list
+    h = flat.shape[-1]
+    xs, owners, local_ids, spans = [], [], [], []
+    for g, tokens, selected, _ in parts:
+        n, k = selected.shape
+        flat = selected.reshape([-1]).numpy().astype(np.int64)
+        owners.append(flat // per[g])
+        local_ids.append(held_base[g] + flat % per[g])
+        xs.append(paddle.gather(tokens, paddle.to_tensor(np.arange(n * k, dtype=np.int64) // k)))
+        spans.append(n * k)
+    owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
+    local_id = np.concatenate(local_ids) if local_ids else np.zeros(0, np.int64)
+    x = paddle.concat(xs, axis=0) if xs else flat[:0]
+    order = np.argsort(owner, kind="stable")
+    counts = _counts_matrix(np.bincount(owner, minlength=eg.size), eg)
+    send = _differentiable(paddle.gather(x, paddle.to_tensor(order)) if len(order) else x)
+    received = Exchange.apply(send, counts, eg)
+    ids = _exchange(paddle.to_tensor(local_id[order].reshape([-1, 1])), counts, eg).numpy().reshape(-1)
+    held = [e for i, e in enumerate(layer.experts) if not isinstance(e, RemoteExpert)]
+    y = _differentiable(_run_by_id(received, ids, held))
+    back = Exchange.apply(y, counts.T.copy(), eg)
+    back = paddle.gather(back, paddle.to_tensor(np.argsort(order))) if len(order) else back
+    outs, at = [], 0
+    for (_, _, selected, weights), span in zip(parts, spans, strict=True):
+        n, k = selected.shape
+        ys = back[at : at + span].reshape([n, k, h])
+        outs.append((ys * weights.astype(ys.dtype).unsqueeze(-1)).sum(axis=1))
+        at += span
+    return outs
+
+
+def _run_by_id(x: paddle.Tensor, ids: np.ndarray, experts: list[nn.Layer]) -> paddle.Tensor:
+    """Each received row through the held expert ``ids`` names (unweighted), in the rows' order."""
+    if not len(ids):
+        return x * 0.0
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids, minlength=len(experts))
+    xs = paddle.gather(x, paddle.to_tensor(order))
+    outs, start = [], 0
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            outs.append(experts[e](xs[start : start + c]))
+        start += c
+    return paddle.gather(paddle.concat(outs, axis=0), paddle.to_tensor(np.argsort(order)))
+
+
+# ---- global router statistics ---------------------------------------------------------------------------
+
+
+class RouterComm:
+    """Sums router statistics over every rank of the run (forward only: no collective in backward)."""
+
+    def __init__(self, world: int):
+        self.world = world
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        import paddle.distributed as dist
+
+        t = paddle.to_tensor(np.asarray(values, dtype=np.float64))
+        dist.all_reduce(t)
+        return t.numpy()
