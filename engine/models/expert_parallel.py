@@ -328,8 +328,7 @@ def run_split_experts(
     send = _differentiable(paddle.gather(x, paddle.to_tensor(order)) if len(order) else x)
     received = Exchange.apply(send, counts, eg)
     ids = _exchange(paddle.to_tensor(local_id[order].reshape([-1, 1])), counts, eg).numpy().reshape(-1)
-    held = [e for i, e in enumerate(layer.experts) if not isinstance(e, RemoteExpert)]
-    y = _differentiable(_run_by_id(received, ids, held))
+    y = _differentiable(_run_held(received, ids, layer, per))
     back = Exchange.apply(y, counts.T.copy(), eg)
     back = paddle.gather(back, paddle.to_tensor(np.argsort(order))) if len(order) else back
     outs, at = [], 0
@@ -341,19 +340,27 @@ def run_split_experts(
     return outs
 
 
-def _run_by_id(x: paddle.Tensor, ids: np.ndarray, experts: list[nn.Layer]) -> paddle.Tensor:
-    """Each received row through the held expert ``ids`` names (unweighted), in the rows' order."""
+def _run_held(x: paddle.Tensor, ids: np.ndarray, layer, per: list[int]) -> paddle.Tensor:
+    """Each received row through the held expert ``ids`` names (unweighted), in the rows' order.
+
+    Per modality group through ``moe.run_experts``, the one-process code (grouped or looped alike), so an
+    expert computes its rows as it would there."""
+    from engine.models.moe import run_experts
+
     if not len(ids):
         return x * 0.0
-    order = np.argsort(ids, kind="stable")
-    counts = np.bincount(ids, minlength=len(experts))
-    xs = paddle.gather(x, paddle.to_tensor(order))
-    outs, start = [], 0
-    for e, c in enumerate(counts.tolist()):
-        if c:
-            outs.append(experts[e](xs[start : start + c]))
-        start += c
-    return paddle.gather(paddle.concat(outs, axis=0), paddle.to_tensor(np.argsort(order)))
+    held = [e for e in layer.experts if not isinstance(e, RemoteExpert)]
+    outs, rows, lo = [], [], 0
+    for n in per:
+        idx = np.flatnonzero((ids >= lo) & (ids < lo + n))
+        if len(idx):
+            sel = paddle.to_tensor((ids[idx] - lo).reshape([-1, 1]))
+            ones = paddle.ones([len(idx), 1], dtype="float32")
+            outs.append(run_experts(paddle.gather(x, paddle.to_tensor(idx)), held[lo : lo + n], sel, ones))
+            rows.append(idx)
+        lo += n
+    y = paddle.concat(outs, axis=0)
+    return paddle.gather(y, paddle.to_tensor(np.argsort(np.concatenate(rows))))
 
 
 # ---- global router statistics ---------------------------------------------------------------------------

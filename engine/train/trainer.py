@@ -43,7 +43,7 @@ from engine.models.quantized import apply_weight_only, hold_in_low_precision
 from engine.train import lora as lora_mod
 from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
-from engine.train.config import WEIGHT_ONLY_COMPUTE_TYPES, Notice, TrainConfig
+from engine.train.config import MOE_GROUPS_TENSOR, WEIGHT_ONLY_COMPUTE_TYPES, Notice, TrainConfig
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
 from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
 from engine.train.parallel import DataParallel
@@ -354,6 +354,15 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
         out.append(Notice("freeze_config", "freeze_vision: this model has no vision encoder"))
     if cfg.vit_lr_ratio != 1.0 and (cfg.lora or not model.config.is_vl):
         out.append(Notice("vit_lr_ratio", "the vision encoder does not train in this run"))
+    if cfg.moe_group in MOE_GROUPS_TENSOR and cfg.expert_parallel_degree == 1 and model.config.is_moe:
+        out.append(
+            Notice(
+                "moe_group",
+                f"{cfg.moe_group}: the experts split over the tensor-parallel group, which is one rank here "
+                "(tensor_parallel_degree 1), so every rank holds them all; expert_parallel_degree N (or "
+                "moe_group: dp) splits them over N ranks",
+            )
+        )
     if cfg.moe_gate_lr_ratio != 1.0 and (cfg.lora or not model.config.is_moe):
         out.append(Notice("moe_gate_lr_ratio", "no MoE router trains in this run"))
     return out + vision_notices(cfg, model)
