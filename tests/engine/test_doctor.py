@@ -120,3 +120,21 @@ def test_a_passing_report_is_reused_only_while_nothing_it_vouches_for_changed(tm
     # a failed report is never kept
     reuse.save(tmp_path / "failed", key, {**quick_report.to_dict(), "passed": False})
     assert not (tmp_path / "failed").exists()
+
+
+def test_the_collectives_runs_need_are_checked_by_name():
+    from types import SimpleNamespace
+
+    import paddle.distributed as dist
+
+    from engine.doctor.collectives import collective_check
+
+    cpu = {"paddle": {"compiled_with_cuda": False}, "devices": []}
+    check = collective_check(cpu)
+    assert check.passed and check.values["expert_dispatch"] == "allgather"
+    gpu = {"paddle": {"compiled_with_cuda": True}, "devices": [{"index": 0}]}
+    assert collective_check(gpu).values["expert_dispatch"] == "alltoall"  # Paddle 3.3 has alltoall_single
+    no_alltoall = SimpleNamespace(**{n: getattr(dist, n) for n in dir(dist) if n != "alltoall_single"})
+    assert collective_check(cpu, no_alltoall).passed  # CPU nodes never call it
+    check = collective_check(gpu, no_alltoall)
+    assert not check.passed and "paddle.distributed.alltoall_single" in check.detail
