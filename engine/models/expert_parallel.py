@@ -113,23 +113,6 @@ def moe_layers(model: nn.Layer) -> list[nn.Layer]:
     return [m for m in model.sublayers() if isinstance(m, MoELayer)]
 
 
-def check_degree(config, degree: int) -> None:
-    """Refuse a degree the model cannot be split by, naming the key."""
-    if degree <= 1:
-        return
-    if not config.is_moe:
-        raise ValueError(
-            f"expert_parallel_degree: {degree} needs an MoE model, but {config.model_type} is dense "
-            "(no routed experts to split); leave expert_parallel_degree at 1"
-        )
-    for n in config.expert_counts:
-        if n % degree:
-            raise ValueError(
-                f"expert_parallel_degree: {degree} does not divide the model's {n} experts per MoE layer "
-                f"(moe_num_experts {config.expert_counts}); use a divisor of {n}"
-            )
-
-
 def split_experts(model: nn.Layer, eg: ExpertGroup) -> int:
     """Drop the experts other ranks of the group own; returns the number of experts kept per layer."""
     kept = 0
@@ -235,7 +218,7 @@ def _exchange(x: paddle.Tensor, counts: np.ndarray, eg: ExpertGroup) -> paddle.T
     if eg.transport == "alltoall":
         send, recv = counts[me].tolist(), counts[:, me].tolist()
         out = paddle.empty([sum(recv), *x.shape[1:]], dtype=x.dtype)
-        dist.alltoall_single(out, x, send, recv, group=eg.group)
+        dist.alltoall_single(out, x, in_split_sizes=send, out_split_sizes=recv, group=eg.group)
         return out
     cap = max(int(counts.sum(axis=1).max()), 1)
     padded = _pad_rows(x, cap)

@@ -20,7 +20,12 @@ from typing import Any
 
 import yaml
 
-from engine.models.config import ELASTIC_DEPTH_PATTERNS, WEIGHT_ONLY_COMPUTE_TYPES, parse_size
+from engine.models.config import (
+    ELASTIC_DEPTH_PATTERNS,
+    WEIGHT_ONLY_COMPUTE_TYPES,
+    ErnieConfig,
+    parse_size,
+)
 from engine.train.scalars import REPORT_TO, report_to_problems
 
 log = logging.getLogger(__name__)
@@ -664,6 +669,41 @@ class TrainConfig:
                 "elastic: true needs at least one of elastic_depth_choices, elastic_experts_choices, elastic_topk_choices"
             )
         return problems
+
+
+def expert_parallel_problem(model: ErnieConfig, degree: int) -> str | None:
+    """Why ``model`` cannot split its experts over ``degree`` ranks, naming the key; None when it can."""
+    if degree <= 1:
+        return None
+    if not model.is_moe:
+        return (
+            f"expert_parallel_degree: {degree} needs an MoE model, but {model.model_type} is dense (no routed "
+            "experts to split); leave expert_parallel_degree at 1 and moe_group at dummy"
+        )
+    for n in model.expert_counts:
+        if n % degree:
+            return (
+                f"expert_parallel_degree: {degree} does not divide the model's {n} experts per MoE layer "
+                f"(moe_num_experts {model.expert_counts}); use a divisor of {n}"
+            )
+    return None
+
+
+def check_expert_parallel(cfg: TrainConfig, world: int) -> None:
+    """Expert parallelism against the model's config.json and ``world`` ranks, before a run is queued or a
+    weight is read (the studio calls it when a run is created); raises ConfigError naming the key."""
+    from engine.models.paths import architecture_dir
+
+    if cfg.expert_parallel_degree == 1 and cfg.moe_group not in MOE_GROUPS_ALL_RANKS:
+        return
+    try:
+        model = ErnieConfig.from_file(architecture_dir(cfg.model_name_or_path) / "config.json")
+    except FileNotFoundError:  # not there yet (a download): the trainer checks again once it is
+        return
+    problem = expert_parallel_problem(model, cfg.expert_parallel_degree)
+    problem = problem or expert_parallel_problem(model, cfg.expert_degree(world))
+    if problem:
+        raise ConfigError(problem)
 
 
 def defaults_for(stage: str = "SFT", fine_tuning: str = "LoRA") -> dict[str, Any]:

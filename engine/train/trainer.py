@@ -31,7 +31,6 @@ from engine.models import gpas
 from engine.models.expert_parallel import (
     ExpertGroup,
     RouterComm,
-    check_degree,
     gather_named,
     is_expert_param,
     new_expert_group,
@@ -43,7 +42,14 @@ from engine.models.quantized import apply_weight_only, hold_in_low_precision
 from engine.train import lora as lora_mod
 from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
-from engine.train.config import MOE_GROUPS_TENSOR, WEIGHT_ONLY_COMPUTE_TYPES, Notice, TrainConfig
+from engine.train.config import (
+    MOE_GROUPS_TENSOR,
+    WEIGHT_ONLY_COMPUTE_TYPES,
+    ConfigError,
+    Notice,
+    TrainConfig,
+    expert_parallel_problem,
+)
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
 from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
 from engine.train.parallel import DataParallel
@@ -191,13 +197,15 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None, world: int
 def split_for_expert_parallel(cfg: TrainConfig, model, world: int) -> ExpertGroup | None:
     """Check expert_parallel_degree / moe_group against the model and the ranks, then keep only this
     rank's routed experts (before any wrapping, so adapters and optimizer state exist for those alone)."""
-    check_degree(model.config, cfg.expert_parallel_degree)
+    problem = expert_parallel_problem(model.config, cfg.expert_parallel_degree)
+    degree = cfg.expert_degree(world) if problem is None else 1
+    problem = problem or expert_parallel_problem(model.config, degree)
+    if problem:
+        raise ConfigError(problem)
     if world > 1 and model.config.is_moe:
         model.router_comm = RouterComm(world)  # router losses over the global batch
-    degree = cfg.expert_degree(world)
     if degree == 1:
         return None
-    check_degree(model.config, degree)
     group = new_expert_group(degree)
     kept = split_experts(model, group)
     log.info("expert parallel: %d ranks per expert group, %d routed experts per layer here", degree, kept)
