@@ -61,47 +61,74 @@ def alltoall_available() -> bool:
 
 @dataclass
 class ExpertGroup:
-    """This rank's place in its expert group and the groups its collectives use."""
+    """This rank's place among the run's ranks: expert groups of ``size`` consecutive ranks.
 
-    size: int  # ranks in the expert group (expert_parallel_degree)
-    rank: int  # this rank's position in it
+    Every collective runs over all ranks of the run (the default group): an exchange between two ranks of
+    different expert groups simply carries no rows. Paddle's gloo backend failed to create subgroups of 4
+    CPU ranks here (``new_group``: "connection refused"), and one group serves NCCL just as well."""
+
+    size: int  # ranks in an expert group (expert_parallel_degree)
+    rank: int  # this rank in the run
     world: int  # all ranks of the run
-    group: Any = None  # paddle.distributed Group of the expert group (None: the whole world)
-    replicas: Any = None  # ranks holding the same experts (None when there is one copy)
     transport: str = "allgather"  # or "alltoall"
 
+    @property
+    def position(self) -> int:
+        """This rank's place in its expert group: which share of the experts it holds."""
+        return self.rank % self.size
+
+    @property
+    def first(self) -> int:
+        """The run rank of this expert group's first rank."""
+        return self.rank - self.position
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same experts (the expert groups of the run)."""
+        return self.world // self.size
+
     def owner(self, experts_in_group: int, index: int) -> int:
+        """The position (in an expert group) of the rank holding expert ``index``."""
         return index // (experts_in_group // self.size)
 
     def owned(self, experts_in_group: int) -> range:
         per = experts_in_group // self.size
-        return range(self.rank * per, (self.rank + 1) * per)
+        return range(self.position * per, (self.position + 1) * per)
 
 
 def new_expert_group(degree: int) -> ExpertGroup:
-    """Expert groups of ``degree`` consecutive ranks; ranks at the same position in every group are one
-    expert's data-parallel replicas. Every rank creates every group, in the same order (Paddle's rule)."""
+    """This rank's ``ExpertGroup`` under ``paddle.distributed`` (initialised by the trainer)."""
     import paddle.distributed as dist
 
-    world, me = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     if world % degree:
         raise ValueError(
             f"expert_parallel_degree: {degree} does not divide the {world} ranks of this run; use a divisor"
         )
-    ep_group = replicas = None
-    for start in range(0, world, degree):
-        ranks = list(range(start, start + degree))
-        g = dist.new_group(ranks) if degree < world else None
-        if me in ranks:
-            ep_group = g
-    if world > degree:
-        for pos in range(degree):
-            ranks = list(range(pos, world, degree))
-            g = dist.new_group(ranks)
-            if me in ranks:
-                replicas = g
     transport = "alltoall" if alltoall_available() else "allgather"
-    return ExpertGroup(degree, me % degree, world, ep_group, replicas, transport)
+    return ExpertGroup(degree, dist.get_rank(), world, transport)
+
+
+def sum_over_replicas(flat: paddle.Tensor, eg: ExpertGroup) -> paddle.Tensor:
+    """Sum a held-experts tensor over the ranks holding the same experts: each position of the expert group
+    has a row of a [size, n] buffer all_reduced over the run."""
+    import paddle.distributed as dist
+
+    if eg.replicas == 1:
+        return flat
+    rows = [flat if p == eg.position else paddle.zeros_like(flat) for p in range(eg.size)]
+    buf = paddle.stack(rows)
+    dist.all_reduce(buf)
+    return buf[eg.position]
+
+
+def sum_over_experts(value: paddle.Tensor, eg: ExpertGroup) -> paddle.Tensor:
+    """Sum a per-rank held-experts quantity over an expert group (each expert counted once): over the run,
+    divided by the replicas, which hold equal values once their gradients are summed."""
+    import paddle.distributed as dist
+
+    dist.all_reduce(value)
+    return value / eg.replicas if eg.replicas > 1 else value
 
 
 # ---- splitting and gathering the experts ------------------------------------------------------------
@@ -138,7 +165,7 @@ def _gather_objects(obj: Any, eg: ExpertGroup) -> list[Any]:
     import paddle.distributed as dist
 
     out: list[Any] = []
-    dist.all_gather_object(out, obj, group=eg.group)
+    dist.all_gather_object(out, obj)
     return out
 
 
@@ -201,11 +228,14 @@ def _natural(name: str) -> list:
 
 
 def _counts_matrix(send: np.ndarray, eg: ExpertGroup) -> np.ndarray:
-    """[D, D]: rows rank q sends to rank p (a forward-only all_gather of each rank's send counts)."""
+    """[W, W]: rows rank q sends to rank p (a forward-only all_gather of each rank's send counts); ``send``
+    counts per position of this rank's expert group, zero towards every other rank of the run."""
     import paddle.distributed as dist
 
+    row = np.zeros(eg.world, np.int64)
+    row[eg.first : eg.first + eg.size] = send
     parts: list[paddle.Tensor] = []
-    dist.all_gather(parts, paddle.to_tensor(send.astype(np.int64)), group=eg.group)
+    dist.all_gather(parts, paddle.to_tensor(row))
     return np.stack([p.numpy() for p in parts])
 
 
@@ -214,16 +244,16 @@ def _exchange(x: paddle.Tensor, counts: np.ndarray, eg: ExpertGroup) -> paddle.T
     this rank receives, ordered by sender."""
     import paddle.distributed as dist
 
-    me, d = eg.rank, eg.size
+    me, d = eg.rank, eg.world
     if eg.transport == "alltoall":
         send, recv = counts[me].tolist(), counts[:, me].tolist()
         out = paddle.empty([sum(recv), *x.shape[1:]], dtype=x.dtype)
-        dist.alltoall_single(out, x, in_split_sizes=send, out_split_sizes=recv, group=eg.group)
+        dist.alltoall_single(out, x, in_split_sizes=send, out_split_sizes=recv)
         return out
     cap = max(int(counts.sum(axis=1).max()), 1)
     padded = _pad_rows(x, cap)
     parts: list[paddle.Tensor] = []
-    dist.all_gather(parts, padded, group=eg.group)
+    dist.all_gather(parts, padded)
     starts = np.cumsum(counts, axis=1) - counts  # where rank q's rows for rank p begin in its buffer
     pieces = [parts[q][int(starts[q, me]) : int(starts[q, me] + counts[q, me])] for q in range(d)]
     return paddle.concat(pieces, axis=0)
@@ -233,7 +263,7 @@ def _exchange_back(g: paddle.Tensor, counts: np.ndarray, eg: ExpertGroup, rows: 
     """The adjoint of ``_exchange``: the gradient of each received row back to its sender."""
     import paddle.distributed as dist
 
-    me, d = eg.rank, eg.size
+    me, d = eg.rank, eg.world
     if eg.transport == "alltoall":
         return _exchange(g, counts.T.copy(), eg)
     cap = max(int(counts.sum(axis=1).max()), 1)
@@ -248,7 +278,7 @@ def _exchange_back(g: paddle.Tensor, counts: np.ndarray, eg: ExpertGroup, rows: 
         blocks.append(block)
         at += n
     full = paddle.concat(blocks, axis=0)
-    dist.all_reduce(full, group=eg.group)
+    dist.all_reduce(full)
     return full[me * cap : me * cap + rows]
 
 

@@ -35,6 +35,8 @@ from engine.models.expert_parallel import (
     is_expert_param,
     new_expert_group,
     split_experts,
+    sum_over_experts,
+    sum_over_replicas,
     unsplit_experts,
 )
 from engine.models.lora import apply_lora
@@ -762,12 +764,15 @@ def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
 
 def sum_expert_grads(params: list[paddle.Tensor], group: ExpertGroup) -> None:
     """Sum the held experts' gradients over their data-parallel replicas (none when one copy exists)."""
-    if group.replicas is None:
+    if group.replicas == 1:
         return
-    import paddle.distributed as dist
-
-    for p in params:
-        dist.all_reduce(p.grad, group=group.replicas)
+    grads = [p.grad for p in params]
+    flat = sum_over_replicas(paddle.concat([g.reshape([-1]) for g in grads]), group)
+    offset = 0
+    for g in grads:
+        n = int(np.prod(g.shape))
+        g.set_value(flat[offset : offset + n].reshape(g.shape))
+        offset += n
 
 
 def clip_grad_norm(
@@ -793,11 +798,7 @@ def clip_grad_norm(
     # Summed in float64: with the experts split, the terms are added in another order than in one process,
     # and a float32 sum's last bit, through the clipping coefficient, grew to 2e-5 in 20 VL steps.
     if split_squares:  # expert parallelism: the split experts' share is summed over the expert group
-        import paddle.distributed as dist
-
-        held = paddle.stack(split_squares).astype("float64").sum()
-        dist.all_reduce(held, group=group.group)
-        squares.append(held)
+        squares.append(sum_over_experts(paddle.stack(split_squares).astype("float64").sum(), group))
     if not squares:
         return 0.0
     total = float(paddle.stack([s.astype("float64") for s in squares]).sum().sqrt())
