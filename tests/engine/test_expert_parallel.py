@@ -14,6 +14,7 @@ import subprocess
 import numpy as np
 import paddle
 import pytest
+from safetensors.numpy import load_file
 
 import engine
 from engine.train import run_training
@@ -104,6 +105,12 @@ def test_a_golden_model_split_and_written_back_keeps_transformers_parity(ranks):
     out, results = ranks
     assert max(r["golden_logits_diff"] for r in results) <= 1e-4  # the split model itself
     assert_logits_match_transformers("moe", out / "golden-unsplit")
+    # gathered back bit for bit: every expert from the rank that held it
+    back = load_file(out / "golden-unsplit/model.safetensors")
+    golden = load_file(ROOT / "tests/engine/golden/moe/paddle/model.safetensors")
+    assert sorted(back) == sorted(golden) and any(".mlp.experts.5." in n for n in back)
+    for name, value in golden.items():
+        np.testing.assert_array_equal(back[name], value.astype(np.float32), err_msg=name)
 
 
 def test_bad_expert_parallel_settings_name_the_key(tiny_model_dir, tiny_moe_model_dir, tmp_path):
