@@ -169,13 +169,15 @@ def _gather_objects(obj: Any, eg: ExpertGroup) -> list[Any]:
     return out
 
 
-def gather_named(state: dict[str, Any], eg: ExpertGroup) -> dict[str, Any]:
+def gather_named(state: dict[str, Any], eg: ExpertGroup, tensors: bool = True) -> dict[str, Any]:
     """The un-split view of a name-keyed state: every rank's expert entries added to the local replicated
-    ones. A collective: every rank of the expert group calls it."""
+    ones (as paddle tensors, or numpy arrays with ``tensors`` False). A collective: every rank calls it."""
     mine = {k: _numpy(v) for k, v in state.items() if is_expert_param(k)}
     merged = {k: v for k, v in state.items() if not is_expert_param(k)}
     for part in _gather_objects(mine, eg):
-        merged.update({k: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in part.items()})
+        merged.update(
+            {k: paddle.to_tensor(v) if tensors and isinstance(v, np.ndarray) else v for k, v in part.items()}
+        )
     return dict(sorted(merged.items(), key=lambda kv: _natural(kv[0])))
 
 

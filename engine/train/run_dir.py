@@ -240,7 +240,7 @@ def load_checkpoint(
     paddle.set_rng_state(rng["paddle"])
     data.load_state_dict(rng["data"])
     if ema is not None and rng.get("ema") is not None:
-        ema.shadow = rng["ema"]
+        ema.shadow = {k: v for k, v in rng["ema"].items() if held is None or held(k)}
     if elastic is not None:
         elastic.load_state_dict(rng.get("elastic"), str(ckpt))
     return int(state["global_step"]), float(state.get("elapsed_s", 0.0))

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -635,7 +636,11 @@ def checkpoint(
     cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun, step: int, elapsed: float, timing, emit
 ) -> None:
     """Write checkpoint-<step> from rank 0 (with expert parallelism every rank first sends its experts)."""
-    states = gathered_states(run) if run.model.expert_group is not None else None
+    states, ema = None, run.ema
+    if run.model.expert_group is not None:
+        states = gathered_states(run)
+        if ema is not None:  # the weight average of every expert, as one process keeps it
+            ema = SimpleNamespace(shadow=gather_named(ema.shadow, run.model.expert_group, tensors=False))
     if not dp.main:
         return
     t_save = time.time()
@@ -646,7 +651,7 @@ def checkpoint(
         run.optimizer,
         run.trainable,
         run.data,
-        run.ema,
+        ema,
         elapsed,
         run.elastic,
         states,

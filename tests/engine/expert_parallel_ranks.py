@@ -51,6 +51,8 @@ def overrides(kind: str, model: str, out: Path, extra: list[str]) -> tuple[Path,
         "seed=5",
         f"output_dir={out}",
         *ROUTER,
+        # the text runs keep a weight average too: each rank averages its own experts, checkpoints gather it
+        *(["ema_decay=0.9"] if kind == "moe" else []),
         *extra,
     ]
 
