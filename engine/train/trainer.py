@@ -800,8 +800,8 @@ def clip_grad_norm(
             g = p.grad if p.grad.dtype == paddle.float32 else p.grad.astype("float32")
             square = paddle._C_ops.squared_l2_norm(g).reshape([])
             (split_squares if id(p) in split_ids else squares).append(square)
-    # Summed in float64: with the experts split, the terms are added in another order than in one process,
-    # and a float32 sum's last bit, through the clipping coefficient, grew to 2e-5 in 20 VL steps.
+    # Summed in float64: with the experts split, the per-tensor terms are added in another order than in
+    # one process, and the clipping coefficient should not depend on that order.
     if split_squares:  # expert parallelism: the split experts' share is summed over the expert group
         squares.append(sum_over_experts(paddle.stack(split_squares).astype("float64").sum(), group))
     if not squares:
