@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.doctor import reuse
+from engine.doctor.collectives import collective_check
 from engine.doctor.facts import node_facts
 from engine.doctor.fastdeploy_probe import fastdeploy_checks
 from engine.doctor.gpu_checks import gpu_checks
@@ -49,6 +50,7 @@ class Probe:
 # the callable raises. An entry returns [] when it does not apply (quick form, module not installed).
 CHECKS: list[tuple[str, Callable[[Probe], list[Check]]]] = [
     ("devices", lambda p: [device_check(p.facts, p.floors)]),
+    ("collectives", lambda p: [collective_check(p.facts)]),
     ("fast_paths", lambda p: fast_path_checks(quick=not p.full)),
     ("sharding", lambda p: [sharding_check()]),
     ("training_probe", lambda p: [training_probe(p.model_dir("tiny"))]),

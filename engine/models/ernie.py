@@ -17,7 +17,14 @@ from paddle import nn
 from engine.models.config import ErnieConfig
 from engine.models.gpas import GPASGate
 from engine.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
-from engine.models.moe import MoELayer, RouterStats, aux_loss, orthogonal_loss, z_loss
+from engine.models.moe import (
+    MoELayer,
+    RouterStats,
+    aux_loss,
+    global_router_losses,
+    orthogonal_loss,
+    z_loss,
+)
 from engine.models.positions import batch_positions, vision_routed_ids
 from engine.models.quantized import upcast_matmul
 from engine.models.vision import Grid, Resampler, VisionTransformer, check_grids
@@ -206,6 +213,8 @@ class ErnieForCausalLM(nn.Layer):
         super().__init__()
         self.config = config
         self.ernie = ErnieModel(config)
+        # Several ranks (engine.models.expert_parallel.RouterComm): router losses over the global batch.
+        self.router_comm = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Layer()
             self.lm_head.weight = self.lm_head.create_parameter([config.hidden_size, config.vocab_size])
@@ -332,6 +341,8 @@ class ErnieForCausalLM(nn.Layer):
 
     def router_losses(self, stats: list[RouterStats]) -> dict[str, paddle.Tensor]:
         """Mean over MoE layers of the aux, z and orthogonal losses (summed over modality groups)."""
+        if self.router_comm is not None and self.router_comm.world > 1:
+            return global_router_losses(stats, self.router_comm)
         aux = zl = orth = paddle.zeros([], dtype="float32")
         for s in stats:
             for logits, probs, sel, w in zip(s.logits, s.probs, s.selected, s.gate_weights, strict=True):

@@ -7,7 +7,7 @@ Everything here is plain Paddle ops so it trains on CPU and GPU alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
@@ -28,6 +28,8 @@ class RouterStats:
     selected: list[paddle.Tensor]  # per group [N_g, k] int64, index inside the group
     token_index: list[paddle.Tensor | None]  # per group: which flat tokens were routed there (None: all)
     gate_weights: list[paddle.Tensor]  # per group [H, E_g]
+    groups: list[int] = field(default_factory=list)  # per entry: which modality group it is
+    layer: nn.Layer | None = None  # the MoELayer (its gates, for groups with no tokens on this rank)
 
     def expert_counts(self) -> list[np.ndarray]:
         """Number of token assignments each expert of each group received."""
@@ -69,6 +71,49 @@ def orthogonal_loss(gate_weight: paddle.Tensor) -> paddle.Tensor:
     gram = paddle.matmul(w, w, transpose_y=True)
     eye = paddle.eye(gram.shape[0], dtype="float32")
     return (gram - eye).pow(2).sum() / gram.numel().astype("float32")
+
+
+def global_router_losses(stats: list[RouterStats], comm) -> dict[str, paddle.Tensor]:
+    """The aux, z and orthogonal losses of the whole global batch (every rank's tokens), as one process
+    holding all of it would compute them.
+
+    Token counts and expert loads are summed over ranks in the forward (``comm.sum``, no gradient); each
+    rank returns ``comm.world`` times its own tokens' share of the aux and z sums, so the mean over ranks,
+    which the trainer takes, is the global loss and its gradient reaches every rank's router exactly. A
+    modality group with tokens on any rank counts its gate's orthogonal loss on every rank.
+    """
+    entries, vec, at = [], [], 0
+    for s in stats:
+        row = dict(zip(s.groups, range(len(s.groups)), strict=True))
+        for g, n in enumerate(s.layer.group_sizes):
+            v = np.zeros(1 + n)
+            i = row.get(g)
+            if i is not None:
+                sel = s.selected[i].numpy()
+                e = s.probs[i].shape[-1]
+                v[0] = sel.shape[0]
+                v[1 : 1 + e] = np.bincount(sel.reshape(-1), minlength=e)[:e]
+            entries.append((s, g, i, at))
+            vec.append(v)
+            at += len(v)
+    totals = comm.sum(np.concatenate(vec)) if vec else np.zeros(0)
+    aux = zl = orth = paddle.zeros([], dtype="float32")
+    for s, g, i, at in entries:
+        n_global = totals[at]
+        if n_global == 0:
+            continue
+        if i is None:
+            e = s.layer.active_experts or s.layer.group_sizes[g]
+            orth = orth + orthogonal_loss(s.layer.gate_weight(g)[:, :e])
+            continue
+        probs, sel = s.probs[i], s.selected[i]
+        e, k = probs.shape[-1], sel.shape[-1]
+        ce = paddle.to_tensor((totals[at + 1 : at + 1 + e] / (n_global * k)).astype(np.float32))
+        aux = aux + comm.world * e * (probs.sum(axis=0) / n_global * ce).sum()
+        zl = zl + comm.world * paddle.logsumexp(s.logits[i], axis=-1).pow(2).sum() / n_global
+        orth = orth + orthogonal_loss(s.gate_weights[i])
+    n = max(len(stats), 1)
+    return {"aux_loss": aux / n, "z_loss": zl / n, "orthogonal_loss": orth / n}
 
 
 def update_correction_bias(bias: np.ndarray, counts: np.ndarray, rate: float = 1e-3) -> np.ndarray:
@@ -189,6 +234,11 @@ def grouped_experts(
     return (ys * weights.astype(ys.dtype).unsqueeze(-1)).sum(axis=1)
 
 
+def _place(out: paddle.Tensor, y: paddle.Tensor, idx: paddle.Tensor | None) -> paddle.Tensor:
+    """A modality group's routed output into the layer's output rows (all rows when ``idx`` is None)."""
+    return out + y if idx is None else paddle.scatter(out, idx, y, overwrite=True)
+
+
 class MoEStatics(nn.Layer):
     """Holds ``e_score_correction_bias`` [groups, E]; updated by aux-free balancing, never by gradients."""
 
@@ -232,6 +282,9 @@ class MoELayer(nn.Layer):
         # experts of each group (the router's softmax over those alone) with ``active_k`` experts per token.
         self.active_experts: int | None = None
         self.active_k: int | None = None
+        # Expert parallelism (engine.models.expert_parallel): the group the routed experts are split over;
+        # None runs every expert here.
+        self.expert_group = None
 
     def gate_weight(self, group: int) -> paddle.Tensor:
         return getattr(self.gate, "weight" if group == 0 else f"weight_{group}")
@@ -241,7 +294,7 @@ class MoELayer(nn.Layer):
     ) -> tuple[paddle.Tensor, RouterStats]:
         b, t, h = x.shape
         flat = x.reshape([-1, h])
-        stats = RouterStats([], [], [], [], [])
+        stats = RouterStats([], [], [], [], [], layer=self)
         if len(self.group_sizes) == 1 or token_type_ids is None:
             routed_groups = [(0, None)]
         else:
@@ -252,6 +305,7 @@ class MoELayer(nn.Layer):
         out = paddle.zeros_like(flat)
         k = self.active_k or self.k
         offset = 0
+        split: list = []  # expert parallelism: (group, tokens, selected, weights, idx), run after routing
         for g, idx in routed_groups:
             n_experts = self.group_sizes[g]
             experts = self.experts[offset : offset + n_experts]
@@ -267,16 +321,22 @@ class MoELayer(nn.Layer):
             logits = paddle.matmul(tokens.astype("float32"), w)
             bias = self.moe_statics.e_score_correction_bias[g, :n_experts]
             probs, selected, weights = route(logits, bias, k, self.norm_min)
-            y = run_experts(tokens, experts, selected, weights)
-            if idx is None:
-                out = out + y
+            if self.expert_group is not None:
+                split.append((g, tokens, selected, weights, idx))
             else:
-                out = paddle.scatter(out, idx, y, overwrite=True)
+                out = _place(out, run_experts(tokens, experts, selected, weights), idx)
             stats.logits.append(logits)
             stats.probs.append(probs)
             stats.selected.append(selected)
             stats.token_index.append(idx)
             stats.gate_weights.append(w)
+            stats.groups.append(g)
+        if self.expert_group is not None:  # every rank exchanges once per layer, tokens or not
+            from engine.models.expert_parallel import run_split_experts
+
+            ys = run_split_experts(self, [p[:4] for p in split], flat)
+            for (*_, idx), y in zip(split, ys, strict=True):
+                out = _place(out, y, idx)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.reshape([b, t, h]), stats

@@ -20,7 +20,12 @@ from typing import Any
 
 import yaml
 
-from engine.models.config import ELASTIC_DEPTH_PATTERNS, WEIGHT_ONLY_COMPUTE_TYPES, parse_size
+from engine.models.config import (
+    ELASTIC_DEPTH_PATTERNS,
+    WEIGHT_ONLY_COMPUTE_TYPES,
+    ErnieConfig,
+    parse_size,
+)
 from engine.train.scalars import REPORT_TO, report_to_problems
 
 log = logging.getLogger(__name__)
@@ -105,6 +110,10 @@ _PARALLEL = (
 # Model-parallel degrees this engine cannot honour: above 1 the run would not be the one asked for, so
 # such a config is refused instead of announced.
 REFUSED_DEGREES = {"tensor_parallel_degree": "tensor", "pipeline_parallel_degree": "pipeline"}
+# ERNIEKit's moe_group values this engine honours (its get_moe_group also has sharding and mpdp).
+MOE_GROUPS = ("dummy", "none", "dp", "data", "world", "mp", "model", "tp")
+MOE_GROUPS_ALL_RANKS = ("dp", "data", "world")
+MOE_GROUPS_TENSOR = ("mp", "model", "tp")
 # Devices (GPUs, or gloo processes on a CPU node) one data-parallel run may use on one node.
 MAX_DEVICES = 16
 # `sharding`: ERNIEKit's (PaddleNLP's) stage names. Stage 3 (sharded weights) and `offload` (stage 2's,
@@ -151,8 +160,10 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "pp_need_data_degree": _PARALLEL,
     "pp_seg_method": _PARALLEL,
     "disable_pipeline_warmup": _PARALLEL,
-    "moe_group": "the communication group of expert parallelism; experts here run in one process",
-    "moe_multimodal_dispatch_use_allgather": "expert-parallel token dispatch; experts here run in one process",
+    "moe_multimodal_dispatch_use_allgather": (
+        "the expert-parallel dispatch here follows the backend: all-to-all on GPUs (NCCL), all_gather on "
+        "gloo (CPU), both modality groups in one exchange"
+    ),
     "use_sp_callback": "a sequence-parallel gradient hook; there is no sequence parallelism here",
     "distributed_dataloader": _LOADER,
     "save_sharding_stage1_model_include_freeze_params": _CHECKPOINT,
@@ -438,6 +449,19 @@ class TrainConfig:
     )
     moe_use_aux_free: bool | None = option(None, "Balance experts with correction biases (aux-free).")
     moe_correction_bias_rate: float = option(1e-3, "Step size of the aux-free bias update.", minimum=0)
+    expert_parallel_degree: int = option(
+        1,
+        "Expert parallelism: split each MoE layer's routed experts over this many ranks (a divisor of the "
+        "expert count and of the run's ranks); tokens travel to their expert's rank and back.",
+        minimum=1,
+        maximum=MAX_DEVICES,
+    )
+    moe_group: str = option(
+        "dummy",
+        "ERNIEKit's expert-parallel group: dp (or data, world) splits the experts over all ranks; mp (model, "
+        "tp) over the tensor-parallel group, one rank here; dummy (none) does not split.",
+        choices=MOE_GROUPS,
+    )
     # GPAS (engine.models.gpas)
     gpas: bool = option(
         False,
@@ -595,7 +619,23 @@ class TrainConfig:
             problems.append(
                 f"fp8_hadamard_block_size must be a power of two, got {self.fp8_hadamard_block_size}"
             )
+        problems += self._expert_parallel_problems()
         return problems + self._elastic_problems() + self._sharding_problems()
+
+    def _expert_parallel_problems(self) -> list[str]:
+        problems = []
+        splits = self.expert_parallel_degree > 1 or self.moe_group in MOE_GROUPS_ALL_RANKS
+        if self.elastic and splits:
+            problems.append(
+                "expert_parallel_degree / moe_group: elastic training samples sub-models over the experts; "
+                "it runs with every expert in each process (leave expert_parallel_degree at 1)"
+            )
+        if self.sharding_stage and splits:
+            problems.append(
+                "sharding with expert_parallel_degree / moe_group: the split optimizer state and the split "
+                "experts are not combined here yet; use one of them"
+            )
+        return problems
 
     @property
     def sharding_stage(self) -> int:
@@ -651,6 +691,23 @@ class TrainConfig:
                 "on one device each; set gpas_gate_grad_clip: 0 or leave sharding out"
             )
         return problems
+
+    def expert_degree(self, world: int) -> int:
+        """The expert-parallel degree on ``world`` ranks, from expert_parallel_degree and moe_group."""
+        degree = self.expert_parallel_degree
+        if self.moe_group in MOE_GROUPS_ALL_RANKS:
+            if degree > 1 and degree != world:
+                raise ConfigError(
+                    f"expert_parallel_degree: {degree} and moe_group: {self.moe_group} (all {world} ranks) "
+                    "disagree; give one of them"
+                )
+            degree = world
+        if world % degree:
+            raise ConfigError(
+                f"expert_parallel_degree: {degree} does not divide the {world} rank(s) of this run; "
+                "train on a multiple of it (the studio's num_devices, or --nproc_per_node)"
+            )
+        return degree
 
     def elastic_choices(self, key: str) -> list[int]:
         """The numbers one ``elastic_*_choices`` key lists (ValueError when they are not numbers)."""
@@ -720,6 +777,41 @@ def sharding_device_problems(sharding: Any, degree: Any, devices: int) -> list[s
             "(or be -1 for all of them)"
         ]
     return []
+
+
+def expert_parallel_problem(model: ErnieConfig, degree: int) -> str | None:
+    """Why ``model`` cannot split its experts over ``degree`` ranks, naming the key; None when it can."""
+    if degree <= 1:
+        return None
+    if not model.is_moe:
+        return (
+            f"expert_parallel_degree: {degree} needs an MoE model, but {model.model_type} is dense (no routed "
+            "experts to split); leave expert_parallel_degree at 1 and moe_group at dummy"
+        )
+    for n in model.expert_counts:
+        if n % degree:
+            return (
+                f"expert_parallel_degree: {degree} does not divide the model's {n} experts per MoE layer "
+                f"(moe_num_experts {model.expert_counts}); use a divisor of {n}"
+            )
+    return None
+
+
+def check_expert_parallel(cfg: TrainConfig, world: int) -> None:
+    """Expert parallelism against the model's config.json and ``world`` ranks, before a run is queued or a
+    weight is read (the studio calls it when a run is created); raises ConfigError naming the key."""
+    from engine.models.paths import architecture_dir
+
+    if cfg.expert_parallel_degree == 1 and cfg.moe_group not in MOE_GROUPS_ALL_RANKS:
+        return
+    try:
+        model = ErnieConfig.from_file(architecture_dir(cfg.model_name_or_path) / "config.json")
+    except FileNotFoundError:  # not there yet (a download): the trainer checks again once it is
+        return
+    problem = expert_parallel_problem(model, cfg.expert_parallel_degree)
+    problem = problem or expert_parallel_problem(model, cfg.expert_degree(world))
+    if problem:
+        raise ConfigError(problem)
 
 
 def defaults_for(stage: str = "SFT", fine_tuning: str = "LoRA") -> dict[str, Any]:

@@ -174,6 +174,11 @@ def persistent_state(model, trainable: dict | None = None) -> dict[str, paddle.T
     return keep
 
 
+def checkpoint_states(model, optimizer, trainable: dict) -> tuple[dict, dict]:
+    """(weights, optimizer state) a checkpoint holds, keyed by parameter path."""
+    return persistent_state(model, trainable), optimizer_state_by_name(optimizer, trainable)
+
+
 def save_checkpoint(
     out_dir: Path,
     step: int,
@@ -184,16 +189,20 @@ def save_checkpoint(
     ema,
     elapsed: float,
     elastic=None,
+    states: tuple[dict, dict] | None = None,
     optimizer_state: dict | None = None,
 ) -> Path:
     """Model (trainable part), optimizer, RNG, data position, EMA and the elastic sampler as
-    ``checkpoint-<step>``. ``optimizer_state``: the whole state by parameter name when ``optimizer`` holds a
-    shard of it (``engine.train.sharding``); the file is the same either way, so any rank count resumes it."""
+    ``checkpoint-<step>``, always un-split so any rank count resumes it. ``states``: the weights and
+    optimizer state when the caller gathered them (expert parallelism: every rank's experts);
+    ``optimizer_state``: the whole state by parameter name when ``optimizer`` holds a shard of it
+    (``engine.train.sharding``)."""
     tmp = begin_checkpoint(out_dir, step)
-    paddle.save(persistent_state(model, trainable), str(tmp / "model.pdparams"))
-    if optimizer_state is None:
-        optimizer_state = optimizer_state_by_name(optimizer, trainable)
-    paddle.save(optimizer_state, str(tmp / "optimizer.pdopt"))
+    weights, optim = states or checkpoint_states(model, optimizer, trainable)
+    if optimizer_state is not None:
+        optim = optimizer_state
+    paddle.save(weights, str(tmp / "model.pdparams"))
+    paddle.save(optim, str(tmp / "optimizer.pdopt"))
     rng = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -211,17 +220,24 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    ckpt: Path, model, optimizer, trainable: dict, data, ema, elastic=None
+    ckpt: Path, model, optimizer, trainable: dict, data, ema, elastic=None, held=None
 ) -> tuple[int, float]:
-    """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds)."""
+    """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds). ``held(name)`` says
+    whether a weight of the un-split layout lives in this process (expert parallelism: others' experts
+    are skipped)."""
     state = json.loads((ckpt / "trainer_state.json").read_text())
     weights = paddle.load(str(ckpt / "model.pdparams"))
     current = model.state_dict()
     for name, value in weights.items():
+        if held is not None and not held(name):
+            continue
         if name not in current:
             raise ValueError(f"{ckpt}/model.pdparams: tensor {name} does not fit this run's model")
         trainable.get(name, current[name]).set_value(value)
-    optimizer.set_state_dict(_state_from_names(paddle.load(str(ckpt / "optimizer.pdopt")), trainable))
+    optim = paddle.load(str(ckpt / "optimizer.pdopt"))
+    if held is not None:
+        optim = {k: v for k, v in optim.items() if "::" not in k or held(k.split("::", 1)[0])}
+    optimizer.set_state_dict(_state_from_names(optim, trainable))
     with open(ckpt / "rng_state.pkl", "rb") as f:
         rng = pickle.load(f)
     random.setstate(rng["python"])
@@ -229,7 +245,7 @@ def load_checkpoint(
     paddle.set_rng_state(rng["paddle"])
     data.load_state_dict(rng["data"])
     if ema is not None and rng.get("ema") is not None:
-        ema.shadow = rng["ema"]
+        ema.shadow = {k: v for k, v in rng["ema"].items() if held is None or held(k)}
     if elastic is not None:
         elastic.load_state_dict(rng.get("elastic"), str(ckpt))
     return int(state["global_step"]), float(state.get("elapsed_s", 0.0))

@@ -22,22 +22,36 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import paddle
 
 from engine.models import gpas
+from engine.models.expert_parallel import (
+    ExpertGroup,
+    RouterComm,
+    gather_named,
+    is_expert_param,
+    new_expert_group,
+    split_experts,
+    sum_over_experts,
+    sum_over_replicas,
+    unsplit_experts,
+)
 from engine.models.lora import apply_lora
 from engine.models.quantized import apply_weight_only, hold_in_low_precision
 from engine.train import lora as lora_mod
 from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import (
+    MOE_GROUPS_TENSOR,
     WEIGHT_ONLY_COMPUTE_TYPES,
     ConfigError,
     Notice,
     TrainConfig,
+    expert_parallel_problem,
     sharding_device_problems,
 )
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
@@ -52,6 +66,7 @@ from engine.train.precision import (
 )
 from engine.train.run_dir import (
     MetricsLog,
+    checkpoint_states,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -150,9 +165,10 @@ def set_seed(seed: int) -> None:
 # ---- building the run ----------------------------------------------------------------------------------
 
 
-def build_model(cfg: TrainConfig, precision: Precision | None = None):
-    """Load the base model, apply the run's MoE settings, quantization or low-precision storage and LoRA;
-    return (model, trainable). On a GPU, AMP casts the weights later (``decorate_for_amp``)."""
+def build_model(cfg: TrainConfig, precision: Precision | None = None, world: int = 1):
+    """Load the base model, apply the run's MoE settings, expert parallelism over ``world`` ranks,
+    quantization or low-precision storage and LoRA; return (model, trainable). On a GPU, AMP casts the
+    weights later (``decorate_for_amp``)."""
     from engine import load_model  # a LoRA run dir as the base comes back merged
 
     precision = precision or resolve_precision(cfg.compute_type)
@@ -161,6 +177,7 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None):
     for key in ("moe_aux_loss_lambda", "moe_z_loss_lambda", "moe_orthogonal_loss_lambda", "moe_use_aux_free"):
         if getattr(cfg, key) is not None:
             setattr(mc, key, getattr(cfg, key))
+    model.expert_group = split_for_expert_parallel(cfg, model, world)
     add_gpas_gates(cfg, model)
     if cfg.compute_type == "fp8":
         n = quant.apply_fp8_qat(
@@ -188,6 +205,24 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None):
     model.train()
     trainable = {n: p for n, p in model.named_parameters() if not p.stop_gradient}
     return model, trainable
+
+
+def split_for_expert_parallel(cfg: TrainConfig, model, world: int) -> ExpertGroup | None:
+    """Check expert_parallel_degree / moe_group against the model and the ranks, then keep only this
+    rank's routed experts (before any wrapping, so adapters and optimizer state exist for those alone)."""
+    problem = expert_parallel_problem(model.config, cfg.expert_parallel_degree)
+    degree = cfg.expert_degree(world) if problem is None else 1
+    problem = problem or expert_parallel_problem(model.config, degree)
+    if problem:
+        raise ConfigError(problem)
+    if world > 1 and model.config.is_moe:
+        model.router_comm = RouterComm(world)  # router losses over the global batch
+    if degree == 1:
+        return None
+    group = new_expert_group(degree)
+    kept = split_experts(model, group)
+    log.info("expert parallel: %d ranks per expert group, %d routed experts per layer here", degree, kept)
+    return group
 
 
 def add_gpas_gates(cfg: TrainConfig, model) -> None:
@@ -350,6 +385,15 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
         out.append(Notice("freeze_config", "freeze_vision: this model has no vision encoder"))
     if cfg.vit_lr_ratio != 1.0 and (cfg.lora or not model.config.is_vl):
         out.append(Notice("vit_lr_ratio", "the vision encoder does not train in this run"))
+    if cfg.moe_group in MOE_GROUPS_TENSOR and cfg.expert_parallel_degree == 1 and model.config.is_moe:
+        out.append(
+            Notice(
+                "moe_group",
+                f"{cfg.moe_group}: the experts split over the tensor-parallel group, which is one rank here "
+                "(tensor_parallel_degree 1), so every rank holds them all; expert_parallel_degree N (or "
+                "moe_group: dp) splits them over N ranks",
+            )
+        )
     if cfg.moe_gate_lr_ratio != 1.0 and (cfg.lora or not model.config.is_moe):
         out.append(Notice("moe_gate_lr_ratio", "no MoE router trains in this run"))
     if cfg.sharding_stage and not cfg.do_train:
@@ -477,7 +521,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     precision = resolve_precision(cfg.compute_type)
-    model, trainable = build_model(cfg, precision)
+    model, trainable = build_model(cfg, precision, dp.world)
     if cfg.stage == "VL-SFT" and not model.config.is_vl:
         raise ValueError(
             f"stage VL-SFT needs a multimodal model; {cfg.model_name_or_path} has no vision encoder"
@@ -511,7 +555,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     ckpt = latest_checkpoint(out_dir) if data is not None else None
     if ckpt is not None:
         run.step, run.elapsed_before = load_checkpoint(
-            ckpt, model, optimizer, trainable, data, ema, run.elastic
+            ckpt, model, optimizer, trainable, data, ema, run.elastic, held_weights(model)
         )
         if masters is not None:
             masters.write_back()
@@ -566,7 +610,14 @@ def build_dpo_loss(cfg: TrainConfig) -> DPOLoss:
     reference = None
     if not cfg.lora and not cfg.reference_free:
         reference, _ = build_model(
-            dataclasses.replace(cfg, compute_type="fp32", fine_tuning="Full", recompute=False)
+            dataclasses.replace(
+                cfg,
+                compute_type="fp32",
+                fine_tuning="Full",
+                recompute=False,
+                expert_parallel_degree=1,  # the frozen reference runs every expert in each process
+                moe_group="dummy",
+            )
         )
         for p in reference.parameters():
             p.stop_gradient = True
@@ -663,10 +714,16 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
 def save_step_checkpoint(
     cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun, step: int, elapsed: float, timing, emit
 ) -> None:
-    """``checkpoint-<step>`` by rank 0; under sharding every rank first sends its part of the optimizer
-    state, so the file holds all of it (any number of ranks resumes it)."""
+    """``checkpoint-<step>`` by rank 0, un-split: under sharding every rank first sends its part of the
+    optimizer state, with expert parallelism its experts, so any number of ranks resumes the file."""
     t_save = time.time()
-    state = run.sharded.gathered_state(run.trainable) if run.sharded is not None else None
+    state, states, ema = None, None, run.ema
+    if run.sharded is not None:
+        state = run.sharded.gathered_state(run.trainable)
+    if run.model.expert_group is not None:
+        states = gathered_states(run)
+        if ema is not None:  # the weight average of every expert, as one process keeps it
+            ema = SimpleNamespace(shadow=gather_named(ema.shadow, run.model.expert_group, tensors=False))
     if not dp.main:
         return
     path = save_checkpoint(
@@ -676,15 +733,36 @@ def save_step_checkpoint(
         run.optimizer,
         run.trainable,
         run.data,
-        run.ema,
+        ema,
         elapsed,
         run.elastic,
+        states,
         optimizer_state=state,
     )
     timing.saved(time.time() - t_save)
     emit({"type": "checkpoint", "step": step, "path": str(path)})
     if cfg.save_total_limit:
         prune_checkpoints(out_dir, cfg.save_total_limit)
+
+
+def held_weights(model) -> Callable[[str], bool] | None:
+    """Expert parallelism: which weights of an un-split checkpoint this rank takes (its own experts and
+    everything replicated); None takes them all."""
+    if model.expert_group is None:
+        return None
+    names = set(model.state_dict())
+    return lambda name: not is_expert_param(name) or name in names
+
+
+def gathered_states(run: TrainRun) -> tuple[dict, dict]:
+    """Expert parallelism: a checkpoint's weights and optimizer state with every rank's experts."""
+    group = run.model.expert_group
+    weights, optim = checkpoint_states(run.model, run.optimizer, run.trainable)
+    masters = optim.pop("master_weights", None)
+    optim = gather_named(optim, group)
+    if masters is not None:
+        optim["master_weights"] = gather_named(masters, group)
+    return gather_named(weights, group), optim
 
 
 def peak_rss_mib() -> float:
@@ -756,11 +834,20 @@ def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
 
 
 def _replicated_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel, max_norm: float) -> float:
-    """Plain data parallel: every rank sums all gradients, clips them and steps the whole AdamW."""
-    dp.sum_grads(run.params)
+    """Every rank sums the replicated gradients, clips them and steps the whole AdamW. A held expert's
+    gradient is already complete (it saw the whole expert group's tokens): it is summed over the ranks
+    holding the same experts only, never over the expert group."""
+    group = run.model.expert_group
+    split = [p for n, p in run.trainable.items() if is_expert_param(n)] if group is not None else []
+    if split:
+        split_ids = {id(p) for p in split}
+        dp.sum_grads([p for p in run.params if id(p) not in split_ids])
+        sum_expert_grads(split, group)
+    else:
+        dp.sum_grads(run.params)
     if run.scaler is not None:  # fp16: clip the true gradients, not the scaled ones
         run.scaler.unscale_(run.optimizer)
-    grad_norm = clip_grad_norm(run.params, max_norm)
+    grad_norm = clip_grad_norm(run.params, max_norm, split, group)
     if cfg.gpas_gate_grad_clip > 0:
         gpas.clip_gate_grads(run.model, cfg.gpas_gate_grad_clip)
     if run.scaler is not None:  # skips the step when a gradient overflowed, and adapts the scale
@@ -772,7 +859,25 @@ def _replicated_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel, max_norm
     return grad_norm
 
 
-def clip_grad_norm(params: list[paddle.Tensor], max_norm: float) -> float:
+def sum_expert_grads(params: list[paddle.Tensor], group: ExpertGroup) -> None:
+    """Sum the held experts' gradients over their data-parallel replicas (none when one copy exists)."""
+    if group.replicas == 1:
+        return
+    grads = [p.grad for p in params]
+    flat = sum_over_replicas(paddle.concat([g.reshape([-1]) for g in grads]), group)
+    offset = 0
+    for g in grads:
+        n = int(np.prod(g.shape))
+        g.set_value(flat[offset : offset + n].reshape(g.shape))
+        offset += n
+
+
+def clip_grad_norm(
+    params: list[paddle.Tensor],
+    max_norm: float,
+    split: list[paddle.Tensor] | None = None,
+    group: ExpertGroup | None = None,
+) -> float:
     """Global L2 norm of the gradients; scales them in place to ``max_norm`` when above it, as
     ``paddle.nn.utils.clip_grad_norm_`` does.
 
@@ -780,14 +885,20 @@ def clip_grad_norm(params: list[paddle.Tensor], max_norm: float) -> float:
     tree reduction, 2e-8 from a float64 sum on the 0.3B model's gradients in 56 ms, where a BLAS dot product
     (sequential float32 sums: 4% off on the 106M-value embedding) took 317 ms and the ``p_norm`` kernel of
     ``clip_grad_norm_`` 1.7 s (bench/bench_cpu_step.py, docs/benchmarks.md)."""
-    squares = []
+    split_ids = {id(p) for p in split or []}
+    squares, split_squares = [], []
     for p in params:
         if p.grad is not None:
             g = p.grad if p.grad.dtype == paddle.float32 else p.grad.astype("float32")
-            squares.append(paddle._C_ops.squared_l2_norm(g).reshape([]))
+            square = paddle._C_ops.squared_l2_norm(g).reshape([])
+            (split_squares if id(p) in split_ids else squares).append(square)
+    # Summed in float64: with the experts split, the per-tensor terms are added in another order than in
+    # one process, and the clipping coefficient should not depend on that order.
+    if split_squares:  # expert parallelism: the split experts' share is summed over the expert group
+        squares.append(sum_over_experts(paddle.stack(split_squares).astype("float64").sum(), group))
     if not squares:
         return 0.0
-    total = float(paddle.add_n(squares).sqrt())
+    total = float(paddle.stack([s.astype("float64") for s in squares]).sum().sqrt())
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:  # multiplying by 1 would change nothing and cost a pass over every gradient
         with paddle.no_grad():
@@ -866,6 +977,8 @@ def _finish_training(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: Tra
         run.ema.copy_to(run.trainable)
         if run.masters is not None:
             run.masters.write_back()
+    if run.model.expert_group is not None:  # the final model in the official un-split layout
+        unsplit_experts(run.model, run.model.expert_group, materialize=dp.main)
     if dp.main:
         # stage 2 wraps the model (GroupShardedStage2): the final files name the model's own weights
         model = run.sharded.layer if run.sharded is not None else run.model

@@ -22,7 +22,9 @@ from engine.train.config import (
     FINE_TUNING,
     MAX_DEVICES,
     STAGES,
+    ConfigError,
     TrainConfig,
+    check_expert_parallel,
     config_from_dict,
     sharding_device_problems,
 )
@@ -176,7 +178,10 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
     if spec.eval_dataset_ids:
         evals = _datasets_for(session, spec, spec.eval_dataset_ids, "eval_dataset_ids")
         cfg.update(_dataset_keys(settings, "eval", evals, [round(1.0 / len(evals), 6)] * len(evals)))
-    effective_config(cfg)
+    try:  # expert parallelism against the model and the devices, before anything is queued
+        check_expert_parallel(effective_config(cfg), spec.num_devices)
+    except ConfigError as e:
+        raise InvalidInput(f"hyperparameters: {e}") from None
     return cfg
 
 

@@ -153,3 +153,21 @@ def test_gpu_memory_is_read_from_the_device_asked_for_and_zero_is_unreadable(mon
     assert asked == ["gpu:0", "gpu:1"]
     assert good["free_memory_bytes"] == 3 * 2**30 and "error" not in good
     assert "memory unreadable" in bad["error"] and "free_memory_bytes" not in bad
+
+
+def test_the_collectives_runs_need_are_checked_by_name():
+    from types import SimpleNamespace
+
+    import paddle.distributed as dist
+
+    from engine.doctor.collectives import collective_check
+
+    cpu = {"paddle": {"compiled_with_cuda": False}, "devices": []}
+    check = collective_check(cpu)
+    assert check.passed and check.values["expert_dispatch"] == "allgather"
+    gpu = {"paddle": {"compiled_with_cuda": True}, "devices": [{"index": 0}]}
+    assert collective_check(gpu).values["expert_dispatch"] == "alltoall"  # Paddle 3.3 has alltoall_single
+    no_alltoall = SimpleNamespace(**{n: getattr(dist, n) for n in dir(dist) if n != "alltoall_single"})
+    assert collective_check(cpu, no_alltoall).passed  # CPU nodes never call it
+    check = collective_check(gpu, no_alltoall)
+    assert not check.passed and "paddle.distributed.alltoall_single" in check.detail

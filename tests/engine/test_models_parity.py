@@ -29,8 +29,14 @@ def _expected(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize(("name", "layout"), CASES, ids=[f"{n}-{lay}" for n, lay in CASES])
 def test_logits_match_transformers(name: str, layout: str) -> None:
+    assert_logits_match_transformers(name, GOLDEN / name / layout)
+
+
+def assert_logits_match_transformers(name: str, model_dir: Path) -> None:
+    """The golden ``name``'s input through the model in ``model_dir`` gives transformers' logits (also run on
+    a golden model written back by expert parallelism, tests/engine/test_expert_parallel.py)."""
     input_ids, expected = _expected(name)
-    model = engine.load_model(str(GOLDEN / name / layout), dtype="float32")
+    model = engine.load_model(str(model_dir), dtype="float32")
     assert not model.training
     with paddle.no_grad():
         logits = model(paddle.to_tensor(input_ids)).logits.numpy()

@@ -35,6 +35,16 @@ def test_create_validates_against_the_engine_config(client, settings):
         "/api/v1/runs", json={"dataset_ids": [ds["id"]], "hyperparameters": {"output_dir": "/tmp/x"}}
     )
     assert r.status_code == 422 and "output_dir" in r.json()["message"]
+    # expert parallelism on the dense default model: refused by its key, nothing queued
+    from engine.models.initialize import init_model
+
+    init_model("tiny", settings.models_dir / "tiny", seed=0)
+    before = client.get("/api/v1/runs").json()
+    r = client.post(
+        "/api/v1/runs", json={"dataset_ids": [ds["id"]], "hyperparameters": {"expert_parallel_degree": 2}}
+    )
+    assert r.status_code == 422 and "expert_parallel_degree: 2 needs an MoE model" in r.json()["message"]
+    assert client.get("/api/v1/runs").json() == before
     dpo = upload(client, DEMO_DPO).json()
     r = client.post(
         "/api/v1/runs", json={"dataset_ids": [dpo["id"]], "stage": "DPO", "hyperparameters": {"beta": 0.2}}

@@ -1,0 +1,160 @@
+"""One rank of tests/engine/test_expert_parallel.py under ``paddle.distributed.launch`` (2 gloo ranks).
+
+For tiny-moe and tiny-vl: one step's logits and gradients with the experts split over both ranks against
+one process holding the whole batch, the bytes of the routed experts each rank holds, and a 20-step
+expert-parallel training run; then each rank trains one of the two one-process references (rank 0 the text
+MoE, rank 1 the VL MoE, at the same time). Also splits the transformers-parity golden MoE, runs its golden
+input through the split model, and writes it back un-split. Results go to ``<out>/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from engine.models.expert_parallel import RemoteExpert, unsplit_experts  # noqa: E402
+from engine.models.moe import MoELayer  # noqa: E402
+from engine.tokenizer import load_tokenizer  # noqa: E402
+from engine.train import run_training  # noqa: E402
+from engine.train.config import load_config  # noqa: E402
+from engine.train.parallel import DataParallel  # noqa: E402
+from engine.train.sft import to_tensor_batch  # noqa: E402
+from engine.train.trainer import Objective, accumulate_gradients, build_data, build_model  # noqa: E402
+
+# A router loss of each kind, so their global-batch form is part of every gradient compared here.
+ROUTER = ["moe_aux_loss_lambda=0.01", "moe_z_loss_lambda=0.001", "moe_orthogonal_loss_lambda=0.01"]
+
+
+def overrides(kind: str, model: str, out: Path, extra: list[str]) -> tuple[Path, list[str]]:
+    yaml = ROOT / ("examples/sft_full.yaml" if kind == "moe" else "examples/vl_sft.yaml")
+    data = "examples/data/sft_demo.jsonl" if kind == "moe" else "examples/data/vl_demo.jsonl"
+    return yaml, [
+        f"model_name_or_path={model}",
+        f"train_dataset_path={ROOT / data}",
+        "max_seq_len=128" if kind == "moe" else "max_seq_len=256",
+        "max_steps=20",
+        # At 3e-3 the tiny VL model's step 10 has a gradient norm of 13, after which any float32 rounding
+        # (data parallel's as well) grows past 1e-5; at 1e-3 both parallel runs stay within 1e-6.
+        "learning_rate=3e-3" if kind == "moe" else "learning_rate=1e-3",
+        "warmup_steps=2",
+        "save_steps=10",
+        "logging_steps=1",
+        "disable_tqdm=true",
+        "seed=5",
+        f"output_dir={out}",
+        *ROUTER,
+        # the text runs keep a weight average too: each rank averages its own experts, checkpoints gather it
+        *(["ema_decay=0.9"] if kind == "moe" else []),
+        *extra,
+    ]
+
+
+class OneProcess(DataParallel):
+    """The one-process reference inside a launched rank: no communication."""
+
+    def __init__(self):
+        self.world, self.rank = 1, 0
+
+
+def grads(model) -> dict[str, np.ndarray]:
+    return {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path) -> dict:
+    """One step's logits and gradients, split over the ranks vs. one process with the whole batch."""
+    yaml, over = overrides(kind, model_dir, out / f"unused-{kind}", ["batch_size=2"])
+    cfg = load_config(yaml, [*over, "expert_parallel_degree=2"])
+    one_cfg = load_config(yaml, over)
+    tok = load_tokenizer(model_dir)
+    ref, _ = build_model(one_cfg)
+    batch = next(iter(build_data(cfg, tok, "train", 2 * dp.world, ref.config.vision_config)))
+    groups = ref.config.expert_counts
+    full_sums, _, _ = accumulate_gradients(ref, Objective.LM, [batch], OneProcess(), groups)
+    ref_grads = grads(ref)
+    ep, trainable = build_model(cfg, world=dp.world)
+    mine = dp.slice(batch, ep.config)
+    sums, _, _ = accumulate_gradients(ep, Objective.LM, [mine], dp, groups)
+    replicated = [p for n, p in trainable.items() if ".mlp.experts." not in n and p.grad is not None]
+    dp.sum_grads(replicated)  # what optimizer_step does; held experts' gradients stay as they are
+    ep_grads = grads(ep)
+    missing = sorted(set(ref_grads) & set(trainable) - set(ep_grads))
+    grad_diff = max(float(np.abs(g - ref_grads[n]).max()) for n, g in ep_grads.items())
+    ref.eval(), ep.eval()
+    with paddle.no_grad():
+        rows = mine["input_ids"].shape[0]
+        ref_logits = ref(**to_tensor_batch(batch)["inputs"]).logits.numpy()
+        ep_logits = ep(**to_tensor_batch(mine)["inputs"]).logits.numpy()
+    ref_logits = ref_logits[dp.rank * rows : (dp.rank + 1) * rows]
+    loss = float(dp.sum(np.array([sums["loss"]]))[0])
+
+    def expert_bytes(model) -> int:
+        return sum(
+            p.numel().item() * p.element_size() for n, p in model.named_parameters() if ".mlp.experts." in n
+        )
+
+    held = [
+        sum(not isinstance(e, RemoteExpert) for e in m.experts)
+        for m in ep.sublayers()
+        if isinstance(m, MoELayer)
+    ]
+    return {
+        "logits_diff": float(np.abs(ep_logits - ref_logits).max()),
+        "grad_diff": grad_diff,
+        "grads_compared": len(ep_grads),
+        "missing_grads": missing,
+        "loss": loss,
+        "one_process_loss": full_sums["loss"],
+        "expert_bytes": expert_bytes(ep),
+        "full_expert_bytes": expert_bytes(ref),
+        "held_experts": held,
+    }
+
+
+def golden_roundtrip(dp: DataParallel, out: Path) -> dict:
+    """The transformers-parity golden MoE split over the ranks: its logits, and written back un-split."""
+    golden = ROOT / "tests/engine/golden/moe"
+    yaml, over = overrides("moe", str(golden / "paddle"), out / "unused-golden", [])
+    cfg = load_config(yaml, [*over, "expert_parallel_degree=2"])
+    model, _ = build_model(cfg, world=dp.world)
+    model.eval()
+    expected = np.load(golden / "expected.npz")
+    with paddle.no_grad():
+        logits = model(paddle.to_tensor(expected["input_ids"])).logits.numpy()
+    unsplit_experts(model, model.expert_group, materialize=dp.main)
+    if dp.main:
+        from engine.models.checkpoint import save_model
+
+        save_model(model, out / "golden-unsplit")
+    return {"golden_logits_diff": float(np.abs(logits - expected["logits"]).max())}
+
+
+def main() -> None:
+    moe_dir, vl_dir, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    dp = DataParallel()
+    result: dict = {"rank": dp.rank}
+    models = {"moe": moe_dir, "vl": vl_dir}
+    for kind, model_dir in models.items():
+        result[kind] = step_parity(kind, model_dir, dp, out)
+    result.update(golden_roundtrip(dp, out))
+    for kind, model_dir in models.items():
+        yaml, over = overrides(kind, model_dir, out / f"ep-{kind}", ["batch_size=2"])
+        result[f"train_{kind}"] = run_training(load_config(yaml, [*over, "expert_parallel_degree=2"])).status
+    # The one-process references, one per rank at the same time: PADDLE_TRAINERS_NUM=1 makes the trainer
+    # run alone (no collective), with the doubled batch.
+    kind = list(models)[dp.rank]
+    os.environ["PADDLE_TRAINERS_NUM"] = "1"
+    yaml, over = overrides(kind, models[kind], out / f"one-{kind}", ["batch_size=4"])
+    result[f"reference_{kind}"] = run_training(load_config(yaml, over)).status
+    (out / f"rank{dp.rank}.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

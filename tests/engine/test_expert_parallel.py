@@ -1,0 +1,134 @@
+"""Expert parallelism on CPU: 2 gloo ranks split each MoE layer's routed experts (the all_gather exchange)
+and compute what one process holding every expert and the whole batch computes.
+
+One launch does every multi-rank check (tests/engine/expert_parallel_ranks.py); this file judges what it
+wrote, and resumes its un-split checkpoint in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import paddle
+import pytest
+from safetensors.numpy import load_file
+
+import engine
+from engine.train import run_training
+from engine.train.config import ConfigError, load_config
+from engine.train.parallel import launch_command
+from engine.train.trainer import build_model
+from tests.engine.expert_parallel_ranks import ROOT, overrides
+from tests.engine.test_models_parity import assert_logits_match_transformers
+
+
+@pytest.fixture(scope="module")
+def ranks(tiny_moe_model_dir, tiny_vl_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("expert_parallel")
+    logs = out / "launch_logs"
+    cmd = launch_command(
+        [
+            str(ROOT / "tests/engine/expert_parallel_ranks.py"),
+            str(tiny_moe_model_dir),
+            str(tiny_vl_model_dir),
+            str(out),
+        ],
+        2,
+        str(logs),
+        "ep2",
+    )
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600
+    )
+    text = "".join(p.read_text() for p in sorted(logs.glob("*")) if p.is_file())
+    assert proc.returncode == 0, text[-4000:]
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def losses(run_dir) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["moe", "vl"])
+def test_split_experts_give_one_process_logits_and_gradients(ranks, kind):
+    _, results = ranks
+    for r in results:
+        step = r[kind]
+        print(
+            f"{kind} rank {r['rank']}: |logits diff| {step['logits_diff']:.1e}, |grad diff| {step['grad_diff']:.1e}"
+        )
+        assert step["logits_diff"] <= 1e-5 and step["grad_diff"] <= 1e-5
+        assert step["grads_compared"] > 20 and step["missing_grads"] == []
+        assert abs(step["loss"] - step["one_process_loss"]) <= 1e-5
+        # half the routed experts of every layer (both modality groups of the VL model), counted in bytes
+        assert 2 * step["expert_bytes"] == step["full_expert_bytes"]
+        assert step["held_experts"] == ([4, 4] if kind == "moe" else [8, 8])
+
+
+@pytest.mark.parametrize("kind", ["moe", "vl"])
+def test_twenty_steps_follow_the_one_process_losses(ranks, kind):
+    out, results = ranks
+    assert {r[f"train_{kind}"] for r in results} == {"succeeded"}
+    split, one = losses(out / f"ep-{kind}"), losses(out / f"one-{kind}")
+    assert len(split) == len(one) == 20
+    print(f"{kind}: 20 steps, max |loss diff| = {np.abs(np.subtract(split, one)).max():.1e}")
+    np.testing.assert_allclose(split, one, atol=1e-5, rtol=0)
+    assert one[-1] < one[0]
+
+
+def test_checkpoints_are_written_un_split_and_resume_in_one_process(ranks, tiny_moe_model_dir, tmp_path):
+    out, _ = ranks
+    # the final model: every expert back, loadable by one process, and the one-process model's logits
+    ids = paddle.to_tensor(np.arange(1, 33, dtype=np.int64).reshape(1, 32))
+    for kind in ("moe", "vl"):
+        with paddle.no_grad():
+            a = engine.load_model(out / f"one-{kind}")(ids).logits.numpy()
+            b = engine.load_model(out / f"ep-{kind}")(ids).logits.numpy()
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+    # checkpoint-10 holds the same tensors (weights and AdamW state) as one process's
+    for name in ("model.pdparams", "optimizer.pdopt"):
+        split = paddle.load(str(out / "ep-moe/checkpoint-10" / name))
+        one = paddle.load(str(out / "one-moe/checkpoint-10" / name))
+        assert sorted(split) == sorted(one)
+    # ... and one process resumes it: step 11 as the expert-parallel run had it
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / "ep-moe/checkpoint-10", resumed / "checkpoint-10")
+    yaml, over = overrides("moe", str(tiny_moe_model_dir), resumed, ["batch_size=4", "max_steps=11"])
+    assert run_training(load_config(yaml, over)).status == "succeeded"
+    assert abs(losses(resumed)[-1] - losses(out / "ep-moe")[10]) <= 1e-5
+
+
+def test_a_golden_model_split_and_written_back_keeps_transformers_parity(ranks):
+    out, results = ranks
+    assert max(r["golden_logits_diff"] for r in results) <= 1e-4  # the split model itself
+    assert_logits_match_transformers("moe", out / "golden-unsplit")
+    # gathered back bit for bit: every expert from the rank that held it
+    back = load_file(out / "golden-unsplit/model.safetensors")
+    golden = load_file(ROOT / "tests/engine/golden/moe/paddle/model.safetensors")
+    assert sorted(back) == sorted(golden) and any(".mlp.experts.5." in n for n in back)
+    for name, value in golden.items():
+        np.testing.assert_array_equal(back[name], value.astype(np.float32), err_msg=name)
+
+
+def test_bad_expert_parallel_settings_name_the_key(tiny_model_dir, tiny_moe_model_dir, tmp_path):
+    def build(model, *extra):
+        yaml, over = overrides("moe", str(model), tmp_path / "out", list(extra))
+        return build_model(load_config(yaml, over))
+
+    with pytest.raises(ValueError, match=r"expert_parallel_degree: 3 does not divide the model's 8 experts"):
+        build(tiny_moe_model_dir, "expert_parallel_degree=3")
+    with pytest.raises(ValueError, match=r"expert_parallel_degree: 2 needs an MoE model.*dense"):
+        build(tiny_model_dir, "expert_parallel_degree=2")
+    with pytest.raises(ConfigError, match=r"expert_parallel_degree: 2 does not divide the 1 rank"):
+        build(tiny_moe_model_dir, "expert_parallel_degree=2")
+    with pytest.raises(ConfigError, match=r"moe_group"):
+        build(tiny_moe_model_dir, "moe_group=sharding")
+    with pytest.raises(ConfigError, match=r"elastic training"):
+        build(tiny_moe_model_dir, "expert_parallel_degree=2", "elastic=true", "elastic_topk_choices=1")
+    # ERNIEKit's dp group is every rank: one process splits nothing
+    yaml, over = overrides("moe", str(tiny_moe_model_dir), tmp_path / "out", ["moe_group=dp"])
+    assert load_config(yaml, over).expert_degree(1) == 1
+    assert load_config(yaml, over).expert_degree(4) == 4
