@@ -139,6 +139,11 @@ def _open_image(path: Path) -> Image.Image:
         return im.convert("RGB")
 
 
+def _pending_image() -> Image.Image:
+    """The gallery's stand-in for an image not fetched yet."""
+    return Image.new("RGB", (64, 64), (200, 200, 200))
+
+
 def record_view(
     page: dict[str, Any], index: int, lang: str = DEFAULT_LANGUAGE
 ) -> tuple[str, list[tuple[str, str | None]], str]:
@@ -253,9 +258,16 @@ class DatasetsHandlers:
 
     def _record_gallery(self, did: int, record: Any) -> Any:
         ds = self.ctx.read(datasets_svc.get_dataset, did, default=None)
-        paths = datasets_svc.record_images(self.ctx.settings, ds, record) if ds is not None else []
-        # Opened here and handed over as images: Gradio only serves files from its own allowed folders.
-        shown = [(_open_image(p), p.name) for p in paths]
+        images = datasets_svc.record_images(self.ctx.settings, ds, record) if ds is not None else []
+        # Opened here and handed over as images: Gradio only serves files from its own allowed folders. An
+        # image named by URL that the dataset's fetch job has not fetched yet is shown as such, never fetched.
+        lang = current_language()
+        shown = [
+            (_open_image(p), name)
+            if p is not None
+            else (_pending_image(), text("ds.msg.not_fetched", lang, url=name))
+            for p, name in images
+        ]
         return gr.update(value=shown or None, visible=bool(shown))
 
     def upload(self, path: str | None, name_value: str, format_value: str) -> tuple[Any, ...]:

@@ -486,6 +486,10 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         "A {format} benchmark: its questions are scored on the Evaluate tab, never trained on.",
         "{format} 基准测试：在“评测”页打分，不用于训练。",
     ),
+    "ds.msg.not_fetched": (
+        "not fetched yet: {url}",
+        "尚未获取：{url}",
+    ),
     "ds.msg.benchmark_render": (
         "A {format} benchmark: each question is scored as docs/evaluation.md shows, not in the chat template.",
         "{format} 基准测试：按 docs/evaluation.md 所述方式逐题打分，不套用对话模板。",
@@ -822,11 +826,24 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     (r"the server answered (?P<code>\d+)(?: .*)?", "服务器返回 HTTP {code}"),
     (r"larger than (?P<n>[\d,]+) bytes", "大于 {n} 字节"),
     (
+        r"took longer than (?P<s>[\d.]+) s \(one deadline for the whole fetch\)",
+        "超过 {s} 秒（整次获取共用一个时限）",
+    ),
+    (
+        r"the answer is not an image the VL processor accepts \((?P<msg_why>.*)\)",
+        "返回内容不是 VL 处理器接受的图片（{msg_why}）",
+    ),
+    (
+        r"the server sent the body (?P<enc>\S+)-encoded after being asked for identity; compressed replies are "
+        r"not decoded",
+        "服务器在要求不压缩后仍以 {enc} 压缩返回；压缩的回复不会被解压",
+    ),
+    (
         r"fetching record URLs is turned off \(ERNIE_STUDIO_MEDIA_URLS=off\)",
         "已关闭按 URL 获取记录中的图片（ERNIE_STUDIO_MEDIA_URLS=off）",
     ),
     (
-        r"(?P<host>\S+) is a (?P<kind>loopback|private or reserved) address \((?P<address>[^)]*)\); record URLs "
+        r"(?P<host>\S+) is a (?P<kind>loopback|private or reserved|translation or tunnelling) address \((?P<address>[^)]*)\); record URLs "
         r"are fetched from public hosts only \(ERNIE_STUDIO_MEDIA_URLS=any allows an internal image store\)",
         "{host} 是{kind}地址（{address}）；记录中的 URL 只从公网主机获取（ERNIE_STUDIO_MEDIA_URLS=any 允许内部图床）",
     ),
@@ -846,6 +863,7 @@ _MESSAGE_WORDS = {
     "eval": "评估",
     "loopback": "回环",
     "private or reserved": "私有或保留",
+    "translation or tunnelling": "地址转换或隧道",
 }
 _MESSAGE_PATTERNS = [(re.compile(pattern, re.S), zh) for pattern, zh in MESSAGE_PATTERNS]
 

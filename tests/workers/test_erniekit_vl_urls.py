@@ -1,7 +1,7 @@
 """ERNIEKit's own VL demo data runs unchanged: a JSON array in a .jsonl file whose records name their images by
 URL (examples/data/sft_vl-train_demo1.jsonl in PaddlePaddle/ERNIE), with a loopback server standing in for the
-image host. It uploads through POST /datasets and the Datasets tab, the images are fetched once into the
-dataset's folder under home, the preview shows them, and a tiny VL-SFT run trains from them under the worker's
+image host. It uploads through POST /datasets and the Datasets tab, a worker's media fetch job (never the
+upload request) fetches the images once into the dataset's folder under home, the preview shows them, and a tiny VL-SFT run trains from them under the worker's
 ``execute_run`` without fetching anything again."""
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from image_standin import ImageHost, picture
 from studio.app import create_app
 from studio.config import Settings
 from studio.migrate import upgrade
+from studio.services import datasets as datasets_svc
 from studio.services import runs as runs_svc
 from studio.ui.context import UIContext
 from studio.ui.datasets_tab import DatasetsHandlers
 from studio.ui.i18n import Texts
+from workers.media import execute_media_fetch
 from workers.training import execute_run
 
 COLOURS = {"red": (200, 30, 30), "green": (30, 180, 40), "blue": (30, 50, 210)}
@@ -65,7 +67,19 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
                 3,
                 3,
             )
-            assert len(host.hits) == 3  # each image fetched once, at upload
+            assert host.hits == [] and ds["media_fetch"]["status"] == "queued"  # the request fetches nothing
+            page = client.get(f"/api/v1/datasets/{ds['id']}/preview", params={"limit": 1}).json()
+            assert host.hits == []  # nor does a preview
+            assert execute_media_fetch(settings, ds["media_fetch"]["id"], "me@n") == "succeeded"
+            assert len(host.hits) == 3  # each image fetched once, by the worker's job
+            fetch = client.get(f"/api/v1/datasets/{ds['id']}").json()["media_fetch"]
+            assert (fetch["status"], fetch["urls_done"], fetch["urls_total"], fetch["failed"]) == (
+                "succeeded",
+                3,
+                3,
+                None,
+            )
+            assert fetch["bytes_done"] == sum(len(b) for b in pictures.values())
             # ... into the dataset's own folder under home, beside the data file
             (stored,) = settings.datasets_dir.glob(f"*/{data.name}")
             folder = stored.parent
@@ -89,6 +103,14 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
         tab = DatasetsHandlers(UIContext(settings, Texts(), None))
         result, problems, summary = tab.upload(str(data), "vl demo (tab)", "auto")[:3]
         assert result.startswith("✅ added **vl demo (tab)**") and problems.empty and "3 valid" in summary
+        assert len(host.hits) == 3
+        tab_ds = max(d.id for d in tab.ctx.read(datasets_svc.list_datasets, default=[]))
+        pending = tab.show_record(tab_ds, 1, None)[3]["value"]  # not fetched yet: said so, not fetched
+        assert [name for _, name in pending] == [
+            f"not fetched yet: {demo_records(host.url)[1]['image_info'][0]['image_url']}"
+        ]
+        fetch_id = tab.ctx.read(datasets_svc.get_dataset, tab_ds, default=None).media_fetch.id
+        assert execute_media_fetch(settings, fetch_id, "me@n") == "succeeded"
         assert len(host.hits) == 6  # a dataset of its own, with copies of its own
         gallery = tab.show_record(ds["id"], 1, None)[3]
         ((image, name),) = gallery["value"]
