@@ -354,6 +354,7 @@ def _record(
     add_event(session, "dataset.created", f"dataset {ds.name} uploaded ({num_records} records, {fmt})")
     session.commit()
     media_svc.queue_fetch(session, settings, ds, final)
+    session.refresh(ds)  # with its fetch, for callers that read it after the session ends (the UI)
     return ds
 
 

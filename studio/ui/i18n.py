@@ -852,6 +852,8 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "无法解析 {host}（{error}）；此节点是否离线？",
     ),
     (r"image (?P<url>'[^']*'): not an image PIL can read \(.*\)", "图片 {url} 不是可读取的图片"),
+    (r"not an image PIL can read \(.*\)", "不是可读取的图片"),
+    (r"truncated or corrupt \(.*\)", "文件被截断或已损坏"),
 ]
 # Words a pattern's groups carry that are text, not data: what a refusal names, and the address kinds.
 _MESSAGE_WORDS = {
