@@ -26,6 +26,7 @@ import os
 import socket
 import ssl
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,7 +233,8 @@ def fetch(url: str, base_dir: Path, budget: DatasetBudget | None = None) -> Path
     if mode == "public":
         check_addresses(host, addresses)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
+    # A name of its own: the studio's fetch job and a run may fetch the same URL at once.
+    partial = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.part")
     try:
         size = _download(parts.scheme, host, port, _target(parts), addresses[0], partial, limit)
         budget.bytes += size
@@ -249,7 +251,8 @@ def fetch_all(
     progress: Callable[[int, int, int], Any] | None = None,
 ) -> dict[str, str]:
     """Fetch every URL not kept yet into ``base_dir`` under one dataset budget; returns {url: why} of the
-    ones that failed. ``progress(done, total, bytes)`` is called after each URL."""
+    ones that failed. ``progress(done, total, bytes)`` is called after each URL; when it returns False
+    (the job was deleted or taken over) the fetch stops."""
     unique = list(dict.fromkeys(urls))
     if len(unique) > MAX_URLS:
         raise FetchError(
@@ -263,8 +266,8 @@ def fetch_all(
             fetch(url, base_dir, budget)
         except FetchError as e:
             failed[url] = str(e)
-        if progress is not None:
-            progress(i, len(unique), budget.bytes)
+        if progress is not None and progress(i, len(unique), budget.bytes) is False:
+            raise FetchError(f"stopped after {i} of {len(unique)} URLs")
     return failed
 
 

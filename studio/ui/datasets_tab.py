@@ -106,7 +106,20 @@ def summary_markdown(d: Any, lang: str = DEFAULT_LANGUAGE) -> str:
         records=d.num_records,
         valid=d.num_valid,
     )
-    return f"{head}  \n{verdict}"
+    media = _media_line(getattr(d, "media_fetch", None), lang)
+    return f"{head}  \n{verdict}" + (f"  \n{media}" if media else "")
+
+
+def _media_line(fetch: Any, lang: str) -> str:
+    """Where the worker's fetch of the images the records name by URL stands (empty when they name none)."""
+    if fetch is None:
+        return ""
+    if fetch.status in ("queued", "running"):
+        return text("ds.msg.media_pending", lang, done=fetch.urls_done, total=fetch.urls_total)
+    if fetch.status == "succeeded":
+        fetched = fetch.urls_total - len(fetch.failed or {})
+        return text("ds.msg.media_done", lang, fetched=fetched, total=fetch.urls_total)
+    return text("ds.msg.media_failed", lang, error=localize_message(fetch.error or "", lang))
 
 
 def rendered_spans(spans: list[dict[str, Any]], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str | None]]:

@@ -486,6 +486,18 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         "A {format} benchmark: its questions are scored on the Evaluate tab, never trained on.",
         "{format} 基准测试：在“评测”页打分，不用于训练。",
     ),
+    "ds.msg.media_pending": (
+        "Images named by URL: {done}/{total} fetched so far; a worker is fetching them (refresh to follow).",
+        "按 URL 引用的图片：已获取 {done}/{total}；工作节点正在获取（刷新查看进度）。",
+    ),
+    "ds.msg.media_done": (
+        "Images named by URL: {fetched} of {total} fetched by a worker.",
+        "按 URL 引用的图片：工作节点已获取 {fetched}/{total}。",
+    ),
+    "ds.msg.media_failed": (
+        "Images named by URL were not fetched: {error}",
+        "按 URL 引用的图片未能获取：{error}",
+    ),
     "ds.msg.not_fetched": (
         "not fetched yet: {url}",
         "尚未获取：{url}",

@@ -373,6 +373,14 @@ def test_urls_and_bytes_per_dataset_are_capped(tmp_path, monkeypatch):
     assert seen == [(1, 3, len(png)), (2, 3, len(png)), (3, 3, len(png))]
 
 
+def test_a_fetch_whose_job_is_gone_stops(image_server, tmp_path, monkeypatch):
+    base, _, hits = image_server
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "any")
+    with pytest.raises(remote.FetchError) as e:
+        remote.fetch_all([f"{base}/red.png", f"{base}/nope.png"], tmp_path, lambda *_: False)
+    assert "stopped after 1 of 2 URLs" in str(e.value) and hits == ["/red.png"]
+
+
 # ---- the animation probe (issue 27, item 5) -----------------------------------------------------------------
 def canvas_bomb(width: int = 10_000, height: int = 10_000, frames: int = 4) -> bytes:
     """A GIF whose header declares a ``width`` x ``height`` canvas, holding ``frames`` one-pixel frames."""

@@ -20,7 +20,7 @@ from studio.migrate import upgrade
 from studio.services import datasets as datasets_svc
 from studio.services import runs as runs_svc
 from studio.ui.context import UIContext
-from studio.ui.datasets_tab import DatasetsHandlers
+from studio.ui.datasets_tab import DatasetsHandlers, summary_markdown
 from studio.ui.i18n import Texts
 from workers.media import execute_media_fetch
 from workers.training import execute_run
@@ -104,7 +104,9 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
         tab = DatasetsHandlers(UIContext(settings, Texts(), None))
         result, problems, summary = tab.upload(str(data), "vl demo (tab)", "auto")[:3]
         assert result.startswith("✅ added **vl demo (tab)**") and problems.empty and "3 valid" in summary
-        assert len(host.hits) == 3
+        assert (
+            len(host.hits) == 3 and "Images named by URL: 0/3 fetched so far; a worker is fetching" in summary
+        )
         tab_ds = max(d.id for d in tab.ctx.read(datasets_svc.list_datasets, default=[]))
         pending = tab.show_record(tab_ds, 1, None)[3]["value"]  # not fetched yet: said so, not fetched
         assert [name for _, name in pending] == [
@@ -113,6 +115,8 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
         fetch_id = tab.ctx.read(datasets_svc.get_dataset, tab_ds, default=None).media_fetch.id
         assert execute_media_fetch(settings, fetch_id, "me@n") == "succeeded"
         assert len(host.hits) == 6  # a dataset of its own, with copies of its own
+        fetched = tab.ctx.read(datasets_svc.get_dataset, tab_ds, default=None)
+        assert "Images named by URL: 3 of 3 fetched by a worker." in summary_markdown(fetched)
         gallery = tab.show_record(ds["id"], 1, None)[3]
         ((image, name),) = gallery["value"]
         assert gallery["visible"] and name.endswith(".jpg")
