@@ -5,6 +5,7 @@ could not be fetched as the dataset's problems."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from engine.data import remote
@@ -16,6 +17,8 @@ from studio.services import datasets as datasets_svc
 from studio.services import media as media_svc
 
 log = logging.getLogger(__name__)
+
+POLL_S = 2.0  # well inside the reconciler's STALE_AFTER_S (30 s by default)
 
 
 def execute_media_fetch(settings: Settings, fetch_id: int, worker: str) -> str | None:
@@ -32,15 +35,16 @@ def execute_media_fetch(settings: Settings, fetch_id: int, worker: str) -> str |
             return RunStatus.FAILED.value
         path = datasets_svc.dataset_path(settings, ds)
         entries = media_svc.record_urls(path, ds.format)
+        beat = _Heartbeat(settings, fetch_id, len({url for _, _, url in entries}))
+        beat.start()
         try:
-            failed = remote.fetch_all(
-                [url for _, _, url in entries],
-                path.parent,
-                lambda done, total, nbytes: media_svc.fetch_progress(session, fetch_id, done, total, nbytes),
-            )
+            failed = remote.fetch_all([url for _, _, url in entries], path.parent, beat.progress)
         except remote.FetchError as e:
             media_svc.finish_fetch(session, fetch_id, RunStatus.FAILED, str(e), error=str(e))
             return RunStatus.FAILED.value
+        finally:
+            beat.stop()
+        media_svc.fetch_progress(session, fetch_id, *beat.latest)
         _record_problems(ds, path, datasets_svc.dataset_folder(settings, ds), entries, failed)
         session.commit()
         fetched = len({url for _, _, url in entries}) - len(failed)
@@ -49,6 +53,31 @@ def execute_media_fetch(settings: Settings, fetch_id: int, worker: str) -> str |
             message += f", {len(failed)} could not be"
         media_svc.finish_fetch(session, fetch_id, RunStatus.SUCCEEDED, message, failed=failed or None)
         return RunStatus.SUCCEEDED.value
+
+
+class _Heartbeat(threading.Thread):
+    """Beats for the job every ``POLL_S`` with the latest progress while one URL may take up to the fetch
+    deadline (longer than a heartbeat may be missed); ``progress`` answers False once the job is no longer
+    this worker's (deleted with its dataset, or requeued), which stops the fetch."""
+
+    def __init__(self, settings: Settings, fetch_id: int, total: int) -> None:
+        super().__init__(daemon=True, name=f"media-fetch-{fetch_id}")
+        self.settings, self.fetch_id = settings, fetch_id
+        self.latest = (0, total, 0)
+        self.alive, self.stopped = True, threading.Event()
+
+    def progress(self, done: int, total: int, nbytes: int) -> bool:
+        self.latest = (done, total, nbytes)
+        return self.alive
+
+    def run(self) -> None:
+        with session_factory(self.settings)() as session:
+            while not self.stopped.wait(POLL_S):
+                self.alive = media_svc.fetch_progress(session, self.fetch_id, *self.latest)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
 
 
 def _record_problems(
