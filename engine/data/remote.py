@@ -106,6 +106,30 @@ def policy() -> str:
     return value
 
 
+def proxy() -> httpcore.URL | None:
+    """The proxy the operator set for record URLs (``ERNIE_STUDIO_MEDIA_PROXY``, an ``http://host:port``
+    URL); None when unset. Proxies in ``HTTP_PROXY`` and the like are never used."""
+    value = os.environ.get("ERNIE_STUDIO_MEDIA_PROXY", "").strip()
+    if not value:
+        return None
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme != "http" or not parts.hostname or port == -1 or parts.path not in ("", "/"):
+        raise FetchError(
+            f"ERNIE_STUDIO_MEDIA_PROXY={value!r}: give the proxy as http://host:port (an HTTP proxy; https "
+            "record URLs go through it with CONNECT)"
+        )
+    if parts.username or parts.password:
+        raise FetchError(
+            "ERNIE_STUDIO_MEDIA_PROXY: credentials in the proxy URL are not supported; allow the workers' "
+            "addresses at the proxy instead"
+        )
+    return httpcore.URL(scheme=b"http", host=parts.hostname.encode("idna"), port=port or 80, target=b"/")
+
+
 def cached_path(url: str, base_dir: Path) -> Path:
     """Where the file of ``url`` is kept inside the dataset directory."""
     suffix = Path(urlsplit(url).path).suffix.lower()
@@ -291,8 +315,8 @@ def _check_image(path: Path) -> None:
 class _DeadlineStream(httpcore.NetworkStream):
     """A connection whose every read, write and TLS handshake waits at most until one deadline."""
 
-    def __init__(self, inner: httpcore.NetworkStream, deadline: float) -> None:
-        self.inner, self.deadline = inner, deadline
+    def __init__(self, inner: httpcore.NetworkStream, deadline: float, sni: str | None = None) -> None:
+        self.inner, self.deadline, self.sni = inner, deadline, sni
 
     def _left(self) -> float:
         left = self.deadline - time.monotonic()
@@ -312,9 +336,9 @@ class _DeadlineStream(httpcore.NetworkStream):
     def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
     ) -> httpcore.NetworkStream:
-        return _DeadlineStream(
-            self.inner.start_tls(ssl_context, server_hostname, self._left()), self.deadline
-        )
+        # Through a proxy the request names the checked address, so TLS is told the name (SNI, certificate).
+        name = self.sni or server_hostname
+        return _DeadlineStream(self.inner.start_tls(ssl_context, name, self._left()), self.deadline)
 
     def get_extra_info(self, info: str) -> Any:
         return self.inner.get_extra_info(info)
@@ -322,10 +346,13 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 @dataclass
 class _PinnedBackend(httpcore.NetworkBackend):
-    """Connects to the one checked address whatever host the request names (so Host and SNI keep the name)."""
+    """Connects to the one checked address whatever host the request names (so Host and SNI keep the name);
+    with the operator's proxy (``address`` None) it connects to the proxy, and ``sni`` names the host for TLS
+    inside the tunnel."""
 
-    address: IPAddress
+    address: IPAddress | None
     deadline: float
+    sni: str | None = None
     inner: httpcore.NetworkBackend = field(default_factory=httpcore.SyncBackend)
 
     def connect_tcp(
@@ -339,10 +366,11 @@ class _PinnedBackend(httpcore.NetworkBackend):
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise httpcore.ConnectTimeout("deadline")
+        target = host if self.address is None else str(self.address)
         stream = self.inner.connect_tcp(
-            str(self.address), port, min(CONNECT_TIMEOUT_S, left), local_address, socket_options
+            target, port, min(CONNECT_TIMEOUT_S, left), local_address, socket_options
         )
-        return _DeadlineStream(stream, self.deadline)
+        return _DeadlineStream(stream, self.deadline, self.sni)
 
     def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
         raise httpcore.ConnectError("record URLs are fetched over TCP only")
@@ -358,7 +386,18 @@ def _download(
     (``identity`` asked, nothing decoded), redirects are not followed (they could lead past the address
     check), and the whole exchange shares one deadline."""
     deadline = time.monotonic() + DEADLINE_S
-    url = httpcore.URL(scheme=scheme.encode(), host=host.encode("ascii"), port=port, target=target)
+    via = proxy()
+    # Through the operator's proxy the request names the checked address itself (the proxy must not resolve
+    # the name again), with the name in Host and, inside a CONNECT tunnel, in SNI.
+    url = httpcore.URL(
+        scheme=scheme.encode(),
+        host=(host if via is None else f"[{address}]" if address.version == 6 else str(address)).encode(
+            "ascii"
+        ),
+        port=port,
+        target=target,
+    )
+    backend = _PinnedBackend(address, deadline) if via is None else _PinnedBackend(None, deadline, sni=host)
     name = f"[{host}]" if ":" in host else host  # an IPv6 literal
     default = port == (443 if scheme == "https" else 80)
     headers = [
@@ -370,7 +409,10 @@ def _download(
     try:
         with (
             httpcore.ConnectionPool(
-                max_connections=1, retries=0, network_backend=_PinnedBackend(address, deadline)
+                max_connections=1,
+                retries=0,
+                network_backend=backend,
+                proxy=None if via is None else httpcore.Proxy(url=via),
             ) as pool,
             pool.stream("GET", url, headers=headers) as r,
         ):

@@ -251,6 +251,37 @@ def test_a_proxy_from_the_environment_is_not_used(tmp_path, dns, connections, li
     assert connections == [(PUBLIC, 80)] and listener.accepted == 0
 
 
+def test_the_operators_proxy_is_asked_for_the_checked_address(tmp_path, dns, connections, monkeypatch):
+    """ERNIE_STUDIO_MEDIA_PROXY: the request names the checked address (the proxy does not resolve the name
+    again) and carries the name in Host; a name that resolves to a private address never reaches it."""
+    png = picture((20, 20, 200))
+    seen: list[tuple[str, str]] = []
+
+    def forward(h) -> None:
+        seen.append((h.path, h.headers.get("Host", "")))
+        _send(h, png, Content_Type="image/png")
+
+    proxy = Reply(forward)
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_PROXY", proxy.url)
+    dns.answers["images.example"] = [[PUBLIC]]
+    dns.answers["inside.example"] = [["10.0.0.7"]]
+    try:
+        path = remote.fetch("http://images.example/a.png?x=1", tmp_path)
+        with pytest.raises(remote.FetchError) as e:
+            remote.fetch("http://inside.example/a.png", tmp_path)
+    finally:
+        proxy.close()
+    assert path.read_bytes() == png and seen == [(f"http://{PUBLIC}:80/a.png?x=1", "images.example")]
+    assert "inside.example is a private or reserved address (10.0.0.7)" in str(e.value)
+    assert dns.asked == ["images.example", "inside.example"]
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_PROXY", "socks5://127.0.0.1:1080")
+    with pytest.raises(remote.FetchError) as e:
+        remote.fetch("http://images.example/b.png", tmp_path)
+    assert "ERNIE_STUDIO_MEDIA_PROXY='socks5://127.0.0.1:1080': give the proxy as http://host:port" in str(
+        e.value
+    )
+
+
 # ---- what a server sends back (issue 27, items 2 and 5) ----------------------------------------------------
 class Reply:
     """A loopback HTTP server whose GET runs ``answer(handler)``."""
