@@ -758,6 +758,51 @@ def _check_canvas(width: int, height: int, max_image_pixels: int) -> None:
         )
 
 
+def _gif_durations(path: Path) -> list[int]:
+    """Each frame's duration in ms, as PIL reports it (``info["duration"]``, 0 without a graphic control
+    block), read from a GIF's blocks without decoding a pixel."""
+    with open(path, "rb") as f:
+
+        def byte() -> int:
+            b = f.read(1)
+            if not b:
+                raise EOFError("the file ends inside a block")
+            return b[0]
+
+        def skip_sub_blocks() -> None:
+            while size := byte():
+                f.seek(size, 1)
+
+        head = f.read(13)
+        if len(head) < 13:
+            raise EOFError("the file ends inside the header")
+        if head[10] & 0x80:
+            f.seek(3 << ((head[10] & 7) + 1), 1)  # global colour table
+        durations: list[int] = []
+        delay = None
+        while (kind := f.read(1)) not in (b"", b";"):
+            if kind == b"!":
+                label = byte()
+                if label == 0xF9:
+                    block = f.read(byte())
+                    delay = struct.unpack("<H", block[1:3])[0] * 10
+                skip_sub_blocks()
+            elif kind == b",":
+                descriptor = f.read(9)
+                if len(descriptor) < 9:
+                    raise EOFError("the file ends inside an image descriptor")
+                flags = descriptor[8]
+                if flags & 0x80:
+                    f.seek(3 << ((flags & 7) + 1), 1)  # local colour table
+                byte()  # LZW minimum code size
+                skip_sub_blocks()
+                durations.append(delay or 0)
+                delay = None
+            else:
+                raise VisionInputError(f"truncated or corrupt (unknown GIF block 0x{kind[0]:02x})")
+    return durations
+
+
 def _probe_animated(path: Path, max_image_pixels: int) -> VideoClip:
     """Frame count, size and frame rate of an animated image; frame timing as ``read_video_frames`` takes it.
 
@@ -771,10 +816,17 @@ def _probe_animated(path: Path, max_image_pixels: int) -> VideoClip:
             count = int(getattr(im, "n_frames", 1))
             if count > MAX_FILE_FRAMES:
                 raise VisionInputError(f"more than {MAX_FILE_FRAMES} frames")
-            durations = []
-            for index in range(count):
-                im.seek(index)
-                durations.append(im.info.get("duration") or 0)
+            if im.format == "GIF":  # from the blocks: seeking would compose every frame on the canvas
+                durations = _gif_durations(path)
+                if len(durations) != count:
+                    raise VisionInputError(
+                        f"truncated or corrupt ({count} frames but {len(durations)} images)"
+                    )
+            else:
+                durations = []
+                for index in range(count):
+                    im.seek(index)
+                    durations.append(im.info.get("duration") or 0)
     except VisionInputError:
         raise
     except UnidentifiedImageError:

@@ -433,7 +433,7 @@ load = ImageFile.ImageFile.load
 ImageFile.ImageFile.load = lambda self: decoded.append(1) or load(self)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
-    probe_video(Path(sys.argv[1]))
+    print(probe_video(Path(sys.argv[1])))
 except Exception as e:
     print(type(e).__name__, e)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, len(decoded))
@@ -453,4 +453,17 @@ def test_a_gif_canvas_bomb_is_refused_from_its_header(tmp_path):
     ).stdout.splitlines()
     grown, decoded = map(int, out[-1].split())
     assert out[0].startswith("VisionInputError") and decoded == 0
+    assert grown < 50 * 1024 * 1024, f"{grown:,} bytes"
+
+
+def test_an_animation_within_the_limits_is_probed_without_decoding_a_frame(tmp_path):
+    """40 one-pixel frames on a 16 MP canvas: seeking would compose each on the canvas; the frame count and
+    timing come from the blocks instead."""
+    gif = tmp_path / "big_canvas.gif"
+    gif.write_bytes(canvas_bomb(4000, 4000, 40))
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", PROBE, str(gif)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    grown, decoded = map(int, out[-1].split())
+    assert "num_frames=40, width=4000, height=4000, fps=10.0" in out[0] and decoded == 0
     assert grown < 50 * 1024 * 1024, f"{grown:,} bytes"
