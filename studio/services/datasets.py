@@ -659,6 +659,12 @@ def dataset_stats(
             f"dataset {ds.id} is a {ds.format} benchmark: token statistics are for training data, and "
             "benchmarks are not trained on"
         )
+    fetch = ds.media_fetch
+    if fetch is not None and fetch.status in ("queued", "running"):
+        raise Conflict(
+            f"dataset {ds.id}: its images named by URL are still being fetched ({fetch.urls_done}/"
+            f"{fetch.urls_total}); ask for statistics once the fetch has finished"
+        )
     key = f"{model}@{max_seq_len}"
     cached = dict(ds.stats or {})
     if key not in cached:

@@ -822,6 +822,11 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     ),
     (r"file: (?P<name>.+) is empty", "文件 {name} 是空文件"),
     (
+        r"dataset (?P<id>\d+): its images named by URL are still being fetched \((?P<done>\d+)/(?P<total>\d+)\); "
+        r"ask for statistics once the fetch has finished",
+        "数据集 {id}：按 URL 引用的图片仍在获取中（{done}/{total}）；获取完成后再查看统计",
+    ),
+    (
         r"file: (?P<name>.+) is larger than the upload limit of (?P<mb>\d+) MB; split it or raise "
         r"ERNIE_STUDIO_MAX_UPLOAD_MB",
         "文件 {name} 超过上传上限 {mb} MB；请拆分文件或调大 ERNIE_STUDIO_MAX_UPLOAD_MB",

@@ -71,6 +71,9 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
             assert host.hits == [] and ds["media_fetch"]["status"] == "queued"  # the request fetches nothing
             page = client.get(f"/api/v1/datasets/{ds['id']}/preview", params={"limit": 1}).json()
             assert host.hits == []  # nor does a preview
+            model = str(tiny_vl_model_dir)
+            r = client.get(f"/api/v1/datasets/{ds['id']}/stats", params={"model": model})
+            assert r.status_code == 409 and "still being fetched (0/3)" in r.json()["message"]
             assert execute_media_fetch(settings, ds["media_fetch"]["id"], "me@n") == "succeeded"
             assert len(host.hits) == 3  # each image fetched once, by the worker's job
             fetch = client.get(f"/api/v1/datasets/{ds['id']}").json()["media_fetch"]
@@ -81,6 +84,8 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
                 None,
             )
             assert fetch["bytes_done"] == sum(len(b) for b in pictures.values())
+            stats = client.get(f"/api/v1/datasets/{ds['id']}/stats", params={"model": model}).json()
+            assert stats["num_invalid"] == 0, stats
             # ... into the dataset's own folder under home, beside the data file
             (stored,) = settings.datasets_dir.glob(f"*/{data.name}")
             folder = stored.parent
@@ -144,7 +149,9 @@ def test_erniekit_vl_demo_with_image_urls_uploads_previews_and_trains(
         host.close()
 
 
-def test_url_images_that_fail_become_located_problems_and_only_images_are_kept(tmp_path, monkeypatch):
+def test_url_images_that_fail_become_located_problems_and_only_images_are_kept(
+    tmp_path, tiny_vl_model_dir, monkeypatch
+):
     good, big = picture((200, 20, 20), format="JPEG"), picture((20, 20, 200), (400, 400), "BMP")
     host = ImageHost(
         {
@@ -161,7 +168,7 @@ def test_url_images_that_fail_become_located_problems_and_only_images_are_kept(t
     ]
     data = tmp_path / "sft_vl-train_demo1.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    settings = Settings(home=tmp_path / "home")
+    settings = Settings(home=tmp_path / "home", model_roots=str(tiny_vl_model_dir.parent))
     upgrade(settings)
     try:
         with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as client:
@@ -193,6 +200,9 @@ def test_url_images_that_fail_become_located_problems_and_only_images_are_kept(t
                 assert problem.startswith(f"{data.name}:{line}: image_info[0]: image {url!r}"), problem
                 assert why in problem, problem
             assert set(ds["media_fetch"]["failed"]) == set(urls[1:])
+            # token statistics count the records whose image could not be fetched as invalid
+            r = client.get(f"/api/v1/datasets/{ds['id']}/stats", params={"model": str(tiny_vl_model_dir)})
+            assert r.status_code == 200 and r.json()["num_invalid"] == 3, r.text
             kept = [p.read_bytes() for p in settings.datasets_dir.glob("*/.remote/*")]
             assert kept == [good]  # the page and the oversized picture were never kept
     finally:
