@@ -196,6 +196,14 @@ def test_dns_rebinding_connects_to_the_checked_address_only(tmp_path, dns, conne
     assert connections == [(PUBLIC, listener.port)] and listener.accepted == 0
 
 
+def test_every_address_of_one_answer_is_checked(tmp_path, dns, connections, listener):
+    dns.answers["mixed.example"] = [[PUBLIC, "127.0.0.1"]]
+    with pytest.raises(remote.FetchError) as e:
+        remote.fetch(f"http://mixed.example:{listener.port}/a.png", tmp_path)
+    assert "mixed.example is a loopback address (127.0.0.1)" in str(e.value)
+    assert connections == [] and listener.accepted == 0
+
+
 def test_an_idn_host_is_checked_and_fetched_as_one_name(tmp_path, dns, connections, listener):
     # IDNA 2003 maps ß.example to ss.example (public here); IDNA 2008 to xn--zca.example (loopback here)
     dns.answers["ss.example"] = [[PUBLIC]]

@@ -170,3 +170,24 @@ def test_erniekit_function_call_and_pretraining_data_upload_and_preview(client, 
     assert (r.json()["format"], r.json()["kind"]) == ("erniekit", "pt")
     sft = client.post("/api/v1/runs", json={"dataset_ids": [r.json()["id"]], "stage": "SFT"})
     assert sft.status_code == 422 and "needs sft data" in sft.json()["message"]
+
+
+def test_a_file_naming_more_image_urls_than_a_dataset_may_fetch_is_refused(
+    client, settings, tmp_path, monkeypatch
+):
+    from engine.data import remote
+
+    monkeypatch.setattr(remote, "MAX_URLS", 2)
+    data = tmp_path / "vl.jsonl"
+    text_info = [{"text": "Colour?", "tag": "mask"}, {"text": "Red.", "tag": "no_mask"}]
+    data.write_text(
+        "".join(
+            json.dumps({"image_info": [{"matched_text_index": 0, "image_url": f"https://img.example/{i}.png"}],
+                        "text_info": text_info}) + "\n"
+            for i in range(3)
+        )
+    )  # fmt: skip
+    r = upload(client, data)
+    assert r.status_code == 422, r.text
+    assert "file: vl.jsonl names 3 image URLs; at most 2 are fetched per dataset" in r.json()["message"]
+    assert files_under(settings.datasets_dir) == set()
