@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import certifi
 import httpcore
 import idna
 
@@ -312,6 +313,12 @@ def _check_image(path: Path) -> None:
         ) from None
 
 
+def tls_context() -> ssl.SSLContext:
+    """The TLS settings of https record URLs: certificates verified against certifi's roots for the URL's
+    name (httpcore's own default)."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class _DeadlineStream(httpcore.NetworkStream):
     """A connection whose every read, write and TLS handshake waits at most until one deadline."""
 
@@ -412,6 +419,7 @@ def _download(
                 max_connections=1,
                 retries=0,
                 network_backend=backend,
+                ssl_context=tls_context(),
                 proxy=None if via is None else httpcore.Proxy(url=via),
             ) as pool,
             pool.stream("GET", url, headers=headers) as r,

@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import json
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -475,3 +476,139 @@ def test_an_animation_within_the_limits_is_probed_without_decoding_a_frame(tmp_p
     grown, decoded = map(int, out[-1].split())
     assert "num_frames=40, width=4000, height=4000, fps=10.0" in out[0] and decoded == 0
     assert grown < 50 * 1024 * 1024, f"{grown:,} bytes"
+
+
+# ---- https: the certificate is checked for the name while the connection goes to the checked address -------
+@pytest.fixture
+def tls(tmp_path, monkeypatch):
+    """A CA trusted for record URLs in this test, and a server certificate for images.example only."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder().subject_name(name("test CA")).issuer_name(name("test CA"))
+        .public_key(ca_key.public_key()).serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    cert = (
+        x509.CertificateBuilder().subject_name(name("images.example")).issuer_name(ca.subject)
+        .public_key(key.public_key()).serial_number(2).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("images.example")]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    pem = tmp_path / "server.pem"
+    pem.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    trusted = ssl.create_default_context(cadata=ca.public_bytes(serialization.Encoding.PEM).decode())
+    monkeypatch.setattr(remote, "tls_context", lambda: trusted)
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(pem)
+    return server_side
+
+
+def https_image_server(server_side, png: bytes):
+    """A loopback HTTPS server answering ``png``; returns it and the (SNI, Host) of each request."""
+    seen: list[tuple[str | None, str]] = []
+    sni: list[str | None] = []
+    server_side.sni_callback = lambda sock, name, ctx: sni.append(name)
+
+    def answer(h) -> None:
+        seen.append((sni[-1] if sni else None, h.headers.get("Host", "")))
+        _send(h, png, Content_Type="image/png")
+
+    server = Reply(answer)
+    server.server.socket = server_side.wrap_socket(server.server.socket, server_side=True)
+    return server, seen
+
+
+def test_https_is_verified_for_the_name_on_the_checked_address(tmp_path, dns, tls, monkeypatch):
+    png = picture((200, 200, 20))
+    server, seen = https_image_server(tls, png)
+    port = server.server.server_address[1]
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "any")
+    dns.answers["images.example"] = [["127.0.0.1"]]
+    dns.answers["other.example"] = [["127.0.0.1"]]
+    try:
+        path = remote.fetch(f"https://images.example:{port}/a.png", tmp_path)
+        with pytest.raises(remote.FetchError) as e:  # the certificate names images.example only
+            remote.fetch(f"https://other.example:{port}/a.png", tmp_path)
+    finally:
+        server.close()
+    assert path.read_bytes() == png and seen == [("images.example", f"images.example:{port}")]
+    assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) or "certificate" in str(e.value).lower()
+
+
+class ConnectProxy:
+    """A loopback HTTP CONNECT proxy that records each CONNECT target and then relays bytes both ways."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.targets: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._tunnel, args=(client,), daemon=True).start()
+
+    def _tunnel(self, client: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += client.recv(4096)
+        target = head.split(b" ")[1].decode()
+        self.targets.append(target)
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pipe(a: socket.socket, b: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := a.recv(65536):
+                    b.sendall(data)
+            with contextlib.suppress(OSError):
+                b.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+        pipe(client, upstream)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_https_through_the_operators_proxy_tunnels_to_the_checked_address(tmp_path, dns, tls, monkeypatch):
+    png = picture((20, 200, 200))
+    server, seen = https_image_server(tls, png)
+    port = server.server.server_address[1]
+    proxy = ConnectProxy()
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "any")
+    monkeypatch.setenv("ERNIE_STUDIO_MEDIA_PROXY", proxy.url)
+    dns.answers["images.example"] = [["127.0.0.1"]]
+    try:
+        path = remote.fetch(f"https://images.example:{port}/a.png", tmp_path)
+    finally:
+        server.close()
+        proxy.close()
+    assert path.read_bytes() == png and proxy.targets == [f"127.0.0.1:{port}"]
+    assert seen == [("images.example", f"images.example:{port}")]
