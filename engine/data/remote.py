@@ -261,8 +261,7 @@ def fetch(url: str, base_dir: Path, budget: DatasetBudget | None = None) -> Path
     # A name of its own: the studio's fetch job and a run may fetch the same URL at once.
     partial = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.part")
     try:
-        size = _download(parts.scheme, host, port, _target(parts), addresses[0], partial, limit)
-        budget.bytes += size
+        _download(parts.scheme, host, port, _target(parts), addresses[0], partial, limit, budget)
         _check_image(partial)
         partial.replace(target)  # only a complete image ever has the final name
     finally:
@@ -387,11 +386,18 @@ class _PinnedBackend(httpcore.NetworkBackend):
 
 
 def _download(
-    scheme: str, host: str, port: int, target: bytes, address: IPAddress, partial: Path, limit: int
-) -> int:
-    """GET the URL from ``address`` into ``partial``; returns the bytes written. The raw body is counted
-    (``identity`` asked, nothing decoded), redirects are not followed (they could lead past the address
-    check), and the whole exchange shares one deadline."""
+    scheme: str,
+    host: str,
+    port: int,
+    target: bytes,
+    address: IPAddress,
+    partial: Path,
+    limit: int,
+    budget: DatasetBudget,
+) -> None:
+    """GET the URL from ``address`` into ``partial``. The raw body is counted, into ``budget`` too, whether
+    it is kept or not (``identity`` asked, nothing decoded); redirects are not followed (they could lead past
+    the address check), and the whole exchange shares one deadline."""
     deadline = time.monotonic() + DEADLINE_S
     via = proxy()
     # Through the operator's proxy the request names the checked address itself (the proxy must not resolve
@@ -437,10 +443,10 @@ def _download(
             with partial.open("wb") as f:
                 for chunk in r.iter_stream():
                     size += len(chunk)
+                    budget.bytes += len(chunk)
                     if size > limit:
                         raise FetchError(f"larger than {limit:,} bytes")
                     f.write(chunk)
-            return size
     except httpcore.TimeoutException:
         if time.monotonic() >= deadline:
             raise FetchError(

@@ -406,9 +406,15 @@ def test_urls_and_bytes_per_dataset_are_capped(tmp_path, monkeypatch):
         monkeypatch.setattr(remote, "MAX_DATASET_BYTES", len(png))
         seen: list[tuple[int, int, int]] = []
         failed = remote.fetch_all(urls, tmp_path, lambda *p: seen.append(p))
+        # a body refused as too large still counts against the dataset's bytes
+        monkeypatch.setattr(remote, "MAX_BYTES", 100)
+        budget = remote.DatasetBudget()
+        with pytest.raises(remote.FetchError, match="larger than 100 bytes"):
+            remote.fetch(urls[2], tmp_path / "again", budget)
+        assert budget.bytes > 100 and budget.urls == 1
     finally:
         host.close()
-    assert list(failed) == urls[1:] and host.hits == ["/a.png"]
+    assert list(failed) == urls[1:] and host.hits == ["/a.png", "/c.png"]
     assert all(f"already fetched {len(png):,} bytes of images" in why for why in failed.values())
     assert seen == [(1, 3, len(png)), (2, 3, len(png)), (3, 3, len(png))]
 
