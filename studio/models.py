@@ -87,6 +87,14 @@ class Dataset(Base):
     problems: Mapped[list[Any]] = mapped_column(default=list)
     stats: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    media_fetches: Mapped[list[MediaFetch]] = relationship(
+        order_by="MediaFetch.id", cascade="all, delete-orphan", passive_deletes=True, lazy="selectin"
+    )
+
+    @property
+    def media_fetch(self) -> MediaFetch | None:
+        """The newest fetch of the images the records name by URL (None when they name none)."""
+        return self.media_fetches[-1] if self.media_fetches else None
 
 
 class Run(Base):
@@ -267,6 +275,28 @@ class ModelDownload(Base):
     bytes_done: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     bytes_total: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class MediaFetch(Base):
+    """The images a dataset's records name by URL, fetched into its folder by a worker (never by the request
+    that uploaded it); progress in URLs and bytes, and the URLs that could not be fetched with why."""
+
+    __tablename__ = "media_fetches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED, index=True)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    urls_done: Mapped[int] = mapped_column(Integer, default=0)
+    urls_total: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    failed: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)  # {url: why}
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     dispatched_at: Mapped[datetime | None] = mapped_column(nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)

@@ -43,7 +43,8 @@ DEPLOYMENT_TASK = "workers.tasks.run_deployment"
 EXPORT_TASK = "workers.tasks.run_export"
 DOWNLOAD_TASK = "workers.tasks.run_download"
 EVAL_TASK = "workers.tasks.run_eval"
-TASK_NAMES = (RUN_TASK, DEPLOYMENT_TASK, EXPORT_TASK, DOWNLOAD_TASK, EVAL_TASK)
+MEDIA_TASK = "workers.tasks.run_media_fetch"
+TASK_NAMES = (RUN_TASK, DEPLOYMENT_TASK, EXPORT_TASK, DOWNLOAD_TASK, EVAL_TASK, MEDIA_TASK)
 
 _apps: dict[tuple[str, str], Celery] = {}
 _lock = threading.Lock()

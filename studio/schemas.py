@@ -47,6 +47,16 @@ class ErrorOut(BaseModel):
     details: Any = None
 
 
+class MediaFetchOut(ORM):
+    id: int
+    status: str = Field(description="queued, running, succeeded or failed")
+    urls_done: int
+    urls_total: int
+    bytes_done: int
+    failed: dict[str, str] | None = Field(description="{url: why} of the images that could not be fetched")
+    error: str | None
+
+
 class DatasetOut(ORM):
     id: int
     name: str
@@ -58,6 +68,10 @@ class DatasetOut(ORM):
     num_valid: int
     problems: list[str]
     created_at: datetime
+    media_fetch: MediaFetchOut | None = Field(
+        default=None,
+        description="the worker job fetching the images the records name by URL (None when they name none)",
+    )
 
 
 class RunProgressOut(BaseModel):

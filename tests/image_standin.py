@@ -26,11 +26,13 @@ class ImageHost:
     def __init__(self, files: dict[str, tuple[bytes, str]], redirects: dict[str, str] | None = None) -> None:
         self.files, self.redirects = files, redirects or {}
         self.hits: list[str] = []
+        self.hosts: list[str] = []  # the Host header of each request
         host = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 host.hits.append(self.path)
+                host.hosts.append(self.headers.get("Host", ""))
                 if self.path in host.files:
                     body, kind = host.files[self.path]
                     self.send_response(200)

@@ -10,10 +10,11 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 
 from studio.config import Settings, get_settings
 from studio.processes import quiet_paddle_signal_handlers
-from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EVAL_TASK, EXPORT_TASK, RUN_TASK
+from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EVAL_TASK, EXPORT_TASK, MEDIA_TASK, RUN_TASK
 from workers.downloading import execute_download
 from workers.evaluating import execute_eval
 from workers.exporting import execute_export
+from workers.media import execute_media_fetch
 from workers.nodes import NodeAgent, hold_work_queues
 from workers.reconcile import Reconciler
 from workers.serving import execute_deployment
@@ -55,6 +56,12 @@ def run_export(self, export_id: int) -> str | None:
 def run_download(self, download_id: int) -> str | None:
     """`ernie-studio download` of an official checkpoint into home/models."""
     return execute_download(_settings(self.app), int(download_id), self.request.hostname or "worker")
+
+
+@shared_task(name=MEDIA_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_media_fetch(self, fetch_id: int) -> str | None:
+    """Fetch the images a dataset's records name by URL into its folder (never done by a request)."""
+    return execute_media_fetch(_settings(self.app), int(fetch_id), self.request.hostname or "worker")
 
 
 @shared_task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)

@@ -21,7 +21,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     worst = 0
     for path in args.files:
-        report = validate_file(path, args.format, args.kind, _tokenizer(args.model), args.max_problems)
+        # The command line fetches images named by URL, as a run would (the studio does it in a worker job).
+        report = validate_file(
+            path, args.format, args.kind, _tokenizer(args.model), args.max_problems, fetch_urls=True
+        )
         if args.json:
             print(json.dumps(report.to_dict(), ensure_ascii=False))
         else:

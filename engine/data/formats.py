@@ -662,21 +662,31 @@ def _local_path(url: str, base_dir: Path | None, what: str) -> tuple[Path | None
     return p, None
 
 
-def _fetched_image(url: str, base_dir: Path | None) -> tuple[Path | None, str | None]:
-    """An image named by an http(s) URL: its copy in the dataset directory (``engine.data.remote``)."""
-    if base_dir is None:  # a record seen without its file (preview): fetched when the file is read
-        return Path(url), None
+def _fetched_image(url: str, base_dir: Path, fetch_urls: bool) -> tuple[Path | None, str | None]:
+    """An image named by an http(s) URL: its copy in the dataset directory (``engine.data.remote``), fetched
+    now only when ``fetch_urls`` (a training run or the fetch job, never a request or a preview)."""
+    if not fetch_urls:
+        return remote.cached(url, base_dir.resolve()), None
     try:
         return remote.fetch(url, base_dir.resolve()), None
     except remote.FetchError as e:
         return None, f"image {url!r} could not be fetched: {e}; or save it next to the data file"
 
 
-def resolve_image(url: str, base_dir: Path | None) -> tuple[Path | None, str | None]:
-    """The local file of an image reference relative to the dataset directory (an http(s) URL is fetched
-    into it first), or the reason it is unusable."""
+def resolve_image(
+    url: str, base_dir: Path | None, *, fetch_urls: bool = False
+) -> tuple[Path | None, str | None]:
+    """The local file of an image reference relative to the dataset directory, or the reason it is unusable.
+
+    An http(s) URL is fetched into the directory first when ``fetch_urls``; otherwise its kept copy is used,
+    and a URL not fetched yet is passed unchecked (``Path(url)``: the fetch job or the run checks it).
+    """
     if url.startswith(("http://", "https://")):
-        p, why = _fetched_image(url, base_dir)
+        if base_dir is None:  # a record seen without its file (preview)
+            return Path(url), None
+        p, why = _fetched_image(url, base_dir, fetch_urls)
+        if p is None and why is None:  # not fetched yet
+            return Path(url), None
     else:
         p, why = _local_path(url, base_dir, "image")
     if p is None or base_dir is None:
@@ -740,18 +750,85 @@ def _frame_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def _probe_animated(path: Path) -> VideoClip:
-    """Frame count, size and frame rate of an animated image; frame timing as ``read_video_frames`` takes it."""
+def _check_canvas(width: int, height: int, max_image_pixels: int) -> None:
+    if width * height > max_image_pixels:
+        raise VisionInputError(
+            f"{width}x{height} pixels ({width * height:,}) is more than "
+            f"max_image_pixels={max_image_pixels:,}; downscale the frames first"
+        )
+
+
+def _gif_durations(path: Path) -> list[int]:
+    """Each frame's duration in ms, as PIL reports it (``info["duration"]``, 0 without a graphic control
+    block), read from a GIF's blocks without decoding a pixel."""
+    with open(path, "rb") as f:
+
+        def byte() -> int:
+            b = f.read(1)
+            if not b:
+                raise EOFError("the file ends inside a block")
+            return b[0]
+
+        def skip_sub_blocks() -> None:
+            while size := byte():
+                f.seek(size, 1)
+
+        head = f.read(13)
+        if len(head) < 13:
+            raise EOFError("the file ends inside the header")
+        if head[10] & 0x80:
+            f.seek(3 << ((head[10] & 7) + 1), 1)  # global colour table
+        durations: list[int] = []
+        delay = None
+        while (kind := f.read(1)) not in (b"", b";"):
+            if kind == b"!":
+                label = byte()
+                if label == 0xF9:
+                    block = f.read(byte())
+                    delay = struct.unpack("<H", block[1:3])[0] * 10
+                skip_sub_blocks()
+            elif kind == b",":
+                descriptor = f.read(9)
+                if len(descriptor) < 9:
+                    raise EOFError("the file ends inside an image descriptor")
+                flags = descriptor[8]
+                if flags & 0x80:
+                    f.seek(3 << ((flags & 7) + 1), 1)  # local colour table
+                byte()  # LZW minimum code size
+                skip_sub_blocks()
+                durations.append(delay or 0)
+                delay = None
+            else:
+                raise VisionInputError(f"truncated or corrupt (unknown GIF block 0x{kind[0]:02x})")
+    return durations
+
+
+def _probe_animated(path: Path, max_image_pixels: int) -> VideoClip:
+    """Frame count, size and frame rate of an animated image; frame timing as ``read_video_frames`` takes it.
+
+    The canvas size is checked from the header before any frame is counted or seeked to: seeking composes
+    each frame on the full canvas, so a tiny file declaring a huge canvas would otherwise allocate it.
+    """
     try:
         with Image.open(path) as im:
             width, height = im.size
+            _check_canvas(width, height, max_image_pixels)
             count = int(getattr(im, "n_frames", 1))
             if count > MAX_FILE_FRAMES:
                 raise VisionInputError(f"more than {MAX_FILE_FRAMES} frames")
-            durations = []
-            for index in range(count):
-                im.seek(index)
-                durations.append(im.info.get("duration") or 0)
+            if im.format == "GIF":  # from the blocks: seeking would compose every frame on the canvas
+                durations = _gif_durations(path)
+                if len(durations) != count:
+                    raise VisionInputError(
+                        f"truncated or corrupt ({count} frames but {len(durations)} images)"
+                    )
+            else:
+                durations = []
+                for index in range(count):
+                    im.seek(index)
+                    durations.append(im.info.get("duration") or 0)
+    except VisionInputError:
+        raise
     except UnidentifiedImageError:
         raise VisionInputError(
             "not an image PIL can read; a video is a directory of frames or an animated GIF/PNG/WebP"
@@ -781,12 +858,8 @@ def probe_video(path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) ->
                 )
         clip = VideoClip(path, len(files), width, height)
     else:
-        clip = _probe_animated(path)
-    if clip.width * clip.height > max_image_pixels:
-        raise VisionInputError(
-            f"{clip.width}x{clip.height} pixels ({clip.width * clip.height:,}) is more than "
-            f"max_image_pixels={max_image_pixels:,}; downscale the frames first"
-        )
+        clip = _probe_animated(path, max_image_pixels)
+    _check_canvas(clip.width, clip.height, max_image_pixels)
     s = ProcessorSettings()
     smart_resize(clip.height, clip.width, s.factor, s.video_min_pixels, s.video_max_pixels)  # aspect ratio
     return clip
@@ -835,6 +908,7 @@ def _vl_media(
     matched: bool,
     base_dir: Path | None,
     problems: list[str],
+    fetch_urls: bool = False,
 ) -> list[tuple[int, Media] | None]:
     """(matched_text_index, file) of every image_info or video_info entry (None where the entry is unusable);
     ``matched``: the entries are placed by matched_text_index (no ``order``), so it is checked."""
@@ -861,7 +935,10 @@ def _vl_media(
                 f"{key}[{i}].matched_text_index {json.dumps(idx)} is not an index into text_info (0..{len(parts) - 1})"
             )
             continue
-        found, why = resolve_video(url, base_dir) if kind == "video" else resolve_image(url, base_dir)
+        if kind == "video":
+            found, why = resolve_video(url, base_dir)
+        else:
+            found, why = resolve_image(url, base_dir, fetch_urls=fetch_urls)
         if why:
             problems.append(f"{key}[{i}]: {why}")
         else:
@@ -986,7 +1063,9 @@ def _vl_turns(
     return turns
 
 
-def _erniekit_vl(rec: dict, problems: list[str], base_dir: Path | None) -> Conversation | None:
+def _erniekit_vl(
+    rec: dict, problems: list[str], base_dir: Path | None, fetch_urls: bool = False
+) -> Conversation | None:
     _unknown_keys(rec, VL_KEYS, problems)
     system = _text_field(rec, "system", problems, required=False) or None
     parts = _vl_texts(rec, problems)
@@ -995,7 +1074,10 @@ def _erniekit_vl(rec: dict, problems: list[str], base_dir: Path | None) -> Conve
     lists = [rec.get(MEDIA_FIELDS[k]) for k in ("image", "video")]
     # Without order, or with one kind only (ERNIEKit then ignores order), matched_text_index places them.
     matched = rec.get("order") is None or not all(isinstance(v, list) and v for v in lists)
-    media = {kind: _vl_media(rec, kind, parts, matched, base_dir, problems) for kind in ("image", "video")}
+    media = {
+        kind: _vl_media(rec, kind, parts, matched, base_dir, problems, fetch_urls)
+        for kind in ("image", "video")
+    }
     if problems:
         return None
     if parts[0][1] != "mask":
@@ -1034,9 +1116,10 @@ def _erniekit_pt(rec: dict, problems: list[str]) -> PlainText | None:
 
 # ---- entry points ------------------------------------------------------------------------------------
 def check_record(
-    record: Any, fmt: str, kind: str, base_dir: Path | None = None
+    record: Any, fmt: str, kind: str, base_dir: Path | None = None, *, fetch_urls: bool = False
 ) -> tuple[Example | None, list[str]]:
-    """Parse one raw record; returns the example (None when unusable) and every problem found."""
+    """Parse one raw record; returns the example (None when unusable) and every problem found. Images named
+    by URL are fetched only when ``fetch_urls`` (see ``resolve_image``)."""
     problems: list[str] = []
     if not isinstance(record, dict):
         return None, [f"a record must be a JSON object, got {_type_name(record)}"]
@@ -1049,7 +1132,7 @@ def check_record(
     elif fmt == "chatml":
         ex = _chatml(record, problems)
     elif fmt == "erniekit_vl":
-        ex = _erniekit_vl(record, problems, base_dir)
+        ex = _erniekit_vl(record, problems, base_dir, fetch_urls)
     elif fmt == "text":
         ex = _text(record, problems)
     else:
@@ -1057,9 +1140,11 @@ def check_record(
     return (None if problems else ex), problems
 
 
-def parse_record(record: Any, fmt: str, kind: str, base_dir: Path | None = None) -> Example:
+def parse_record(
+    record: Any, fmt: str, kind: str, base_dir: Path | None = None, *, fetch_urls: bool = False
+) -> Example:
     """The example of a raw record; raises ``RecordError`` listing every problem."""
-    ex, problems = check_record(record, fmt, kind, base_dir)
+    ex, problems = check_record(record, fmt, kind, base_dir, fetch_urls=fetch_urls)
     if problems or ex is None:
         raise RecordError(problems or ["unusable record"])
     return ex

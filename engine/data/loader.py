@@ -122,7 +122,8 @@ def load_items(
     report = ValidationReport(str(path), fmt, kind)
     items: list[EncodedSample | EncodedPair] = []
     dropped = 0
-    for line, ex, problems in read_examples(p, fmt, kind, tokenizer):
+    # A run fetches the images its records name by URL that are not kept yet (a worker, never a request).
+    for line, ex, problems in read_examples(p, fmt, kind, tokenizer, fetch_urls=True):
         report.num_records += 1
         if problems:
             report.problems.extend(Problem(str(path), line, m) for m in problems)

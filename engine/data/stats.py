@@ -10,6 +10,7 @@ import numpy as np
 from engine.data.encode import EncodedPair, SampleEncoder, media_counts
 from engine.data.formats import Conversation, Preference
 from engine.data.validate import read_examples
+from engine.data.vl_processor import VisionInputError
 from engine.models.config import VisionConfig
 from engine.tokenizer import ErnieTokenizer
 
@@ -54,7 +55,11 @@ def dataset_stats(
         for turn in ex.turns if isinstance(ex, Conversation) else []:
             pictures, clips = media_counts(turn)
             images, videos = images + pictures, videos + clips
-        items = encoder.encode(ex)
+        try:
+            items = encoder.encode(ex)
+        except VisionInputError:  # an image named by URL not fetched (yet), or a file gone since validation
+            invalid += 1
+            continue
         if not items:
             dropped += 1
             truncated += 1

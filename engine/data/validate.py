@@ -104,16 +104,22 @@ def _special_tokens_in(value: Any, tokens: list[str], where: str = "") -> list[s
 
 
 def read_examples(
-    path: str | Path, fmt: str, kind: str, tokenizer: ErnieTokenizer | None = None
+    path: str | Path,
+    fmt: str,
+    kind: str,
+    tokenizer: ErnieTokenizer | None = None,
+    *,
+    fetch_urls: bool = False,
 ) -> Iterator[tuple[int, Example | None, list[str]]]:
-    """(line, example or None, problems) for every record of a file."""
+    """(line, example or None, problems) for every record of a file; images named by URL are fetched only
+    when ``fetch_urls`` (``engine.data.formats.resolve_image``)."""
     base_dir = Path(path).resolve().parent
     reserved = reserved_tokens(tokenizer)
     for raw in iter_raw(path):
         if raw.error is not None:
             yield raw.line, None, [raw.error]
             continue
-        ex, problems = check_record(raw.record, fmt, kind, base_dir)
+        ex, problems = check_record(raw.record, fmt, kind, base_dir, fetch_urls=fetch_urls)
         problems += _special_tokens_in(raw.record, reserved)
         if problems:
             looks = detect_record_format(raw.record)
@@ -131,8 +137,12 @@ def validate_file(
     kind: str | None = None,
     tokenizer: ErnieTokenizer | None = None,
     max_problems: int = 1000,
+    *,
+    fetch_urls: bool = False,
 ) -> ValidationReport:
-    """Check every record of a dataset file; never raises on bad data and never stops at the first problem."""
+    """Check every record of a dataset file; never raises on bad data and never stops at the first problem.
+    Images named by URL are fetched (and checked) only when ``fetch_urls``; otherwise those not fetched yet
+    pass unchecked."""
     name = str(path)
     report = ValidationReport(name, format, kind)
 
@@ -168,7 +178,7 @@ def validate_file(
         add(1, f"format {format!r} holds {'/'.join(KINDS[format])} data, not {kind!r}")
         return report
     report.format, report.kind = format, kind
-    for line, ex, problems in read_examples(p, format, kind, tokenizer):
+    for line, ex, problems in read_examples(p, format, kind, tokenizer, fetch_urls=fetch_urls):
         report.num_records += 1
         if ex is not None and not problems:
             report.num_valid += 1

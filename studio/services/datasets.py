@@ -24,6 +24,7 @@ from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
 from engine.eval.config import BENCHMARK_TYPES
 from studio.config import Settings
 from studio.models import Dataset
+from studio.services import media as media_svc
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
 from studio.services.paths import ALLOWED_DATASET_SUFFIXES, confine, relative_to_home, safe_upload_name
@@ -200,8 +201,8 @@ def create_dataset(
             data_file=data_file,
         )
     # The file is validated in a folder of its own, which becomes the dataset's folder: images its records
-    # name by URL are fetched into it while it is validated (engine.data.remote), so training and the
-    # preview find them there and never fetch again.
+    # name by URL are fetched into it by a worker job queued below (studio.services.media), so training and
+    # the preview find them there.
     work = incoming_dir(settings) / f"{uuid.uuid4().hex}.d"
     try:
         if staged.stat().st_size == 0:
@@ -287,6 +288,9 @@ def _check_dataset(
     num_records = num_valid = 0
     problems: list[str] = []
     if validate:
+        # Images named by URL are not fetched here (a request never fetches): they pass unchecked, and the
+        # fetch job queued once the dataset is kept checks and records them (studio.services.media).
+        media_svc.check_url_count(path, fmt, label)
         report = validate_file(path, format=fmt, kind=kind, max_problems=MAX_REPORTED_PROBLEMS)
         kind = report.kind or kind
         num_records, num_valid = report.num_records, report.num_valid
@@ -350,6 +354,8 @@ def _record(
     session.flush()
     add_event(session, "dataset.created", f"dataset {ds.name} uploaded ({num_records} records, {fmt})")
     session.commit()
+    media_svc.queue_fetch(session, settings, ds, final)
+    session.refresh(ds)  # with its fetch, for callers that read it after the session ends (the UI)
     return ds
 
 
@@ -576,19 +582,20 @@ def dataset_file(session: Session, settings: Settings, dataset_id: int, rel_path
     return target
 
 
-def record_images(settings: Settings, ds: Dataset, record: Any) -> list[Path]:
-    """The local image files a VL record names (those that exist inside the dataset), in order."""
+def record_images(settings: Settings, ds: Dataset, record: Any) -> list[tuple[Path | None, str]]:
+    """(local file, name) of every image a VL record names, in order; the file is None for an image named by
+    URL that has not been fetched yet (the preview says so; it never fetches)."""
     from engine.data.formats import resolve_image
 
     infos = record.get("image_info") if isinstance(record, dict) else None
     base = dataset_path(settings, ds).parent
-    out: list[Path] = []
+    out: list[tuple[Path | None, str]] = []
     for info in infos if isinstance(infos, list) else []:
         url = info.get("image_url") if isinstance(info, dict) else None
         if isinstance(url, str) and url:
-            path, why = resolve_image(url, base)
+            path, why = resolve_image(url, base)  # never fetches
             if path is not None and why is None:
-                out.append(path)
+                out.append((path, path.name) if path.is_file() else (None, url))
     return out
 
 
@@ -659,6 +666,12 @@ def dataset_stats(
         raise InvalidInput(
             f"dataset {ds.id} is a {ds.format} benchmark: token statistics are for training data, and "
             "benchmarks are not trained on"
+        )
+    fetch = ds.media_fetch
+    if fetch is not None and fetch.status in ("queued", "running"):
+        raise Conflict(
+            f"dataset {ds.id}: its images named by URL are still being fetched ({fetch.urls_done}/"
+            f"{fetch.urls_total}); ask for statistics once the fetch has finished"
         )
     key = f"{model}@{max_seq_len}"
     cached = dict(ds.stats or {})

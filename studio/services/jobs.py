@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from studio import queue
 from studio.config import Settings
-from studio.models import Evaluation, Export, ModelDownload, RunStatus, utcnow
+from studio.models import Evaluation, Export, MediaFetch, ModelDownload, RunStatus, utcnow
 from studio.services.events import add_event
 
 
@@ -48,7 +48,9 @@ class JobKind:
 EXPORTS = JobKind(Export, queue.EXPORT_TASK, queue.EXPORT_QUEUE, "export", "fail")
 DOWNLOADS = JobKind(ModelDownload, queue.DOWNLOAD_TASK, queue.EXPORT_QUEUE, "download", "requeue")
 EVALS = JobKind(Evaluation, queue.EVAL_TASK, queue.TRAIN_QUEUE, "eval", "requeue")
-KINDS = (EXPORTS, DOWNLOADS, EVALS)
+# Fetching a dataset's images named by URL: network work like a download (a requeued fetch keeps its copies).
+MEDIA = JobKind(MediaFetch, queue.MEDIA_TASK, queue.EXPORT_QUEUE, "media", "requeue")
+KINDS = (EXPORTS, DOWNLOADS, EVALS, MEDIA)
 
 
 def dispatch(session: Session, settings: Settings, kind: JobKind, job: Any) -> None:

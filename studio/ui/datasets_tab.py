@@ -106,7 +106,20 @@ def summary_markdown(d: Any, lang: str = DEFAULT_LANGUAGE) -> str:
         records=d.num_records,
         valid=d.num_valid,
     )
-    return f"{head}  \n{verdict}"
+    media = _media_line(getattr(d, "media_fetch", None), lang)
+    return f"{head}  \n{verdict}" + (f"  \n{media}" if media else "")
+
+
+def _media_line(fetch: Any, lang: str) -> str:
+    """Where the worker's fetch of the images the records name by URL stands (empty when they name none)."""
+    if fetch is None:
+        return ""
+    if fetch.status in ("queued", "running"):
+        return text("ds.msg.media_pending", lang, done=fetch.urls_done, total=fetch.urls_total)
+    if fetch.status == "succeeded":
+        fetched = fetch.urls_total - len(fetch.failed or {})
+        return text("ds.msg.media_done", lang, fetched=fetched, total=fetch.urls_total)
+    return text("ds.msg.media_failed", lang, error=localize_message(fetch.error or "", lang))
 
 
 def rendered_spans(spans: list[dict[str, Any]], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str | None]]:
@@ -137,6 +150,11 @@ def stats_markdown(stats: dict[str, Any], max_seq_len: int, lang: str = DEFAULT_
 def _open_image(path: Path) -> Image.Image:
     with Image.open(path) as im:
         return im.convert("RGB")
+
+
+def _pending_image() -> Image.Image:
+    """The gallery's stand-in for an image not fetched yet."""
+    return Image.new("RGB", (64, 64), (200, 200, 200))
 
 
 def record_view(
@@ -253,9 +271,16 @@ class DatasetsHandlers:
 
     def _record_gallery(self, did: int, record: Any) -> Any:
         ds = self.ctx.read(datasets_svc.get_dataset, did, default=None)
-        paths = datasets_svc.record_images(self.ctx.settings, ds, record) if ds is not None else []
-        # Opened here and handed over as images: Gradio only serves files from its own allowed folders.
-        shown = [(_open_image(p), p.name) for p in paths]
+        images = datasets_svc.record_images(self.ctx.settings, ds, record) if ds is not None else []
+        # Opened here and handed over as images: Gradio only serves files from its own allowed folders. An
+        # image named by URL that the dataset's fetch job has not fetched yet is shown as such, never fetched.
+        lang = current_language()
+        shown = [
+            (_open_image(p), name)
+            if p is not None
+            else (_pending_image(), text("ds.msg.not_fetched", lang, url=name))
+            for p, name in images
+        ]
         return gr.update(value=shown or None, visible=bool(shown))
 
     def upload(self, path: str | None, name_value: str, format_value: str) -> tuple[Any, ...]:

@@ -486,6 +486,22 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         "A {format} benchmark: its questions are scored on the Evaluate tab, never trained on.",
         "{format} 基准测试：在“评测”页打分，不用于训练。",
     ),
+    "ds.msg.media_pending": (
+        "Images named by URL: {done}/{total} fetched so far; a worker is fetching them (refresh to follow).",
+        "按 URL 引用的图片：已获取 {done}/{total}；工作节点正在获取（刷新查看进度）。",
+    ),
+    "ds.msg.media_done": (
+        "Images named by URL: {fetched} of {total} fetched by a worker.",
+        "按 URL 引用的图片：工作节点已获取 {fetched}/{total}。",
+    ),
+    "ds.msg.media_failed": (
+        "Images named by URL were not fetched: {error}",
+        "按 URL 引用的图片未能获取：{error}",
+    ),
+    "ds.msg.not_fetched": (
+        "not fetched yet: {url}",
+        "尚未获取：{url}",
+    ),
     "ds.msg.benchmark_render": (
         "A {format} benchmark: each question is scored as docs/evaluation.md shows, not in the chat template.",
         "{format} 基准测试：按 docs/evaluation.md 所述方式逐题打分，不套用对话模板。",
@@ -836,6 +852,11 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     ),
     (r"file: (?P<name>.+) is empty", "文件 {name} 是空文件"),
     (
+        r"dataset (?P<id>\d+): its images named by URL are still being fetched \((?P<done>\d+)/(?P<total>\d+)\); "
+        r"ask for statistics once the fetch has finished",
+        "数据集 {id}：按 URL 引用的图片仍在获取中（{done}/{total}）；获取完成后再查看统计",
+    ),
+    (
         r"file: (?P<name>.+) is larger than the upload limit of (?P<mb>\d+) MB; split it or raise "
         r"ERNIE_STUDIO_MAX_UPLOAD_MB",
         "文件 {name} 超过上传上限 {mb} MB；请拆分文件或调大 ERNIE_STUDIO_MAX_UPLOAD_MB",
@@ -852,11 +873,24 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     (r"the server answered (?P<code>\d+)(?: .*)?", "服务器返回 HTTP {code}"),
     (r"larger than (?P<n>[\d,]+) bytes", "大于 {n} 字节"),
     (
+        r"took longer than (?P<s>[\d.]+) s \(one deadline for the whole fetch\)",
+        "超过 {s} 秒（整次获取共用一个时限）",
+    ),
+    (
+        r"the answer is not an image the VL processor accepts \((?P<msg_why>.*)\)",
+        "返回内容不是 VL 处理器接受的图片（{msg_why}）",
+    ),
+    (
+        r"the server sent the body (?P<enc>\S+)-encoded after being asked for identity; compressed replies are "
+        r"not decoded",
+        "服务器在要求不压缩后仍以 {enc} 压缩返回；压缩的回复不会被解压",
+    ),
+    (
         r"fetching record URLs is turned off \(ERNIE_STUDIO_MEDIA_URLS=off\)",
         "已关闭按 URL 获取记录中的图片（ERNIE_STUDIO_MEDIA_URLS=off）",
     ),
     (
-        r"(?P<host>\S+) is a (?P<kind>loopback|private or reserved) address \((?P<address>[^)]*)\); record URLs "
+        r"(?P<host>\S+) is a (?P<kind>loopback|private or reserved|translation or tunnelling) address \((?P<address>[^)]*)\); record URLs "
         r"are fetched from public hosts only \(ERNIE_STUDIO_MEDIA_URLS=any allows an internal image store\)",
         "{host} 是{kind}地址（{address}）；记录中的 URL 只从公网主机获取（ERNIE_STUDIO_MEDIA_URLS=any 允许内部图床）",
     ),
@@ -865,6 +899,8 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "无法解析 {host}（{error}）；此节点是否离线？",
     ),
     (r"image (?P<url>'[^']*'): not an image PIL can read \(.*\)", "图片 {url} 不是可读取的图片"),
+    (r"not an image PIL can read \(.*\)", "不是可读取的图片"),
+    (r"truncated or corrupt \(.*\)", "文件被截断或已损坏"),
 ]
 # Words a pattern's groups carry that are text, not data: what a refusal names, and the address kinds.
 _MESSAGE_WORDS = {
@@ -876,6 +912,7 @@ _MESSAGE_WORDS = {
     "eval": "评估",
     "loopback": "回环",
     "private or reserved": "私有或保留",
+    "translation or tunnelling": "地址转换或隧道",
 }
 _MESSAGE_PATTERNS = [(re.compile(pattern, re.S), zh) for pattern, zh in MESSAGE_PATTERNS]
 

@@ -172,81 +172,22 @@ def test_erniekit_function_call_and_pretraining_data_upload_and_preview(client, 
     assert sft.status_code == 422 and "needs sft data" in sft.json()["message"]
 
 
-def erniekit_vl_demo(urls: list[str]) -> str:
-    """ERNIEKit's VL demo shape (examples/data/sft_vl-train_demo1.jsonl): a JSON array, written indented, in a
-    .jsonl file, each record naming its image by URL."""
-    records = [
-        {
-            "image_info": [{"matched_text_index": 0, "image_url": url}],
-            "text_info": [
-                {"text": "What colour is the picture?", "tag": "mask"},
-                {"text": "It is one colour.", "tag": "no_mask"},
-            ],
-        }
-        for url in urls
-    ]
-    return json.dumps(records, indent=4)
-
-
-def test_erniekit_vl_urls_that_fail_are_located_and_nothing_is_kept(client, settings, tmp_path, monkeypatch):
-    from image_standin import ImageHost, picture
-
+def test_a_file_naming_more_image_urls_than_a_dataset_may_fetch_is_refused(
+    client, settings, tmp_path, monkeypatch
+):
     from engine.data import remote
-    from studio.ui.context import UIContext
-    from studio.ui.datasets_tab import DatasetsHandlers
-    from studio.ui.i18n import Texts
 
-    good, big = picture((200, 20, 20), format="JPEG"), picture((20, 20, 200), (400, 400), "BMP")
-    host = ImageHost(
-        {
-            "/demo_images/1.jpg": (good, "image/jpeg"),
-            "/demo_images/page.jpg": (b"<html>a login page</html>", "text/html"),
-            "/demo_images/big.bmp": (big, "image/bmp"),
-        }
-    )
-    urls = [f"{host.url}/demo_images/{n}" for n in ("1.jpg", "gone.jpg", "page.jpg", "big.bmp")]
-    path = tmp_path / "sft_vl-train_demo1.jsonl"
-    path.write_text(erniekit_vl_demo(urls))
-    starts = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if line == "    {"]
-
-    def refused() -> str:
-        r = upload(client, path)
-        assert r.status_code == 422, r.text
-        assert files_under(settings.datasets_dir) == set()  # neither the file nor a fetched image is kept
-        return r.json()["message"]
-
-    try:
-        # the default fetches from public hosts only: a record cannot make the studio reach loopback
-        msg = refused()
-        where = f"sft_vl-train_demo1.jsonl:{starts[0]}: image_info[0]: image {urls[0]!r} could not be fetched"
-        assert where in msg, msg
-        assert "loopback address (127.0.0.1)" in msg and "ERNIE_STUDIO_MEDIA_URLS=any" in msg
-        monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "off")
-        assert "fetching record URLs is turned off (ERNIE_STUDIO_MEDIA_URLS=off)" in refused()
-        assert host.hits == []
-
-        monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", "any")  # the stand-in host is on loopback
-        monkeypatch.setattr(remote, "MAX_BYTES", 100_000)  # the good picture is smaller, the big one not
-        r = upload(client, path)
-        assert r.status_code == 422, r.text
-        problems = r.json()["details"]["problems"]
-        assert len(problems) == 3, problems
-        expected = [
-            (starts[1], urls[1], "the server answered 404 Not Found"),
-            (starts[2], urls[2], "not"),
-            (starts[3], urls[3], "larger than 100,000 bytes"),
-        ]
-        for problem, (line, url, why) in zip(problems, expected, strict=True):
-            assert problem.startswith(f"sft_vl-train_demo1.jsonl:{line}: image_info[0]: image {url!r}"), (
-                problem
-            )
-            assert why in problem, problem
-        assert files_under(settings.datasets_dir) == set()
-
-        # the Datasets tab shows the same problems, one row per record line
-        head, rows = DatasetsHandlers(UIContext(settings, Texts(), None)).upload(str(path), "", "auto")[:2]
-        assert "sft_vl-train_demo1.jsonl was not added" in head and "3 problem(s)" in head
-        assert rows["line"].tolist() == starts[1:]
-        assert [url in message for url, message in zip(urls[1:], rows["problem"], strict=True)] == [True] * 3
-    finally:
-        host.close()
+    monkeypatch.setattr(remote, "MAX_URLS", 2)
+    data = tmp_path / "vl.jsonl"
+    text_info = [{"text": "Colour?", "tag": "mask"}, {"text": "Red.", "tag": "no_mask"}]
+    data.write_text(
+        "".join(
+            json.dumps({"image_info": [{"matched_text_index": 0, "image_url": f"https://img.example/{i}.png"}],
+                        "text_info": text_info}) + "\n"
+            for i in range(3)
+        )
+    )  # fmt: skip
+    r = upload(client, data)
+    assert r.status_code == 422, r.text
+    assert "file: vl.jsonl names 3 image URLs; at most 2 are fetched per dataset" in r.json()["message"]
+    assert files_under(settings.datasets_dir) == set()

@@ -238,5 +238,5 @@ def test_service_upload_from_a_local_zip(session, settings, tmp_path):
     assert ds.format == "erniekit_vl" and ds.name == "vl_demo"
     record = svc.preview_dataset(session, settings, ds.id, limit=1)["records"][0]
     images = svc.record_images(settings, ds, record)
-    assert [p.name for p in images] == [Path(record["image_info"][0]["image_url"]).name]
-    assert svc.dataset_file(session, settings, ds.id, record["image_info"][0]["image_url"]) == images[0]
+    assert [name for _, name in images] == [Path(record["image_info"][0]["image_url"]).name]
+    assert svc.dataset_file(session, settings, ds.id, record["image_info"][0]["image_url"]) == images[0][0]

@@ -17,6 +17,7 @@ from studio.ui.compare_tab import diff_frame
 from studio.ui.datasets_tab import (
     DATASET_COLUMNS,
     PROBLEM_COLUMNS,
+    problem_rows,
     record_view,
     rejected_upload,
     stats_markdown,
@@ -321,12 +322,13 @@ def test_the_estimate_is_chinese_in_chinese():
 def test_service_refusals_the_tabs_show_are_chinese_in_chinese(settings, tmp_path, monkeypatch):
     """Messages that real service calls raise, as the tabs show them (toasts of ctx.call, problem rows of a
     refused upload): Chinese in Chinese, English in English and through REST."""
-    from image_standin import ImageHost
+    from image_standin import ImageHost, picture
 
     from studio.services import datasets as datasets_svc
     from studio.services import deployments as deployments_svc
     from studio.services import runs as runs_svc
     from studio.ui.context import UIContext
+    from workers.media import execute_media_fetch
 
     ctx = UIContext(settings=settings, texts=Texts(), demo=None)
     token = i18n.LocalContext.request.set(SimpleNamespace(session_hash="zh-refusals"))
@@ -348,15 +350,22 @@ def test_service_refusals_the_tabs_show_are_chinese_in_chinese(settings, tmp_pat
         record = {"image_info": [{"matched_text_index": 0, "image_url": f"{host.url}/a.jpg"}],
                   "text_info": [{"text": "Q", "tag": "mask"}, {"text": "A", "tag": "no_mask"}]}  # fmt: skip
         data.write_text(json.dumps(record) + "\n")
-        rows = []
-        for policy in ("public", "off", "any"):
+        # images named by URL are fetched by the worker's job; what it could not fetch is a dataset problem
+        rows, english = [], []
+        page = picture((9, 9, 9), format="PNG")[:40]  # a PNG's start: no image the processor accepts
+        host.files["/page.png"] = (page, "image/png")
+        for policy, path in (("public", "a.jpg"), ("off", "a.jpg"), ("any", "a.jpg"), ("any", "page.png")):
             monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", policy)
-            _, err = ctx.attempt(datasets_svc.upload_dataset, settings, str(data), "vl.jsonl")
-            rows += rejected_upload("vl.jsonl", err, "zh")[1]["problem"].tolist()
+            data.write_text(json.dumps(record).replace("a.jpg", path) + "\n")
+            ds = ctx.call(datasets_svc.upload_dataset, settings, str(data), "vl.jsonl")
+            assert execute_media_fetch(settings, ds.media_fetch.id, "me@n") == "succeeded"
+            problems = ctx.call(datasets_svc.get_dataset, ds.id).problems
+            english += problems
+            rows += problem_rows(problems, "zh")["problem"].tolist()
         host.close()
     finally:
         i18n.LocalContext.request.reset(token)
-    assert len(rows) == 3 and "ERNIE_STUDIO_MEDIA_URLS=off" in rows[1] and "404" in rows[2], rows
+    assert len(rows) == 4 and "ERNIE_STUDIO_MEDIA_URLS=off" in rows[1] and "404" in rows[2], rows
     for piece in [*toasts, *rows]:
         assert untranslated_words(piece, ["vl.jsonl"]) == [], piece
-    assert i18n.localize_message(err.message, "en") == err.message and "could not be fetched" in err.message
+    assert all("could not be fetched" in p and i18n.localize_message(p, "en") == p for p in english)
