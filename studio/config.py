@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     # `gpus` into groups of this many, one worker each; on a CPU-only node, the gloo processes the node's
     # training worker may start for one run.
     worker_devices: int = Field(default=1, ge=1, le=MAX_DEVICES)
+    # A run over several nodes (`num_nodes`): the address the other nodes reach this node's launcher
+    # rendezvous at (empty: the address the host name resolves to), and how long the parts of an attempt
+    # wait for each other once one was claimed before they release their claims and the run is requeued.
+    node_address: str = Field(default="", max_length=255)
+    gang_timeout_s: float = Field(default=300.0, gt=0)
     # Runs not heartbeating for this long are considered orphaned by the reconciler.
     stale_after_s: float = 30.0
     # Grace between SIGTERM and SIGKILL when cancelling a child process.

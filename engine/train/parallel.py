@@ -7,6 +7,7 @@ normalised by global token counts, so summing the gradients gives exactly the on
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import os
 import signal
 import sys
@@ -18,7 +19,8 @@ import paddle
 # The flags of Paddle 3.x's launcher (python/paddle/distributed/launch/context/args_envs.py) that
 # `launch_command` uses; tests/engine/test_distributed.py checks them against the installed `--help`.
 LAUNCH_FLAGS = (
-    "--nproc_per_node", "--devices", "--log_dir", "--job_id", "--max_restart", "--master", "--nnodes", "--rank",
+    "--nproc_per_node", "--devices", "--log_dir", "--job_id", "--max_restart",
+    "--master", "--nnodes", "--rank", "--host",
 )  # fmt: skip
 _PR_SET_PDEATHSIG = 1
 
@@ -59,6 +61,10 @@ class NodeGroup:
     master: str
     nnodes: int
     rank: int
+    # This node's IPv4 address as the others reach it (``--host``); None: the launcher's own guess, the
+    # address its host name resolves to. Node rank 0 serves the rendezvous only when ``master``'s host is
+    # 127.0.0.1 or this address (launch/controllers/master.py: HTTPMaster.lazy_init).
+    host: str | None = None
 
     def __post_init__(self) -> None:
         host, _, port = self.master.rpartition(":")
@@ -66,9 +72,15 @@ class NodeGroup:
             raise ValueError(f"master: {self.master!r} is not host:port")
         if self.nnodes < 2 or not 0 <= self.rank < self.nnodes:
             raise ValueError(f"rank {self.rank} of {self.nnodes} nodes: need 2+ nodes and 0 <= rank < nnodes")
+        if self.host is not None:
+            try:
+                ipaddress.IPv4Address(self.host)
+            except ValueError:
+                raise ValueError(f"host: {self.host!r} is not an IPv4 address") from None
 
     def flags(self) -> list[str]:
-        return ["--master", self.master, "--nnodes", str(self.nnodes), "--rank", str(self.rank)]
+        host = ["--host", self.host] if self.host else []
+        return ["--master", self.master, "--nnodes", str(self.nnodes), "--rank", str(self.rank), *host]
 
 
 def die_with_launcher() -> None:

@@ -527,6 +527,12 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     "runs.msg.step_s": ("{s:.1f} s/step", "{s:.1f} 秒/步"),
     "runs.msg.queue_position": ("queue position **{n}**", "排队位置 **{n}**"),
     "runs.msg.attempt": ("attempt {n}", "第 {n} 次尝试"),
+    "runs.msg.placement": ("nodes: {parts}", "节点：{parts}"),
+    "runs.msg.placement_part": (
+        "{node} holds ranks {ranks} ({status})",
+        "{node} 承担 rank {ranks}（{status}）",
+    ),
+    "runs.msg.placement_open": ("node rank {rank} waits for a worker", "节点序号 {rank} 等待 worker"),
     "runs.msg.model": ("model: `{path}`", "模型：`{path}`"),
     "runs.msg.memory": (
         "peak memory predicted {peak:.2f} GiB ({lo:.2f} – {hi:.2f}), measured {measured}",

@@ -115,7 +115,8 @@ def test_the_launcher_flags_we_use_are_those_of_the_installed_paddle():
         "--log_dir", "/r/dist_logs/node1", "--job_id", "run7", "--max_restart", "0",
         "/bin/ernie-studio", "train", "c.yaml",
     ]  # fmt: skip
-    for bad in (("10.0.0.5", 2, 0), ("h:0", 2, 0), ("h:1", 1, 0), ("h:1", 2, 2)):
+    assert NodeGroup("10.0.0.5:6170", 2, 0, host="10.0.0.5").flags()[-2:] == ["--host", "10.0.0.5"]
+    for bad in (("10.0.0.5", 2, 0), ("h:0", 2, 0), ("h:1", 1, 0), ("h:1", 2, 2), ("h:1", 2, 0, "node-a")):
         with pytest.raises(ValueError):
             NodeGroup(*bad)
 
