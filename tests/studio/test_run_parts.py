@@ -15,6 +15,7 @@ from studio.services.run_lifecycle import requeue_run
 from studio.services.run_parts import READY, beat_part, claim_part, gang, placement, set_part
 from studio.ui.nodes_tab import holds_text
 from studio.ui.runs_tab import placement_text
+from studio.ui.train_tab import run_spec
 
 
 def _messages(settings, run_id: int) -> int:
@@ -76,6 +77,11 @@ def test_parts_are_claimed_once_in_rank_order_and_requeued_together(client, sett
         third = claim_part(s, rid, "train@b", "b", "10.0.0.2:6170")
         assert (third.node_rank, third.attempt.number) == (0, 2)
     assert _messages(settings, rid) == 2
+
+
+def test_the_train_form_asks_for_nodes():
+    spec = run_spec({"base_model": "tiny", "dataset_ids": [1], "num_devices": 4, "num_nodes": 2})
+    assert (spec.num_devices, spec.num_nodes) == (4, 2)
 
 
 def test_uneven_split_is_refused_by_name(client):
