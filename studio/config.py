@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from functools import lru_cache
@@ -78,6 +79,17 @@ class Settings(BaseSettings):
     # A worker starting on a node whose facts, floors and engine are unchanged reuses a passing doctor report
     # at most this old (crash loops, redeploys, several workers per node); 0 runs the checks every start.
     doctor_reuse_s: float = Field(default=600.0, ge=0)
+
+    @field_validator("node_address")
+    @classmethod
+    def _ipv4_node_address(cls, v: str) -> str:
+        # The launcher takes its node's address only as an IPv4 address (`--host` needs a dot).
+        if v:
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                raise ValueError(f"ERNIE_STUDIO_NODE_ADDRESS: {v!r} is not an IPv4 address") from None
+        return v
 
     @field_validator("home", mode="before")
     @classmethod

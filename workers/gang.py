@@ -108,15 +108,15 @@ def _part(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat
         config_file = _prepare(settings, claim, directory)
     except Exception as e:
         return _fail_part(session, claim, f"node rank {claim.node_rank} could not prepare the run: {e}")
+    entry = engine_command("train", str(config_file))
+    if entry[1:3] == ["-m", "engine"]:  # the launcher runs a program or a .py file, never `-m`
+        return _fail_part(
+            session, claim, "a run over several nodes needs the ernie-studio script (pip install)"
+        )
     set_part(session, claim, READY)
     master = _barrier(session, settings, claim, beat)
     if master is None:
         return None
-    entry = engine_command("train", str(config_file))
-    if entry[1:3] == ["-m", "engine"]:
-        return _fail_part(
-            session, claim, "a run over several nodes needs the ernie-studio script (pip install)"
-        )
     try:
         nodes = NodeGroup(master, claim.nnodes, claim.node_rank, settings.node_address or None)
     except ValueError as e:
@@ -175,8 +175,9 @@ def _fail_part(session: Session, claim: PartClaim, error: str) -> str | None:
 
 
 def _barrier(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat) -> str | None:
-    """Wait until every part of the attempt is claimed and ready; the rendezvous address, or None when the
-    attempt ended first (cancelled, failed, or requeued because not every node took its part in time)."""
+    """Wait until every part of the attempt is claimed and ready: node rank 0 then gives the go (its part
+    launched), the others start on it. The rendezvous address, or None when the attempt ended first
+    (cancelled, failed, or requeued because not every node took its part in time)."""
     deadline = time.monotonic() + settings.gang_timeout_s
     while True:
         if beat.state == "lost":
@@ -190,7 +191,10 @@ def _barrier(session: Session, settings: Settings, claim: PartClaim, beat: PartB
             rank, error = g.errors[0]
             claim.attempt.finish(session, RunStatus.FAILED, error=f"node rank {rank}: {error}")
             return None
-        if g.ready:
+        if claim.node_rank == 0 and g.ready:
+            set_part(session, claim, LAUNCHED)  # the go the other parts wait for
+            return g.master
+        if claim.node_rank != 0 and g.go:
             return g.master
         # Node rank 0 gives up waiting; any part gives up on a part that was lost before the launch.
         if g.lost or (claim.node_rank == 0 and time.monotonic() > deadline):

@@ -61,6 +61,12 @@ class Gang:
         return all(p.status in (READY, LAUNCHED, ENDED) for p in self.parts)
 
     @property
+    def go(self) -> bool:
+        """Node rank 0 saw every part ready and launched: the one decision that starts the attempt, so a
+        part never launches while node rank 0 gives the attempt up."""
+        return any(p.node_rank == 0 and p.status in (LAUNCHED, ENDED) for p in self.parts)
+
+    @property
     def claimed(self) -> int:
         return sum(p.worker is not None for p in self.parts)
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+from pydantic import ValidationError
 from studio_helpers import DEMO_SFT
 
 from studio import queue
+from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Run, RunPart
 from studio.services.run_lifecycle import requeue_run
-from studio.services.run_parts import READY, beat_part, claim_part, gang, placement, set_part
+from studio.services.run_parts import LAUNCHED, READY, beat_part, claim_part, gang, placement, set_part
 from studio.ui.nodes_tab import holds_text
 from studio.ui.runs_tab import placement_text
 from studio.ui.train_tab import run_spec
@@ -51,7 +54,10 @@ def test_parts_are_claimed_once_in_rank_order_and_requeued_together(client, sett
         assert g.master == "10.0.0.1:6170" and not g.ready and not g.lost
         set_part(s, first, READY)
         set_part(s, second, READY)
-        assert gang(s, first, stale_after_s=30).ready
+        assert gang(s, first, stale_after_s=30).ready and not gang(s, second, stale_after_s=30).go
+        set_part(s, first, LAUNCHED)  # node rank 0's go: only now do the other parts launch
+        assert gang(s, second, stale_after_s=30).go
+        set_part(s, first, READY)
         assert beat_part(s, second) == "ok"
         row = s.get(Run, rid)
         assert [(p["node"], p["ranks"], p["status"]) for p in placement(s, row)] == [
@@ -91,3 +97,9 @@ def test_uneven_split_is_refused_by_name(client):
     r = client.post("/api/v1/runs", json=body)
     assert r.status_code == 422 and r.json()["message"].startswith("num_nodes: 3 devices"), r.text
     assert client.get("/api/v1/runs").json() == []
+
+
+def test_a_node_address_that_is_no_ipv4_address_is_refused_by_name():
+    # the launcher's --host takes an IPv4 address only (paddle/distributed/launch/plugins: rewrite_host_ip)
+    with pytest.raises(ValidationError, match="ERNIE_STUDIO_NODE_ADDRESS: 'node-a'"):
+        Settings(node_address="node-a")
