@@ -254,11 +254,22 @@ def _follow(
             log.info("run %s: cancel requested, stopping node rank %d", attempt.run_id, claim.node_rank)
             stop_group(proc, settings.kill_grace_s)
             continue
-        lost = [r for r in gang(session, claim, settings.stale_after_s).lost if r != claim.node_rank]
+        g = gang(session, claim, settings.stale_after_s)
+        lost = [r for r in g.lost if r != claim.node_rank]
         if lost and not cancelled:
             _requeue_lost(session, settings, claim, lost, log_file)
             stop_group(proc, settings.kill_grace_s)
             return None
+        errors = [(r, e) for r, e in g.errors if r != claim.node_rank]
+        if main and errors and not cancelled:
+            # Another node's rank failed with a Python error: this node's ranks may wait for it in a
+            # collective until gloo's or NCCL's timeout, so they are stopped and the run fails with that error.
+            stop_group(proc, settings.kill_grace_s)
+            set_part(session, claim, ENDED, exit_code=proc.returncode)
+            error = f"node rank {errors[0][0]}: {errors[0][1]}"
+            attempt.finish(session, RunStatus.FAILED, error=error)
+            _log_line(log_file, f"failed: node rank {errors[0][0]} failed with a Python error")
+            return RunStatus.FAILED.value
         beat.changed.wait(POLL_S)
         beat.changed.clear()
 
