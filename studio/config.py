@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from functools import lru_cache
@@ -41,6 +42,11 @@ class Settings(BaseSettings):
     # `gpus` into groups of this many, one worker each; on a CPU-only node, the gloo processes the node's
     # training worker may start for one run.
     worker_devices: int = Field(default=1, ge=1, le=MAX_DEVICES)
+    # A run over several nodes (`num_nodes`): the address the other nodes reach this node's launcher
+    # rendezvous at (empty: the address the host name resolves to), and how long the parts of an attempt
+    # wait for each other once one was claimed before they release their claims and the run is requeued.
+    node_address: str = Field(default="", max_length=255)
+    gang_timeout_s: float = Field(default=300.0, gt=0)
     # Runs not heartbeating for this long are considered orphaned by the reconciler.
     stale_after_s: float = 30.0
     # Grace between SIGTERM and SIGKILL when cancelling a child process.
@@ -73,6 +79,17 @@ class Settings(BaseSettings):
     # A worker starting on a node whose facts, floors and engine are unchanged reuses a passing doctor report
     # at most this old (crash loops, redeploys, several workers per node); 0 runs the checks every start.
     doctor_reuse_s: float = Field(default=600.0, ge=0)
+
+    @field_validator("node_address")
+    @classmethod
+    def _ipv4_node_address(cls, v: str) -> str:
+        # The launcher takes its node's address only as an IPv4 address (`--host` needs a dot).
+        if v:
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                raise ValueError(f"ERNIE_STUDIO_NODE_ADDRESS: {v!r} is not an IPv4 address") from None
+        return v
 
     @field_validator("home", mode="before")
     @classmethod

@@ -111,6 +111,9 @@ class Run(Base):
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED, index=True)
     queue: Mapped[str] = mapped_column(String(128))
+    # Nodes the run is gang-scheduled over (1: one worker runs it); each takes the devices its queue names,
+    # and its parts of each attempt are rows of `run_parts`.
+    num_nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
     node: Mapped[str | None] = mapped_column(String(255), nullable=True)
@@ -145,6 +148,33 @@ class Run(Base):
     checkpoints: Mapped[list[Checkpoint]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="Checkpoint.step"
     )
+
+
+class RunPart(Base):
+    """One node's part of one attempt of a run over several nodes: reserved when the attempt starts, claimed
+    by a worker of that node, launched once every part is claimed and ready (all ranks start or none)."""
+
+    __tablename__ = "run_parts"
+    __table_args__ = (UniqueConstraint("run_id", "attempt", "node_rank", name="uq_run_parts_attempt_rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    node_rank: Mapped[int] = mapped_column(Integer)
+    # Devices (ranks) of this part: global ranks node_rank * nproc ... node_rank * nproc + nproc - 1.
+    nproc: Mapped[int] = mapped_column(Integer)
+    # open (reserved) | claimed | ready (prepared, at the barrier) | launched | ended | failed | released
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # The launcher rendezvous (host:port) that node rank 0's worker chose; on node rank 0's row only.
+    master: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # A rank's Python error (a failed part without one lost its rank: a kill, a dead node).
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class RunMetric(Base):

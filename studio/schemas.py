@@ -87,6 +87,16 @@ class RunProgressOut(BaseModel):
     peak_device_gib: float | None = Field(default=None, description="a GPU run's peak device memory so far")
 
 
+class PlacementOut(BaseModel):
+    """One node's part of a run over several nodes (its current or last attempt)."""
+
+    node_rank: int
+    ranks: list[int] = Field(description="the global ranks this node holds")
+    node: str | None = Field(description="the node (ERNIE_STUDIO_NODE_NAME) whose worker took the part")
+    worker: str | None
+    status: str = Field(description="open | claimed | ready | launched | ended | failed | released")
+
+
 class RunOut(ORM):
     id: int
     name: str
@@ -126,10 +136,15 @@ class RunOut(ORM):
         "save); after the last step the final save still running; null while unknown or not running",
     )
 
-    @computed_field(description="devices of one node the run trains on (its queue says so)")
+    num_nodes: int = Field(default=1, description="nodes the run is gang-scheduled over")
+    placement: list[PlacementOut] = Field(
+        default_factory=list, description="which node holds which ranks (runs over several nodes)"
+    )
+
+    @computed_field(description="devices the run trains on: its queue's devices per node, times num_nodes")
     @property
     def num_devices(self) -> int:
-        return devices_of(self.queue)
+        return devices_of(self.queue) * self.num_nodes
 
 
 class MetricOut(ORM):

@@ -125,7 +125,7 @@ class Heartbeat(threading.Thread):
         with self.factory() as session:
             while not self.done.is_set():
                 try:
-                    state = self.attempt.heartbeat(session, pid=self.pid)
+                    state = self.beat(session)
                 except Exception:  # a database blip: try again next beat
                     log.exception("heartbeat of run %s failed", self.attempt.run_id)
                     session.rollback()
@@ -135,9 +135,18 @@ class Heartbeat(threading.Thread):
                     self.changed.set()
                 self.done.wait(HEARTBEAT_S)
 
+    def beat(self, session: Session) -> str:
+        return self.attempt.heartbeat(session, pid=self.pid)
+
 
 def execute_run(settings: Settings, run_id: int, worker: str) -> str | None:
     """Run one attempt of `run_id` on this worker; returns the final status (None if not claimed)."""
+    with session_factory(settings)() as session:
+        nodes = session.scalar(select(Run.num_nodes).where(Run.id == run_id))
+    if nodes and nodes > 1:
+        from workers.gang import execute_part
+
+        return execute_part(settings, run_id, worker)
     with session_factory(settings)() as session:
         attempt = claim_run(session, run_id, worker, settings.node_name)
     if attempt is None:

@@ -7,24 +7,36 @@ normalised by global token counts, so summing the gradients gives exactly the on
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import paddle
 
 # The flags of Paddle 3.x's launcher (python/paddle/distributed/launch/context/args_envs.py) that
 # `launch_command` uses; tests/engine/test_distributed.py checks them against the installed `--help`.
-LAUNCH_FLAGS = ("--nproc_per_node", "--devices", "--log_dir", "--job_id", "--max_restart")
+LAUNCH_FLAGS = (
+    "--nproc_per_node", "--devices", "--log_dir", "--job_id", "--max_restart",
+    "--master", "--nnodes", "--rank", "--host",
+)  # fmt: skip
 _PR_SET_PDEATHSIG = 1
 
 
 def launch_command(
-    entry: list[str], nproc: int, log_dir: str, job_id: str, devices: list[int] | None = None
+    entry: list[str],
+    nproc: int,
+    log_dir: str,
+    job_id: str,
+    devices: list[int] | None = None,
+    *,
+    nodes: NodeGroup | None = None,
 ) -> list[str]:
     """``python -m paddle.distributed.launch`` running ``entry`` (a program and its arguments) on ``nproc``
-    ranks of this node; ``devices`` are GPU indices as the launcher sees them (none: gloo on CPU).
+    ranks of this node; ``devices`` are GPU indices as the launcher sees them (none: gloo on CPU);
+    ``nodes`` places this node in a job over several nodes (every node runs the same command but its rank).
 
     The launcher has no ``-m``: its training script is a ``.py`` file it runs with Python or a program it
     runs as is, so ``entry`` starts with the ``ernie-studio`` script (or a ``.py`` runner). Each rank's
@@ -33,9 +45,42 @@ def launch_command(
     others and the launcher exits with that rank's code; ``--max_restart 0`` says so for elastic jobs too.
     """
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc)]
+    if nodes is not None:
+        cmd += nodes.flags()
     if devices:
         cmd += ["--devices", ",".join(str(d) for d in devices)]
     return [*cmd, "--log_dir", log_dir, "--job_id", job_id, "--max_restart", "0", *entry]
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """One node's place in a job over ``nnodes`` nodes: the launcher of node ``rank`` 0 serves the
+    rendezvous at ``master`` (``host:port``, Paddle's HTTP key-value master), the others join it there. The
+    global ranks follow the node ranks: node ``r`` holds ranks ``r * nproc ... r * nproc + nproc - 1``."""
+
+    master: str
+    nnodes: int
+    rank: int
+    # This node's IPv4 address as the others reach it (``--host``); None: the launcher's own guess, the
+    # address its host name resolves to. Node rank 0 serves the rendezvous only when ``master``'s host is
+    # 127.0.0.1 or this address (launch/controllers/master.py: HTTPMaster.lazy_init).
+    host: str | None = None
+
+    def __post_init__(self) -> None:
+        host, _, port = self.master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"master: {self.master!r} is not host:port")
+        if self.nnodes < 2 or not 0 <= self.rank < self.nnodes:
+            raise ValueError(f"rank {self.rank} of {self.nnodes} nodes: need 2+ nodes and 0 <= rank < nnodes")
+        if self.host is not None:
+            try:
+                ipaddress.IPv4Address(self.host)
+            except ValueError:
+                raise ValueError(f"host: {self.host!r} is not an IPv4 address") from None
+
+    def flags(self) -> list[str]:
+        host = ["--host", self.host] if self.host else []
+        return ["--master", self.master, "--nnodes", str(self.nnodes), "--rank", str(self.rank), *host]
 
 
 def die_with_launcher() -> None:

@@ -16,6 +16,7 @@ from studio.config import Settings
 from studio.models import Deployment, Node, NodeStatus, Run, RunStatus, utcnow
 from studio.services.deployments import ACTIVE as ACTIVE_DEPLOYMENTS
 from studio.services.errors import NotFound
+from studio.services.run_parts import held_parts
 
 OFFLINE = "offline"
 
@@ -35,7 +36,8 @@ class NodeView:
     memory_bytes: int | None
     cpu_count: int | None
     busy: bool
-    # What it holds: {"kind": "run" | "deployment", "id", "name"}
+    # What it holds: {"kind": "run" | "deployment", "id", "name"}, and "ranks" for a part of a run over
+    # several nodes
     holds: list[dict[str, Any]]
     reason: str | None
     doctor: dict[str, Any] | None
@@ -152,7 +154,9 @@ def _holdings(session: Session, names: list[str]) -> dict[str, list[dict[str, An
     if not names:
         return held
     runs = session.execute(
-        select(Run.worker, Run.id, Run.name).where(Run.status == RunStatus.RUNNING, Run.worker.in_(names))
+        select(Run.worker, Run.id, Run.name).where(
+            Run.status == RunStatus.RUNNING, Run.worker.in_(names), Run.num_nodes == 1
+        )
     ).all()
     deps = session.execute(
         select(Deployment.worker, Deployment.id, Deployment.name).where(
@@ -162,4 +166,7 @@ def _holdings(session: Session, names: list[str]) -> dict[str, list[dict[str, An
     for kind, rows in (("run", runs), ("deployment", deps)):
         for worker, id_, name in rows:
             held.setdefault(worker, []).append({"kind": kind, "id": id_, "name": name})
+    # A run over several nodes: each node's worker holds its part, with the global ranks it runs.
+    for worker, id_, name, ranks in held_parts(session, names):
+        held.setdefault(worker, []).append({"kind": "run", "id": id_, "name": name, "ranks": ranks})
     return held

@@ -21,15 +21,20 @@ from sqlalchemy.orm import Session
 
 from studio import queue
 from studio.config import Settings
-from studio.models import Checkpoint, Event, Run, RunMetric, RunStatus, utcnow
+from studio.models import Checkpoint, Event, Run, RunMetric, RunPart, RunStatus, utcnow
 from studio.services.events import add_event
 
 log = logging.getLogger(__name__)
 
 
 def dispatch_run(session: Session, settings: Settings, run: Run) -> None:
-    """Publish the run's task on its queue; on a broker outage it stays undispatched for the reconciler."""
-    task_id = queue.send(settings, queue.RUN_TASK, [run.id], run.queue)
+    """Publish the run's task on its queue, once per node it runs on (each node's worker takes one part);
+    on a broker outage it stays undispatched for the reconciler."""
+    task_id = None
+    for _ in range(max(run.num_nodes or 1, 1)):
+        task_id = queue.send(settings, queue.RUN_TASK, [run.id], run.queue)
+        if task_id is None:
+            break
     if task_id is not None:
         run.task_id = task_id
         run.dispatched_at = utcnow()
@@ -95,7 +100,8 @@ class RunAttempt:
         final_metrics: dict[str, Any] | None = None,
         model_dir: str | None = None,
     ) -> None:
-        """Move the run to a terminal status (only from running: a requeued run is left alone)."""
+        """Move the run to a terminal status (only from running in this attempt: a requeued run is left
+        alone)."""
         now = utcnow()
         values: dict[str, Any] = {
             "status": status,
@@ -109,7 +115,9 @@ class RunAttempt:
         if model_dir is not None:
             values["model_dir"] = model_dir
         n = session.execute(
-            update(Run).where(Run.id == self.run_id, Run.status == RunStatus.RUNNING).values(**values)
+            update(Run)
+            .where(Run.id == self.run_id, Run.status == RunStatus.RUNNING, Run.attempt == self.number)
+            .values(**values)
         ).rowcount
         if n:
             add_event(session, f"run.{status.value}", error or status.value, run_id=self.run_id)
@@ -212,12 +220,18 @@ def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def requeue_run(session: Session, settings: Settings, run_id: int, reason: str) -> bool:
-    """Put a running run back to queued (its worker died or is stopping) and publish it again; it resumes
-    from its newest checkpoint. False when the run was not running."""
+def requeue_run(
+    session: Session, settings: Settings, run_id: int, reason: str, *, attempt: int | None = None
+) -> bool:
+    """Put a running run back to queued (its worker died or is stopping, or a node of a run over several
+    lost its rank: then only while it is in `attempt` and not being cancelled) and publish it again; it
+    resumes from its newest checkpoint. False when the run was not running (in that attempt)."""
+    where = [Run.id == run_id, Run.status == RunStatus.RUNNING]
+    if attempt is not None:
+        where += [Run.attempt == attempt, Run.cancel_requested.is_(False)]
     n = session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.status == RunStatus.RUNNING)
+        .where(*where)
         .values(status=RunStatus.QUEUED, pid=None, worker=None, queued_at=utcnow(), dispatched_at=None)
     ).rowcount
     if n:
@@ -227,6 +241,20 @@ def requeue_run(session: Session, settings: Settings, run_id: int, reason: str) 
         return False
     run = session.get(Run, run_id)
     session.refresh(run)
+    if run.num_nodes > 1:
+        # The attempt's parts free their nodes, and the messages of parts nobody took are withdrawn: the
+        # new attempt is published once per node again.
+        session.execute(
+            update(RunPart)
+            .where(
+                RunPart.run_id == run_id,
+                RunPart.attempt == run.attempt,
+                RunPart.status.in_(["open", "claimed", "ready", "launched"]),
+            )
+            .values(status="released")
+        )
+        session.commit()
+        queue.purge_job(settings, queue.RUN_TASK, run.id, run.queue)
     dispatch_run(session, settings, run)
     return True
 

@@ -91,6 +91,8 @@ PREVIEW_OUTPUT_DIR = Path("<run dir>/output")
 _ENGINE_DEFAULTS = TrainConfig()
 MAX_DATASETS = 16
 MAX_NAME = 200  # the runs.name column
+# Nodes one run may be gang-scheduled over (num_nodes).
+MAX_NODES = 64
 # A whole-series metrics read returns at most this many points (about a plot's width in pixels); the full
 # resolution is read in pages of at most METRICS_PAGE points by `after_step`.
 METRICS_MAX_POINTS = 1000
@@ -152,6 +154,14 @@ class RunSpec(RequestModel):
         description="GPUs (CPU node: gloo processes) of one node the run trains on, data-parallel; each "
         "takes batch_size rows per step. A worker owning at least this many devices runs it and holds them "
         "all until it ends (ERNIE_STUDIO_WORKER_DEVICES)",
+    )
+    num_nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="nodes the run's num_devices are split over, num_devices / num_nodes on each; a run "
+        "over several nodes is gang-scheduled (all nodes' workers start their ranks together or none does) "
+        "and needs its run directory on storage every node shares (docs/training.md)",
     )
     evaluate: EvaluateAfter | None = Field(
         default=None, description="evaluate the base and the result once the run has succeeded (SFT runs)"
@@ -279,7 +289,7 @@ def _queue_for(settings: Settings, spec: RunSpec) -> str:
     _check_gpu(settings, spec.gpu)
     if spec.gpu is not None:
         return queue.gpu_queue(settings.node_name, spec.gpu)
-    return queue.devices_queue(spec.num_devices)
+    return queue.devices_queue(spec.num_devices // spec.num_nodes)
 
 
 def _recorded_estimate(session: Session, settings: Settings, spec: RunSpec, queue_name: str) -> dict | None:
@@ -328,7 +338,11 @@ def create_run(
             raise
     run.name = spec.name or f"{spec.stage.lower()}-{spec.fine_tuning.lower()}-{run.id}"
     run.estimate = estimate
-    waits_for = f" (waits for a worker owning {spec.num_devices} devices)" if spec.num_devices > 1 else ""
+    per_node = spec.num_devices // spec.num_nodes
+    run.num_nodes = spec.num_nodes
+    waits_for = f" (waits for a worker owning {per_node} devices)" if per_node > 1 else ""
+    if spec.num_nodes > 1:
+        waits_for = f" (waits for {spec.num_nodes} nodes' workers owning {per_node} device(s) each)"
     add_event(session, "run.queued", f"run {run.name} queued on {queue_name}{waits_for}", run_id=run.id)
     session.commit()
     run_dir(settings, run.id).mkdir(parents=True, exist_ok=True)
@@ -408,22 +422,31 @@ def _check_devices(settings: Settings, spec: RunSpec) -> None:
     )
     if problems and trains:
         raise InvalidInput("hyperparameters: " + "; ".join(problems))
-    if spec.num_devices == 1:
+    if spec.num_devices % spec.num_nodes:
+        raise InvalidInput(
+            f"num_nodes: {spec.num_devices} devices do not split evenly over {spec.num_nodes} nodes; give "
+            "num_devices as a multiple of num_nodes (each node runs num_devices / num_nodes ranks)"
+        )
+    if spec.num_nodes > 1 and spec.gpu is not None:
+        raise InvalidInput("num_nodes: gpu pins a run to one GPU of this node; leave gpu out")
+    per_node = spec.num_devices // spec.num_nodes
+    if per_node == 1:
         return
     if spec.gpu is not None:
         raise InvalidInput(
             f"num_devices: gpu pins a run to one GPU; leave gpu out to train on {spec.num_devices} devices"
         )
     largest = max(len(group) for group in settings.device_groups)
-    if spec.num_devices > largest:
+    if per_node > largest:
         where = (
             f"its GPUs {settings.gpus} in groups of {settings.worker_devices}"
             if settings.gpu_indices
             else f"it has no GPUs and runs {settings.worker_devices} CPU process(es) per run"
         )
         raise InvalidInput(
-            f"num_devices: {spec.num_devices} devices of one node are more than a training worker of node "
-            f"{settings.node_name} owns ({largest}: {where}); ask for at most {largest}, or raise "
+            f"num_devices: {per_node} devices of one node are more than a training worker of node "
+            f"{settings.node_name} owns ({largest}: {where}); ask for at most {largest} per node (spread "
+            "the run over more num_nodes), or raise "
             "ERNIE_STUDIO_WORKER_DEVICES (and list the GPUs in ERNIE_STUDIO_GPUS) for the studio and its "
             "workers"
         )
@@ -439,7 +462,8 @@ def spec_of(run: Run) -> RunSpec:
         stage=run.stage,
         fine_tuning=run.fine_tuning,
         hyperparameters=hyper,
-        num_devices=queue.devices_of(run.queue),
+        num_devices=queue.devices_of(run.queue) * run.num_nodes,
+        num_nodes=run.num_nodes,
         evaluate=EvaluateAfter(**{k: run.evaluate[k] for k in ("holdout", "dataset_ids", "options")})
         if run.evaluate
         else None,

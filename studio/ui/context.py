@@ -97,6 +97,11 @@ class UIContext:
             return default
 
 
+def ranks_text(ranks: list[int]) -> str:
+    """0-3 for a run of consecutive ranks, 2 for one."""
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else ""
+
+
 def parse_id(choice: Any) -> int | None:
     """Dropdown choices are ``(label, id)`` pairs; the value comes back as an int or a numeric string."""
     if choice in (None, ""):

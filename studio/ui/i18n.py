@@ -97,8 +97,14 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tr.run_name": ("Run name", "任务名称"),
     "tr.num_devices": ("Devices", "设备数"),
     "tr.num_devices.info": (
-        "GPUs (CPU: processes) of one node, data-parallel; each takes the batch size per step.",
-        "同一节点上的 GPU 数（CPU 节点为进程数），数据并行；每个设备每步处理一份 batch。",
+        "GPUs (CPU: processes) in all, data-parallel, split evenly over the nodes; each takes the batch size "
+        "per step.",
+        "GPU 总数（CPU 节点为进程数），数据并行，平均分到各节点；每个设备每步处理一份 batch。",
+    ),
+    "tr.num_nodes": ("Nodes", "节点数"),
+    "tr.num_nodes.info": (
+        "Nodes the devices are split over; all start together or none does. Needs shared storage.",
+        "设备所分布的节点数；所有节点一起启动或都不启动。需要共享存储。",
     ),
     "tr.hparams": ("Hyperparameters", "超参数"),
     "tr.learning_rate": ("learning_rate", "learning_rate"),
@@ -543,6 +549,12 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     "runs.msg.step_s": ("{s:.1f} s/step", "{s:.1f} 秒/步"),
     "runs.msg.queue_position": ("queue position **{n}**", "排队位置 **{n}**"),
     "runs.msg.attempt": ("attempt {n}", "第 {n} 次尝试"),
+    "runs.msg.placement": ("nodes: {parts}", "节点：{parts}"),
+    "runs.msg.placement_part": (
+        "{node} holds ranks {ranks} ({status})",
+        "{node} 承担 rank {ranks}（{status}）",
+    ),
+    "runs.msg.placement_open": ("node rank {rank} waits for a worker", "节点序号 {rank} 等待 worker"),
     "runs.msg.model": ("model: `{path}`", "模型：`{path}`"),
     "runs.msg.memory": (
         "peak memory predicted {peak:.2f} GiB ({lo:.2f} – {hi:.2f}), measured {measured}",

@@ -10,7 +10,7 @@ import gradio as gr
 import pandas as pd
 
 from studio.services import nodes as nodes_svc
-from studio.ui.context import UIContext, fmt_time
+from studio.ui.context import UIContext, fmt_time, ranks_text
 
 NODE_COLUMNS = ["worker", "state", "devices", "memory", "busy", "queues", "doctor", "heartbeat"]
 CHECK_COLUMNS = ["worker", "check", "result", "detail", "seconds"]
@@ -49,7 +49,11 @@ def doctor_text(node: Any) -> str:
 def holds_text(node: Any) -> str:
     if not node.busy:
         return "free"
-    return ", ".join(f"{h['kind']} #{h['id']} {h['name']}" for h in node.holds)
+    return ", ".join(
+        f"{h['kind']} #{h['id']} {h['name']}"
+        + (f" (ranks {ranks_text(h['ranks'])})" if h.get("ranks") else "")
+        for h in node.holds
+    )
 
 
 def node_rows(nodes: list[Any]) -> pd.DataFrame:

@@ -19,8 +19,9 @@ from studio.services import exports as exports_svc
 from studio.services import progress as progress_svc
 from studio.services import runs as runs_svc
 from studio.services.exports import export_default
+from studio.services.run_parts import placement_of
 from studio.ui import charts
-from studio.ui.context import UIContext, echo, fmt_time, parse_id, refusal
+from studio.ui.context import UIContext, echo, fmt_time, parse_id, ranks_text, refusal
 from studio.ui.i18n import DEFAULT_LANGUAGE, current_language, localize_message, status_text, text
 
 RUN_COLUMNS = ["id", "name", "stage", "tuning", "status", "progress", "loss", "ETA", "created"]
@@ -221,7 +222,28 @@ def run_choices(runs: list[Any], lang: str = DEFAULT_LANGUAGE) -> list[tuple[str
     return [(f"#{r.id} {r.name} · {status_text(r.status, lang)}", r.id) for r in runs]
 
 
-def status_markdown(run: Any, p: dict[str, Any], position: int | None, lang: str = DEFAULT_LANGUAGE) -> str:
+def placement_text(placement: list[dict[str, Any]], lang: str = DEFAULT_LANGUAGE) -> str:
+    """Which node holds which ranks of a run over several nodes ("" for a one-node run)."""
+    if not placement:
+        return ""
+    cells = [
+        text(
+            "runs.msg.placement_part", lang, node=p["node"], ranks=ranks_text(p["ranks"]), status=p["status"]
+        )
+        if p.get("node")
+        else text("runs.msg.placement_open", lang, rank=p["node_rank"])
+        for p in placement
+    ]
+    return text("runs.msg.placement", lang, parts="; ".join(cells))
+
+
+def status_markdown(
+    run: Any,
+    p: dict[str, Any],
+    position: int | None,
+    lang: str = DEFAULT_LANGUAGE,
+    placement: list[dict[str, Any]] | None = None,
+) -> str:
     icon = STATUS_ICONS.get(run.status, "")
     parts = [f"### {icon} #{run.id} {run.name} — {status_text(run.status, lang)}"]
     line = [
@@ -240,6 +262,9 @@ def status_markdown(run: Any, p: dict[str, Any], position: int | None, lang: str
     if run.attempt and run.attempt > 1:
         line.append(text("runs.msg.attempt", lang, n=run.attempt))
     parts.append(" · ".join(line))
+    where = placement_text(placement or [], lang)
+    if where:
+        parts.append("\n" + where)
     predicted = predicted_vs_measured(run.estimate, p, lang)
     if predicted:
         parts.append("\n" + predicted)
@@ -357,6 +382,7 @@ class RunsHandlers:
             ctx.read(exports_svc.list_exports, rid, default=[]),
             ctx.read(exports_svc.family_of, rid, default=None),
             current_language(),
+            ctx.read(placement_of, rid, default=[]),
         )
 
     def show_run(self, run_id: Any) -> tuple[Any, ...]:
@@ -485,6 +511,7 @@ def view_of(
     exports: list[Any],
     family: dict[str, Any] | None = None,
     lang: str = DEFAULT_LANGUAGE,
+    placement: list[dict[str, Any]] | None = None,
 ) -> tuple[Any, ...]:
     """One run's view from what the store holds, in ``VIEW_PARTS`` order."""
     extras = charts.extra_metric_names(rows)
@@ -494,7 +521,7 @@ def view_of(
         [[c.step, c.path, fmt_time(c.created_at)] for c in checkpoints], columns=CHECKPOINT_COLUMNS
     )
     return (
-        status_markdown(run, p, position, lang),
+        status_markdown(run, p, position, lang, placement),
         gr.update(value=charts.metric_frame(rows, ["loss"]), x_lim=x_lim),
         gr.update(value=charts.metric_frame(rows, ["learning_rate"]), x_lim=x_lim),
         gr.update(value=charts.metric_frame(rows, ["tokens_per_second"]), x_lim=x_lim),

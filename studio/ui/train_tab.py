@@ -62,7 +62,7 @@ HPARAMS = (
 LORA_PARAMS = ("lora_rank", "lora_alpha")
 DPO_PARAMS = ("beta", "loss_type")
 CONFIG_KEYS = (*CHOICE_KEYS, *HPARAMS, *LORA_PARAMS, *DPO_PARAMS)
-SPEC_FIELDS = ("name", "base_model", "dataset_ids", "stage", "fine_tuning", "num_devices")
+SPEC_FIELDS = ("name", "base_model", "dataset_ids", "stage", "fine_tuning", "num_devices", "num_nodes")
 # "Evaluate after training" (studio/ui/evaluate_tab.py): RunSpec.evaluate, not hyperparameters.
 EVALUATE_FIELDS = ("eval_after", "eval_holdout", "eval_datasets", "eval_max_new_tokens")
 HPARAMS_PER_ROW = 4
@@ -136,6 +136,7 @@ def run_spec(values: dict[str, Any]) -> runs_svc.RunSpec:
             fine_tuning=values.get("fine_tuning") or DEFAULT_FINE_TUNING,
             hyperparameters=hyper,
             num_devices=int(values.get("num_devices") or 1),
+            num_nodes=int(values.get("num_nodes") or 1),
             evaluate=evaluate_after_spec(*(values.get(k) for k in EVALUATE_FIELDS)),
         )
     except ValidationError as e:
@@ -417,6 +418,10 @@ def _choice_rows(t: Texts, start: dict[str, Any]) -> tuple[dict[str, gr.componen
         fields["num_devices"] = t.make(
             gr.Number, "tr.num_devices", value=1, minimum=1, maximum=MAX_DEVICES, precision=0,
             elem_id="tr-num-devices", scale=1,
+        )  # fmt: skip
+        fields["num_nodes"] = t.make(
+            gr.Number, "tr.num_nodes", value=1, minimum=1, maximum=runs_svc.MAX_NODES, precision=0,
+            elem_id="tr-num-nodes", scale=1,
         )  # fmt: skip
     return fields, roots
 

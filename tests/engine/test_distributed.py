@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import paddle
+import pytest
 
 import engine
 from engine.doctor.gpu_checks import run_sum_grads_ranks
 from engine.train import run_training
 from engine.train.config import load_config
-from engine.train.parallel import LAUNCH_FLAGS, launch_command
+from engine.train.parallel import LAUNCH_FLAGS, NodeGroup, launch_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,6 +106,71 @@ def test_the_launcher_flags_we_use_are_those_of_the_installed_paddle():
         "--log_dir", "/r/dist_logs", "--job_id", "run7", "--max_restart", "0",
         "/bin/ernie-studio", "train", "c.yaml",
     ]  # fmt: skip
+    node = NodeGroup("10.0.0.5:6170", 2, 1)
+    cmd = launch_command(
+        ["/bin/ernie-studio", "train", "c.yaml"], 1, "/r/dist_logs/node1", "run7", nodes=node
+    )
+    assert cmd[1:] == [
+        "-m", "paddle.distributed.launch", "--nproc_per_node", "1",
+        "--master", "10.0.0.5:6170", "--nnodes", "2", "--rank", "1",
+        "--log_dir", "/r/dist_logs/node1", "--job_id", "run7", "--max_restart", "0",
+        "/bin/ernie-studio", "train", "c.yaml",
+    ]  # fmt: skip
+    assert NodeGroup("10.0.0.5:6170", 2, 0, host="10.0.0.5").flags()[-2:] == ["--host", "10.0.0.5"]
+    for bad in (("10.0.0.5", 2, 0), ("h:0", 2, 0), ("h:1", 1, 0), ("h:1", 2, 2), ("h:1", 2, 0, "node-a")):
+        with pytest.raises(ValueError):
+            NodeGroup(*bad)
+
+
+def test_two_launchers_as_two_nodes_match_one_process(tiny_model_dir, tmp_path):
+    """Two launchers of one node rank each (--nnodes 2, the master on 127.0.0.1) are one data-parallel job:
+    the loss curve is one process's with the doubled batch, and rank 0 alone writes metrics.jsonl."""
+    common = [
+        f"model_name_or_path={tiny_model_dir}",
+        f"train_dataset_path={ROOT / 'examples/data/sft_demo.jsonl'}",
+        "max_seq_len=64",
+        "max_steps=3",
+        "learning_rate=3e-3",
+        "warmup_steps=1",
+        "save_steps=100",
+        "logging_steps=1",
+        "seed=5",
+    ]
+    runner = tmp_path / "run_engine.py"
+    runner.write_text("import sys\nfrom engine.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    entry = [str(runner), "train", str(ROOT / "examples/sft_full.yaml"), *common, "batch_size=2",
+             f"output_dir={tmp_path / 'nodes2'}"]  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        master = f"127.0.0.1:{s.getsockname()[1]}"
+    procs = [
+        subprocess.Popen(
+            launch_command(entry, 1, str(tmp_path / f"node{r}"), "nodes2", nodes=NodeGroup(master, 2, r)),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for r in (1, 0)  # the joining node first: it waits for the master
+    ]
+    codes = [p.wait(timeout=300) for p in procs]
+    logs = "".join(p.read_text() for p in sorted(tmp_path.glob("node*/workerlog.*")))
+    assert codes == [0, 0], logs[-3000:]
+    # one local rank per node, each writing its own node's log
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("node*/workerlog.*")) == [
+        "node0/workerlog.0", "node1/workerlog.0",
+    ]  # fmt: skip
+
+    single = load_config(
+        ROOT / "examples/sft_full.yaml",
+        [*common, "batch_size=4", f"output_dir={tmp_path / 'one'}", "disable_tqdm=true"],
+    )
+    assert run_training(single).status == "succeeded"
+    rows = [json.loads(line) for line in (tmp_path / "nodes2/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    one = [json.loads(line)["loss"] for line in (tmp_path / "one/metrics.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose([r["loss"] for r in rows], one, atol=2e-6, rtol=0)
 
 
 def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir, tmp_path):

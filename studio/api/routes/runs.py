@@ -16,12 +16,14 @@ from studio.schemas import (
     EventOut,
     LogsOut,
     MetricOut,
+    PlacementOut,
     RunOut,
     RunProgressOut,
 )
 from studio.services import runs as svc
 from studio.services.events import list_events
 from studio.services.progress import runs_progress
+from studio.services.run_parts import placement
 from studio.services.store import MAX_ID
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -31,7 +33,12 @@ ERRORS = {404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 422: {"model": Err
 def _out(session, run: Run) -> RunOut:
     out = RunOut.model_validate(run)
     out.queue_position = svc.queue_position(session, run)
+    out.placement = _placement(session, run)
     return _with_progress(out, runs_progress(session, [run.id]).get(run.id))
+
+
+def _placement(session, run: Run) -> list[PlacementOut]:
+    return [PlacementOut(**p) for p in placement(session, run)]
 
 
 def _with_progress(out: RunOut, progress: dict | None) -> RunOut:
@@ -69,7 +76,9 @@ def list_runs(
     progress = runs_progress(session, [r.id for r in runs])
     return [
         _with_progress(
-            RunOut.model_validate(r).model_copy(update={"queue_position": positions.get(r.id)}),
+            RunOut.model_validate(r).model_copy(
+                update={"queue_position": positions.get(r.id), "placement": _placement(session, r)}
+            ),
             progress.get(r.id),
         )
         for r in runs

@@ -1,0 +1,79 @@
+"""Node rank 0's worker following its launcher, without Celery: when another node's rank failed with a
+Python error it stops its own ranks (which could wait in a collective until the backend's timeout) and
+fails the run with that error; when another node's part went silent it requeues the attempt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+from studio.config import Settings
+from studio.db import session_factory
+from studio.migrate import upgrade
+from studio.models import Run, RunPart, RunStatus, utcnow
+from studio.services.run_parts import LAUNCHED, claim_part, set_part
+from workers.gang import PartBeat, _follow
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    s = Settings(home=tmp_path / "home", stale_after_s=5, kill_grace_s=1)
+    upgrade(s)
+    return s
+
+
+def _started(settings: Settings, tmp_path):
+    """A run over two nodes whose two parts were claimed and launched; node rank 0's claim and a stand-in
+    for its launcher (a process that would wait for ever)."""
+    with session_factory(settings)() as s:
+        run = Run(name="r", stage="SFT", fine_tuning="Full", base_model="tiny", queue="train", num_nodes=2,
+                  output_dir=str(tmp_path / "out"))  # fmt: skip
+        s.add(run)
+        s.commit()
+        first = claim_part(s, run.id, "train@a", "a", "127.0.0.1:6170")
+        second = claim_part(s, run.id, "train@b", "b", "127.0.0.1:6170")
+        set_part(s, first, LAUNCHED)
+        set_part(s, second, LAUNCHED)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    return first, second, proc
+
+
+def _follow_rank0(settings: Settings, first, proc, tmp_path) -> str | None:
+    beat = PartBeat(settings, first)
+    beat.start()
+    try:
+        with session_factory(settings)() as s:
+            return _follow(s, settings, first, proc, beat, tmp_path / "train.log")
+    finally:
+        beat.done.set()
+
+
+def test_a_python_error_on_another_node_stops_rank_0_and_fails_the_run(settings, tmp_path):
+    first, second, proc = _started(settings, tmp_path)
+    with session_factory(settings)() as s:
+        set_part(
+            s, second, "failed", exit_code=1, error="Traceback (most recent call last):\nValueError: bad"
+        )
+    assert _follow_rank0(settings, first, proc, tmp_path) == "failed"
+    assert proc.poll() is not None  # node rank 0's launcher was stopped
+    with session_factory(settings)() as s:
+        run = s.get(Run, first.attempt.run_id)
+        assert run.status == RunStatus.FAILED and run.error.startswith("node rank 1: Traceback")
+
+
+def test_a_silent_node_requeues_the_attempt_and_stops_rank_0(settings, tmp_path):
+    first, second, proc = _started(settings, tmp_path)
+    with session_factory(settings)() as s:
+        s.query(RunPart).filter_by(id=second.part_id).update(
+            {"heartbeat_at": utcnow() - timedelta(seconds=60)}
+        )
+        s.commit()
+    assert _follow_rank0(settings, first, proc, tmp_path) is None
+    assert proc.poll() is not None
+    with session_factory(settings)() as s:
+        run = s.get(Run, first.attempt.run_id)
+        assert run.status == RunStatus.QUEUED
+        assert "node rank(s) 1 of attempt 1 lost their ranks" in (tmp_path / "train.log").read_text()

@@ -1,0 +1,327 @@
+"""One node's part of a run over several nodes: claim a part in the store, prepare the run directory, wait at
+the barrier until every node's part is claimed and ready (or, after gang_timeout_s, release the claims and
+requeue), launch `paddle.distributed.launch --master --nnodes --rank`, and follow it. Node rank 0 stores the
+metrics and checkpoints (rank 0 alone writes metrics.jsonl) and records how the run ended; a part that loses
+its rank requeues the attempt, and every other part stops its launcher. Testable without Celery."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from sqlalchemy.orm import Session
+
+from engine.train.parallel import NodeGroup, launch_command
+from studio.config import Settings
+from studio.db import session_factory
+from studio.models import RunStatus
+from studio.services import runs as runs_svc
+from studio.services.models import BUILDABLE_PRESETS, build_preset
+from studio.services.run_lifecycle import requeue_run
+from studio.services.run_parts import (
+    ENDED,
+    FAILED,
+    LAUNCHED,
+    READY,
+    PartClaim,
+    beat_part,
+    claim_part,
+    gang,
+    set_part,
+)
+from workers.process import engine_command, spawn, stop_group, tail
+from workers.training import (
+    DIST_LOGS,
+    POLL_S,
+    SHUTTING_DOWN,
+    Heartbeat,
+    MetricsTail,
+    NoticesFile,
+    _checkpoints,
+    _finish,
+    _gpu_devices,
+    _log_line,
+    _rank_tails,
+)
+
+log = logging.getLogger(__name__)
+
+# A rank that died of a Python error says so in its log; one that did not was lost (a kill, a dead node).
+TRACEBACK = "Traceback (most recent call last)"
+
+
+class PartBeat(Heartbeat):
+    """Beats for this part (node rank 0 also for the run) and learns of cancel and of the attempt's end."""
+
+    def __init__(self, settings: Settings, claim: PartClaim) -> None:
+        super().__init__(settings, claim.attempt)
+        self.claim = claim
+
+    def beat(self, session: Session) -> str:
+        return beat_part(session, self.claim, pid=self.pid)
+
+
+def rendezvous_address(settings: Settings) -> str:
+    """This node's address as the other nodes reach it: ERNIE_STUDIO_NODE_ADDRESS, else what the launcher
+    itself would take (the address the host name resolves to)."""
+    return settings.node_address or socket.gethostbyname(socket.getfqdn(socket.gethostname()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def execute_part(settings: Settings, run_id: int, worker: str) -> str | None:
+    """Take and run one node's part of `run_id`; returns the run's final status when this part recorded
+    it (node rank 0), else None."""
+    master = f"{rendezvous_address(settings)}:{_free_port()}"
+    with session_factory(settings)() as session:
+        claim = claim_part(session, run_id, worker, settings.node_name, master)
+    if claim is None:
+        log.debug("run %s has no part left to take; dropping this message", run_id)
+        return None
+    log.info(
+        "run %s attempt %d: node rank %d of %d (ranks %s) on %s",
+        run_id, claim.attempt.number, claim.node_rank, claim.nnodes, claim.ranks, worker,
+    )  # fmt: skip
+    beat = PartBeat(settings, claim)
+    beat.start()
+    try:
+        with session_factory(settings)() as session:
+            return _part(session, settings, claim, beat)
+    finally:
+        beat.done.set()
+
+
+def _part(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat) -> str | None:
+    attempt = claim.attempt
+    directory = runs_svc.run_dir(settings, attempt.run_id)
+    log_file = _node_log(settings, claim)
+    try:
+        config_file = _prepare(settings, claim, directory)
+    except Exception as e:
+        return _fail_part(session, claim, f"node rank {claim.node_rank} could not prepare the run: {e}")
+    entry = engine_command("train", str(config_file))
+    if entry[1:3] == ["-m", "engine"]:  # the launcher runs a program or a .py file, never `-m`
+        return _fail_part(
+            session, claim, "a run over several nodes needs the ernie-studio script (pip install)"
+        )
+    set_part(session, claim, READY)
+    master = _barrier(session, settings, claim, beat)
+    if master is None:
+        return None
+    try:
+        nodes = NodeGroup(master, claim.nnodes, claim.node_rank, settings.node_address or None)
+    except ValueError as e:
+        return _fail_part(session, claim, f"ERNIE_STUDIO_NODE_ADDRESS / rendezvous: {e}")
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    node_logs = directory / DIST_LOGS / f"node{claim.node_rank}"
+    cmd = launch_command(
+        entry, claim.nproc, str(node_logs), f"run{attempt.run_id}", _gpu_devices(visible, claim.nproc),
+        nodes=nodes,
+    )  # fmt: skip
+    from engine.train.run_dir import latest_checkpoint
+
+    resume = latest_checkpoint(attempt.output_dir)
+    if claim.node_rank == 0 and resume is not None:
+        attempt.resumed(session, str(resume))
+    where = f", resuming from {resume.name}" if resume else ""
+    _log_line(
+        log_file,
+        f"attempt {attempt.number} on {attempt.worker}{where}: node rank {claim.node_rank} of {claim.nnodes}, "
+        f"ranks {claim.ranks[0]}-{claim.ranks[-1]}, rendezvous {master}",
+    )
+    proc = spawn(cmd, log_file, cwd=directory, niceness=settings.batch_niceness)
+    beat.pid = proc.pid
+    set_part(session, claim, LAUNCHED, pid=proc.pid)
+    status = _follow(session, settings, claim, proc, beat, log_file)
+    if status != RunStatus.SUCCEEDED.value:
+        _rank_tails(node_logs, claim.nproc, log_file)
+    return status
+
+
+def _node_log(settings: Settings, claim: PartClaim) -> Path:
+    """Node rank 0 writes the run's train.log (what the API shows); the other nodes train.node<r>.log."""
+    path = runs_svc.log_path(settings, claim.attempt.run_id)
+    return path if claim.node_rank == 0 else path.with_name(f"train.node{claim.node_rank}.log")
+
+
+def _prepare(settings: Settings, claim: PartClaim, directory: Path) -> Path:
+    """The run directory, its config.yaml and the base model, on this node (the same on shared storage)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config_file = directory / "config.yaml"
+    tmp = directory / f".config.node{claim.node_rank}.yaml"
+    tmp.write_text(yaml.safe_dump(claim.attempt.config, sort_keys=False))
+    tmp.replace(config_file)  # whole, also while another node's worker reads it
+    if claim.attempt.base_model in BUILDABLE_PRESETS:
+        build_preset(settings, claim.attempt.base_model)
+    return config_file
+
+
+def _fail_part(session: Session, claim: PartClaim, error: str) -> str | None:
+    """This part cannot run: node rank 0 fails the run; another node's part reports it for rank 0 to."""
+    set_part(session, claim, FAILED, error=error)
+    if claim.node_rank == 0:
+        claim.attempt.finish(session, RunStatus.FAILED, error=error)
+        return RunStatus.FAILED.value
+    return None
+
+
+def _barrier(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat) -> str | None:
+    """Wait until every part of the attempt is claimed and ready: node rank 0 then gives the go (its part
+    launched), the others start on it. The rendezvous address, or None when the attempt ended first
+    (cancelled, failed, or requeued because not every node took its part in time)."""
+    deadline = time.monotonic() + settings.gang_timeout_s
+    while True:
+        if beat.state == "lost":
+            return None
+        if beat.state == "cancel":
+            if claim.node_rank == 0:
+                claim.attempt.finish(session, RunStatus.CANCELLED)
+            return None
+        g = gang(session, claim, settings.stale_after_s)
+        if g.errors and claim.node_rank == 0:
+            rank, error = g.errors[0]
+            claim.attempt.finish(session, RunStatus.FAILED, error=f"node rank {rank}: {error}")
+            return None
+        if claim.node_rank == 0 and g.ready:
+            set_part(session, claim, LAUNCHED)  # the go the other parts wait for
+            return g.master
+        if claim.node_rank != 0 and g.go:
+            return g.master
+        # Node rank 0 gives up waiting; any part gives up on a part that was lost before the launch.
+        if g.lost or (claim.node_rank == 0 and time.monotonic() > deadline):
+            reason = (
+                f"node ranks {g.lost} were lost before the launch"
+                if g.lost
+                else f"{g.claimed} of {claim.nnodes} nodes' workers took their part within "
+                f"{settings.gang_timeout_s:g} s (ERNIE_STUDIO_GANG_TIMEOUT_S): the claims are released "
+                "and the run waits for the nodes again"
+            )
+            requeue_run(session, settings, claim.attempt.run_id, reason, attempt=claim.attempt.number)
+            return None
+        beat.changed.wait(POLL_S)
+        beat.changed.clear()
+
+
+def _follow(
+    session: Session,
+    settings: Settings,
+    claim: PartClaim,
+    proc: subprocess.Popen,
+    beat: PartBeat,
+    log_file: Path,
+) -> str | None:
+    """Follow this node's launcher: node rank 0 stores metrics and checkpoints; every part stops its
+    launcher on cancel, on the attempt's end, and when another node lost its rank."""
+    attempt = claim.attempt
+    main = claim.node_rank == 0
+    metrics = MetricsTail(attempt.output_dir / "metrics.jsonl")
+    notices = NoticesFile(attempt.output_dir / "notices.json")
+    cancelled = False
+    while True:
+        code = proc.poll()
+        if main:
+            attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
+            attempt.announce(session, notices.read())
+        if code is not None:
+            return _ended(session, settings, claim, code, cancelled, log_file)
+        if beat.state == "lost":
+            log.warning("run %s attempt %d ended elsewhere; stopping this node's ranks", attempt.run_id,
+                        attempt.number)  # fmt: skip
+            stop_group(proc, settings.kill_grace_s)
+            return None
+        if SHUTTING_DOWN.is_set() and not cancelled:
+            stop_group(proc, settings.kill_grace_s)
+            if main:
+                attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
+            _log_line(log_file, "requeued: worker stopped")
+            set_part(session, claim, FAILED, exit_code=proc.returncode)
+            requeue_run(
+                session, settings, attempt.run_id, f"worker {attempt.worker} stopped; resumes from the "
+                "checkpoint the nodes share", attempt=attempt.number,
+            )  # fmt: skip
+            return None
+        if beat.state == "cancel" and not cancelled:
+            cancelled = True
+            log.info("run %s: cancel requested, stopping node rank %d", attempt.run_id, claim.node_rank)
+            stop_group(proc, settings.kill_grace_s)
+            continue
+        g = gang(session, claim, settings.stale_after_s)
+        lost = [r for r in g.lost if r != claim.node_rank]
+        if lost and not cancelled:
+            _requeue_lost(session, settings, claim, lost, log_file)
+            stop_group(proc, settings.kill_grace_s)
+            return None
+        errors = [(r, e) for r, e in g.errors if r != claim.node_rank]
+        if main and errors and not cancelled:
+            # Another node's rank failed with a Python error: this node's ranks may wait for it in a
+            # collective until gloo's or NCCL's timeout, so they are stopped and the run fails with that error.
+            stop_group(proc, settings.kill_grace_s)
+            set_part(session, claim, ENDED, exit_code=proc.returncode)
+            error = f"node rank {errors[0][0]}: {errors[0][1]}"
+            attempt.finish(session, RunStatus.FAILED, error=error)
+            _log_line(log_file, f"failed: node rank {errors[0][0]} failed with a Python error")
+            return RunStatus.FAILED.value
+        beat.changed.wait(POLL_S)
+        beat.changed.clear()
+
+
+def _requeue_lost(
+    session: Session, settings: Settings, claim: PartClaim, lost: list[int], log_file: Path
+) -> None:
+    reason = (
+        f"node rank(s) {', '.join(map(str, lost))} of attempt {claim.attempt.number} lost their ranks; "
+        "every node stops and the run resumes from the checkpoint they share"
+    )
+    _log_line(log_file, f"requeued: {reason}")
+    requeue_run(session, settings, claim.attempt.run_id, reason, attempt=claim.attempt.number)
+
+
+def _rank_error(node_logs: Path, nproc: int) -> str | None:
+    """The end of the first local rank's log that shows a Python error; None when none does."""
+    for rank in range(nproc):
+        text = tail(node_logs / f"workerlog.{rank}", 2000)
+        if TRACEBACK in text:
+            return text
+    return None
+
+
+def _ended(
+    session: Session, settings: Settings, claim: PartClaim, code: int, cancelled: bool, log_file: Path
+) -> str | None:
+    """This node's launcher exited. A part other than node rank 0 reports how; node rank 0 waits for the
+    others' reports, then requeues when any rank was lost, or records the run's end."""
+    attempt = claim.attempt
+    node_logs = runs_svc.run_dir(settings, attempt.run_id) / DIST_LOGS / f"node{claim.node_rank}"
+    error = None if code == 0 or cancelled else _rank_error(node_logs, claim.nproc)
+    if code == 0 or cancelled:
+        set_part(session, claim, ENDED, exit_code=code)
+    else:
+        set_part(session, claim, FAILED, exit_code=code, error=error)
+    _log_line(log_file, f"node rank {claim.node_rank} ended (exit code {code})")
+    if claim.node_rank != 0:
+        if code != 0 and error is None and not cancelled:
+            _requeue_lost(session, settings, claim, [claim.node_rank], log_file)
+        return None
+    if code != 0 and not cancelled:
+        lost = [] if error else [0]
+        # The others' launchers end within a few beats of this one (their ranks lose their peer).
+        settle = time.monotonic() + settings.stale_after_s + settings.kill_grace_s
+        while time.monotonic() < settle:
+            g = gang(session, claim, settings.stale_after_s)
+            lost += [r for r in g.lost if r not in lost]
+            if lost or all(p.status in (ENDED, FAILED) for p in g.parts):
+                break
+            time.sleep(POLL_S)
+        if lost:
+            _requeue_lost(session, settings, claim, lost, log_file)
+            return None
+    return _finish(session, settings, attempt, code, cancelled, attempt.output_dir, log_file)
