@@ -17,7 +17,7 @@ from paddle import nn
 from engine.models.checkpoint import TensorStore, cast_model, load_plain_model, resolve_dtype
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
-from engine.models.lora import apply_lora, load_adapter_weights, merge_lora
+from engine.models.lora import adapter_merges, apply_lora, load_adapter_weights, merge_lora
 from engine.models.paths import ADAPTER_CONFIG, is_lora_dir, lora_base_dir
 from engine.models.quantized import (
     QUANT_METHODS,
@@ -27,18 +27,21 @@ from engine.models.quantized import (
     decoder_linears,
     unpack_int4,
 )
+from engine.models.streaming import Storage, lazy_model, stream_state
 
 
-def load_model(path: str | Path, dtype: str = "float32") -> ErnieForCausalLM:
+def load_model(path: str | Path, dtype: str = "float32", storage: Storage | None = None) -> ErnieForCausalLM:
     """Load a model directory in eval mode: plain (Paddle or PyTorch layout), LoRA run, or PTQ export.
 
     A LoRA run directory loads as its base model with the adapter merged; a PTQ export stays quantized.
+    Weights are read tensor by tensor into ``dtype`` (float32 on a CPU) or into ``storage``, a training
+    run's bf16 / weight-only storage (``engine.models.streaming``).
     """
     if is_lora_dir(path):
-        return load_lora_model(path, dtype)
+        return load_lora_model(path, dtype, storage)
     if is_quantized_dir(path):
-        return load_quantized_model(path)
-    return load_plain_model(path, dtype)
+        return load_quantized_model(path, storage)
+    return load_plain_model(path, dtype, storage)
 
 
 def is_quantized_dir(directory: str | Path) -> bool:
@@ -57,18 +60,39 @@ def is_quantized_dir(directory: str | Path) -> bool:
 # ---- LoRA runs -----------------------------------------------------------------------------------------
 
 
-def load_lora_model(directory: str | Path, dtype: str = "float32") -> nn.Layer:
-    """A LoRA run dir -> its base model with the adapter merged in (eval mode)."""
+def load_lora_model(
+    directory: str | Path, dtype: str = "float32", storage: Storage | None = None
+) -> nn.Layer:
+    """A LoRA run dir -> its base model with the adapter merged in (eval mode).
+
+    The base may itself be a LoRA run (DPO-LoRA on an SFT-LoRA run): every adapter of the stack is folded
+    into each weight as it is read (``lora.adapter_merges``), so no fp32 copy of the model is made."""
+    chain: list[tuple[Path, dict]] = []
     d = Path(directory)
-    cfg = json.loads((d / ADAPTER_CONFIG).read_text())
-    # the base may itself be a LoRA run (e.g. DPO-LoRA on an SFT-LoRA run)
-    model = load_model(lora_base_dir(d, cfg), "float32")
-    if cfg.get("compute_type") in WEIGHT_ONLY_COMPUTE_TYPES:
-        # the adapter was trained against the quantized base, so merge it into that same base
-        apply_weight_only(model, cfg["compute_type"], cfg.get("weight_quant_group_size", -1))
-    apply_lora(model, cfg["r"], cfg["lora_alpha"], cfg.get("rslora", False), cfg["target_modules"])
-    load_adapter_weights(model, d)
-    merge_lora(model)
+    while is_lora_dir(d):
+        cfg = json.loads((d / ADAPTER_CONFIG).read_text())
+        chain.append((d, cfg))
+        d = lora_base_dir(d, cfg)
+    chain.reverse()
+    if is_quantized_dir(d):
+        return _lora_on_quantized(d, chain, dtype)
+    storage = storage or Storage(resolve_dtype(dtype))
+    model = lazy_model(ErnieConfig.from_file(d))
+    stream_state(model, d, storage, adapter_merges(model, chain))
+    model.eval()
+    return model
+
+
+def _lora_on_quantized(base: Path, chain: list[tuple[Path, dict]], dtype: str) -> nn.Layer:
+    """LoRA runs trained on a PTQ export: its linears are int8 / e4m3 on disk already, so the adapters wrap
+    and merge into the loaded (quantized) model."""
+    model = load_quantized_model(base)
+    for d, cfg in chain:
+        if cfg.get("compute_type") in WEIGHT_ONLY_COMPUTE_TYPES:
+            apply_weight_only(model, cfg["compute_type"], cfg.get("weight_quant_group_size", -1))
+        apply_lora(model, cfg["r"], cfg["lora_alpha"], cfg.get("rslora", False), cfg["target_modules"])
+        load_adapter_weights(model, d)
+        merge_lora(model)
     if dtype != "float32":
         model = cast_model(model, resolve_dtype(dtype))
     model.eval()
@@ -78,8 +102,9 @@ def load_lora_model(directory: str | Path, dtype: str = "float32") -> nn.Layer:
 # ---- PTQ exports ---------------------------------------------------------------------------------------
 
 
-def load_quantized_model(directory: str | Path) -> nn.Layer:
-    """Read a PTQ export back: quantized linears stay quantized (dequantized per call)."""
+def load_quantized_model(directory: str | Path, storage: Storage | None = None) -> nn.Layer:
+    """Read a PTQ export back: quantized linears stay quantized (dequantized per call); the other tensors
+    are read one at a time into ``storage`` (default fp32)."""
     d = Path(directory)
     raw = json.loads((d / "config.json").read_text())
     qc = raw["quantization_config"]
@@ -88,15 +113,18 @@ def load_quantized_model(directory: str | Path) -> nn.Layer:
         raise ValueError(
             f"{d}/config.json: unsupported quantization_config.quant_method {qc.get('quant_method')!r}"
         )
-    model = ErnieForCausalLM(ErnieConfig.from_dict(raw))
+    model = lazy_model(ErnieConfig.from_dict(raw))
     store = TensorStore(d)
+    quantized = set()
     for parent, attr, name in list(decoder_linears(model)):
+        for key in (f"{name}.weight", f"{name}.weight_scale"):
+            if key not in store:
+                raise ValueError(f"{d}: quantized checkpoint lacks tensor {key}")
         bias = getattr(parent, attr).bias
         setattr(parent, attr, _quantized_linear(store, name, method, qc.get("bits", 8), bias))
-    for name, p in model.named_parameters():
-        if name not in store:
-            raise ValueError(f"{d}: quantized checkpoint lacks tensor {name}")
-        p.set_value(paddle.to_tensor(store.get(name), dtype=p.dtype))
+        quantized.update({f"{name}.weight", f"{name}.weight_scale", f"{name}.weight_quant"})
+    base = Storage(storage.dtype, storage.scope) if storage is not None else Storage()
+    stream_state(model, d, base, skip=quantized)
     model.eval()
     return model
 
