@@ -150,7 +150,7 @@ def stream_state(
         chain = merges.get(name[: -len(".weight")], []) if name.endswith(".weight") else []
         target = dtypes.get(name, "float32")
         direct = None if chain or name in quantize else _direct_source(store, layout, name, config)
-        if direct is not None and int(np.prod(shape)) * 4 > CHUNK_BYTES:
+        if direct is not None:
             used.add(direct[0])
             _assign(p, _read_blocks(store, direct, shape, target))
             continue
@@ -162,15 +162,19 @@ def stream_state(
                 continue
             arr = np.zeros(shape, np.float32)  # checkpoints trained without aux-free balancing omit it
         used.add(name)
-        value = _merged(arr, chain) if chain else paddle.to_tensor(arr, dtype="float32")
-        del arr
+        if chain:
+            arr = _merged(arr, chain)
         if name in quantize:
             parent, attr, _, bits, group_size = quantize[name]
-            q, scale = quantize_weight(value.numpy(), bits, group_size)
-            del value
+            weight = arr.numpy() if isinstance(arr, paddle.Tensor) else arr.astype(np.float32, copy=False)
+            del arr
+            q, scale = quantize_weight(weight, bits, group_size)
+            del weight
             setattr(parent, attr, WeightOnlyLinear(q, scale, bits, getattr(parent, attr).bias))
-        else:
-            _assign(p, value if target == "float32" else value.astype(target))
+            continue
+        value = arr if isinstance(arr, paddle.Tensor) else paddle.to_tensor(arr, dtype="float32")
+        del arr
+        _assign(p, value if target == "float32" else value.astype(target))
     return _report(directory, store, layout, hf, missing, used, skip, config.tie_word_embeddings)
 
 
@@ -233,7 +237,8 @@ def _direct_source(store: TensorStore, layout: str, name: str, config) -> tuple[
 
 
 def _read_blocks(store: TensorStore, source: tuple[str, bool], shape: list[int], dtype: str) -> paddle.Tensor:
-    """One large tensor read in blocks of rows into a ``dtype`` tensor on the current device."""
+    """One stored tensor (transposed or not) as a ``dtype`` tensor on the current device; a large one is
+    read in blocks of rows into its destination."""
     key, transposed = source
     stored = store.shape(key)
     if (list(reversed(stored)) if transposed else stored) != shape:
@@ -241,24 +246,27 @@ def _read_blocks(store: TensorStore, source: tuple[str, bool], shape: list[int],
             f"{store.directory / store.where[key]}: tensor {key} has shape {stored}; the config implies "
             f"{list(reversed(shape)) if transposed else shape}"
         )
-    rows = stored[0]
-    per_row = max(1, int(np.prod(stored[1:])) * 4)
-    step = max(1, BLOCK_BYTES // per_row)
     as_stored = _STORED_AS.get(store.dtype(key)) == dtype
+
+    def read(a: int | None, b: int | None) -> paddle.Tensor:
+        if as_stored:  # the stored bytes are already the held dtype: no fp32 copy at all
+            return paddle.to_tensor(store.get_stored(key, a, b))
+        block = paddle.to_tensor(store.get(key, a, b), dtype="float32")
+        return block if dtype == "float32" else block.astype(dtype)
+
+    if not stored or int(np.prod(stored)) * 4 <= CHUNK_BYTES:
+        whole = read(None, None)
+        return whole.transpose([1, 0]) if transposed else whole
+    rows = stored[0]
+    step = max(1, BLOCK_BYTES // max(1, int(np.prod(stored[1:])) * 4))
     out = paddle.empty(shape, dtype=dtype)
     with paddle.no_grad():
         for a in range(0, rows, step):
             b = min(rows, a + step)
-            if as_stored:
-                block = paddle.to_tensor(store.get_stored(key, a, b))
-            else:
-                block = paddle.to_tensor(store.get(key, a, b), dtype="float32")
-                if dtype != "float32":
-                    block = block.astype(dtype)
             if transposed:
-                out[:, a:b] = block.transpose([1, 0])
+                out[:, a:b] = read(a, b).transpose([1, 0])
             else:
-                out[a:b] = block
+                out[a:b] = read(a, b)
     return out
 
 
@@ -280,6 +288,8 @@ def _assign(p: paddle.Tensor, value: paddle.Tensor) -> None:
     parameter gets its first memory this way. It is what ``Layer._to_impl`` does to change a dtype."""
     if list(value.shape) != list(p.shape):
         raise CheckpointError(f"{p.name}: read shape {list(value.shape)}, the model has {list(p.shape)}")
+    if not value.is_contiguous():  # a transposed view: its strides are not the parameter's layout
+        value = value.contiguous()
     p.value().get_tensor()._share_data_with(value.value().get_tensor())
 
 
