@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ import paddle
 
 from engine.models.config import ErnieConfig, parse_size
 from engine.models.ernie import ErnieForCausalLM
-from engine.models.safetensors_io import SafetensorsFile, save_file
+from engine.models.safetensors_io import SafetensorsFile, f32_to_bf16_bits, save_file, write_streamed
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +390,53 @@ def write_tensors(
         weight_map.update(dict.fromkeys(shard, fname))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def write_tensors_streamed(
+    tensors: Mapping[str, np.ndarray],
+    shapes: dict[str, list[int]],
+    directory: Path,
+    dtype: str = "float32",
+    max_shard_size: str | int = "5GB",
+    keep_float32: Collection[str] = (),
+) -> list[str]:
+    """``write_tensors`` for a mapping whose values are read on access (``loading.TensorSource``): the same
+    files, shards and index, with one tensor in memory at a time. ``shapes`` gives every tensor's shape."""
+    limit = parse_size(max_shard_size)
+    code = {"bfloat16": "BF16", "float16": "F16"}.get(dtype, "F32")
+    codes = {n: "F32" if n in keep_float32 else code for n in shapes}
+    shards: list[list[str]] = [[]]
+    size = 0
+    itemsize = 2 if dtype in {"bfloat16", "float16"} else 4  # as write_tensors counts (kept fp32 too)
+    for name, shape in shapes.items():
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+
+    def produce(name: str) -> np.ndarray:
+        arr = np.asarray(tensors[name], dtype=np.float32)
+        if codes[name] == "BF16":
+            return f32_to_bf16_bits(arr)
+        return arr.astype(np.float16) if codes[name] == "F16" else arr
+
+    for old in [*directory.glob("model*.safetensors"), directory / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    )
+    total, weight_map = 0, {}
+    for fname, shard in zip(names, shards, strict=True):
+        total += write_streamed(directory / fname, [(n, codes[n], shapes[n]) for n in shard], produce)
+        weight_map.update(dict.fromkeys(shard, fname))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return names
 
 

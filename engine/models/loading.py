@@ -8,13 +8,22 @@ LoRA run (adapter + base path, no config.json: the base with the adapter merged)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import paddle
 from paddle import nn
 
-from engine.models.checkpoint import TensorStore, cast_model, load_plain_model, resolve_dtype
+from engine.models.checkpoint import (
+    CheckpointError,
+    HFReader,
+    TensorStore,
+    cast_model,
+    detect_layout,
+    load_plain_model,
+    resolve_dtype,
+)
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
 from engine.models.lora import adapter_merges, apply_lora, load_adapter_weights, merge_lora
@@ -27,7 +36,7 @@ from engine.models.quantized import (
     decoder_linears,
     unpack_int4,
 )
-from engine.models.streaming import Storage, lazy_model, stream_state
+from engine.models.streaming import Storage, lazy_model, read_value, stream_state
 
 
 def load_model(path: str | Path, dtype: str = "float32", storage: Storage | None = None) -> ErnieForCausalLM:
@@ -67,13 +76,7 @@ def load_lora_model(
 
     The base may itself be a LoRA run (DPO-LoRA on an SFT-LoRA run): every adapter of the stack is folded
     into each weight as it is read (``lora.adapter_merges``), so no fp32 copy of the model is made."""
-    chain: list[tuple[Path, dict]] = []
-    d = Path(directory)
-    while is_lora_dir(d):
-        cfg = json.loads((d / ADAPTER_CONFIG).read_text())
-        chain.append((d, cfg))
-        d = lora_base_dir(d, cfg)
-    chain.reverse()
+    d, chain = lora_chain(Path(directory))
     if is_quantized_dir(d):
         return _lora_on_quantized(d, chain, dtype)
     storage = storage or Storage(resolve_dtype(dtype))
@@ -97,6 +100,63 @@ def _lora_on_quantized(base: Path, chain: list[tuple[Path, dict]], dtype: str) -
         model = cast_model(model, resolve_dtype(dtype))
     model.eval()
     return model
+
+
+class TensorSource(Mapping):
+    """A plain checkpoint or a LoRA run directory as a mapping of internal (Paddle-layout) tensor names to
+    fp32 arrays, each read (layout converted, adapters folded in) only when asked for: what writes a whole
+    model out (export, GGUF) holds one tensor at a time instead of the model.
+
+    A linear an adapter trained on a weight-only base left quantized (not targeted) comes back dequantized,
+    which is what the loaded model computes with; ``left_quantized`` names those."""
+
+    def __init__(self, directory: str | Path):
+        base, chain = lora_chain(Path(directory))
+        if is_quantized_dir(base):
+            raise ValueError(
+                f"{base}: a quantized export (quantization_config in config.json) is not read as fp32"
+            )
+        self.directory, self.merged = base, bool(chain)
+        self.config = ErnieConfig.from_file(base)
+        model = lazy_model(self.config)
+        self.shapes = {n: list(p.shape) for n, p in model.state_dict().items()}
+        self.merges = adapter_merges(model, chain) if chain else {}
+        self.left_quantized = sorted(
+            n for n, c in self.merges.items() if c and c[-1].bits and c[-1].lora_a is None
+        )
+        self.store = TensorStore(base)
+        self.layout = detect_layout(self.store.keys())
+        self.hf = HFReader(self.store) if self.layout == "hf" else None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.shapes:
+            raise KeyError(name)
+        chain = self.merges.get(name[: -len(".weight")], []) if name.endswith(".weight") else []
+        try:
+            return read_value(self.store, self.layout, name, self.shapes[name], self.config, self.hf, chain)
+        except KeyError as e:
+            raise CheckpointError(f"{self.directory}: checkpoint is missing tensor {e.args[0]}") from e
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.shapes
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def lora_chain(directory: Path) -> tuple[Path, list[tuple[Path, dict]]]:
+    """(the plain base, the LoRA runs stacked on it innermost first with their adapter configs)."""
+    chain: list[tuple[Path, dict]] = []
+    d = Path(directory)
+    while is_lora_dir(d):
+        cfg = json.loads((d / ADAPTER_CONFIG).read_text())
+        chain.append((d, cfg))
+        d = lora_base_dir(d, cfg)
+    chain.reverse()
+    return d, chain
 
 
 # ---- PTQ exports ---------------------------------------------------------------------------------------

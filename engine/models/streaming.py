@@ -213,6 +213,22 @@ def _settle_merges(model: nn.Layer, merges: dict[str, list[Merge]], quantize: di
     return out
 
 
+def read_value(
+    store: TensorStore, layout: str, name: str, shape: list[int], config, hf, chain: list[Merge]
+) -> np.ndarray:
+    """One internal tensor in fp32 with ``chain`` folded in; KeyError names a missing tensor (a checkpoint
+    without a correction bias gives zeros, as loading does)."""
+    try:
+        arr = _read_whole(store, layout, name, shape, config, hf)
+    except KeyError:
+        if not name.endswith("e_score_correction_bias"):
+            raise
+        arr = np.zeros(shape, np.float32)
+    if chain:
+        return _merged(arr, chain).numpy()
+    return arr.astype(np.float32, copy=False)
+
+
 def _read_whole(store, layout, name, shape, config, hf) -> np.ndarray:
     if name == "lm_head.weight":
         arr = store.get("lm_head.weight")

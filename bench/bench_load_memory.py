@@ -1,0 +1,145 @@
+"""Memory of loading the ERNIE-4.5-0.3B shape for a run, before and after loading straight into the run's
+storage precision, in one run of this script.
+
+"Before" is the engine at another git revision (default: where this branch left main), unpacked with
+``git archive`` into a temporary directory; "after" is this checkout. Each variant loads in its own fresh
+process through the trainer's ``build_model`` (and, for the DPO row, ``build_dpo_loss``): a LoRA run for
+fp32 / bf16 / wint8 / wint4/8, and a Full DPO run in bf16 (its policy plus its frozen reference). The
+child reports its resident memory after importing Paddle and the engine (the baseline), the peak
+(VmHWM) once the model is built, and the bytes the built model(s) hold. The table gives the peak above
+the baseline and its ratio to the held bytes (the issue's bound: 1.15).
+
+    .venv/bin/python bench/bench_load_memory.py [--before REV] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = "ernie-4.5-0.3b"
+# (row name, compute_type, fine_tuning, stage)
+VARIANTS = [
+    ("LoRA fp32", "fp32", "LoRA", "SFT"),
+    ("LoRA bf16", "bf16", "LoRA", "SFT"),
+    ("LoRA wint8", "wint8", "LoRA", "SFT"),
+    ("LoRA wint4/8", "wint4/8", "LoRA", "SFT"),
+    ("Full DPO bf16 (policy + reference)", "bf16", "Full", "DPO"),
+]
+
+CHILD = r"""
+import json, re, sys, time
+from pathlib import Path
+
+def mib(key):
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+import paddle
+from engine.train.config import TrainConfig, config_from_dict
+from engine.train.trainer import build_dpo_loss, build_model
+
+model_dir, compute_type, fine_tuning, stage, out = sys.argv[1:6]
+cfg = config_from_dict(TrainConfig, dict(
+    model_name_or_path=model_dir, output_dir=out, fine_tuning=fine_tuning, compute_type=compute_type,
+    stage=stage, train_dataset_path="unused.jsonl"))
+baseline = mib("VmRSS")
+t0 = time.time()
+models = [build_model(cfg)[0]]
+if stage == "DPO":
+    models.append(build_dpo_loss(cfg).reference)
+seconds = time.time() - t0
+size = {paddle.float32: 4, paddle.bfloat16: 2, paddle.float16: 2, paddle.int8: 1}
+held = sum(int(t.numel()) * size[t.dtype] for m in models for t in m.state_dict().values())
+print("RESULT " + json.dumps({"baseline": baseline, "peak": mib("VmHWM"), "held": held / 2**20,
+                              "seconds": seconds}), flush=True)
+"""
+
+
+def make_model_dir(work: Path) -> Path:
+    """The official 0.3B shape with random weights stored bf16 (config.json + model.safetensors)."""
+    d = work / "ernie-0.3b-random-bf16"
+    if (d / "config.json").exists():
+        return d
+    from engine.models.initialize import write_random_checkpoint
+    from engine.models.presets import preset_config
+
+    config = preset_config(PRESET).replace(dtype="bfloat16")
+    write_random_checkpoint(config, d)
+    config.save(d)
+    return d
+
+
+def unpack(rev: str, into: Path) -> Path:
+    """The engine at ``rev`` (``git archive``) in ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def measure(tree: Path, model_dir: Path, variant: tuple, work: Path) -> dict:
+    _, compute_type, fine_tuning, stage = variant
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = tempfile.mkdtemp(prefix="bench_load_", dir=work)
+    cmd = [sys.executable, "-c", CHILD, str(model_dir), compute_type, fine_tuning, stage, out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        sys.exit(f"{variant[0]} in {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def cell(r: dict) -> str:
+    grown = r["peak"] - r["baseline"]
+    return f"{grown:,.0f} MiB ({grown / r['held']:.2f}x)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--before", default="", help="git revision of the 'before' column (default: merge-base with main)"
+    )
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ernie_bench_load_memory")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    rev = (
+        args.before
+        or subprocess.run(
+            ["git", "merge-base", "HEAD", "main"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    model_dir = make_model_dir(args.work)
+    before = unpack(rev, Path(tempfile.mkdtemp(prefix="before_", dir=args.work)))
+    load = os.getloadavg()
+    print(f"{PRESET} shape, random weights stored bf16; before = {rev[:10]}, after = this checkout")
+    print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    rows = []
+    for variant in VARIANTS:
+        b = measure(before, model_dir, variant, args.work)
+        a = measure(ROOT, model_dir, variant, args.work)
+        rows.append((variant[0], b, a))
+        print(f"  {variant[0]}: before {cell(b)}, after {cell(a)}", flush=True)
+    print()
+    print("Peak resident memory while building the model(s), above the baseline after importing Paddle and")
+    print("the engine (VmHWM - VmRSS then); the ratio is to the bytes the built model(s) hold.")
+    print()
+    print("| run | held before | held after | peak before | peak after | load s before | load s after |")
+    print("|---|---|---|---|---|---|---|")
+    for name, b, a in rows:
+        print(
+            f"| {name} | {b['held']:,.0f} MiB | {a['held']:,.0f} MiB | {cell(b)} | {cell(a)} | "
+            f"{b['seconds']:.1f} | {a['seconds']:.1f} |"
+        )
+    print(
+        f"\nbaseline after import: before {rows[0][1]['baseline']:,.0f} MiB, after {rows[0][2]['baseline']:,.0f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()
