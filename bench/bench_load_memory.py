@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,61 @@ print("RESULT " + json.dumps({"baseline": baseline, "peak": mib("VmHWM"), "held"
 """
 
 
+CHILD_EXPORT = r"""
+import json, re, sys, time
+from pathlib import Path
+
+def mib(key):
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+import paddle
+from engine.train import run_export
+from engine.train.config import ExportConfig, config_from_dict
+
+run_dir, export_format, out = sys.argv[1:4]
+values = dict(output_dir=run_dir, lora=True, export_dir=out, copy_tokenizer=False)
+values |= dict(dtype="bfloat16") if export_format == "safetensors" else dict(export_format="gguf", gguf_types="q8_0")
+cfg = config_from_dict(ExportConfig, values)
+baseline = mib("VmRSS")
+t0 = time.time()
+run_export(cfg)
+print("RESULT " + json.dumps({"baseline": baseline, "peak": mib("VmHWM"), "seconds": time.time() - t0}), flush=True)
+"""
+EXPORTS = [("LoRA run merged -> bf16 safetensors", "safetensors"), ("LoRA run merged -> GGUF q8_0", "gguf")]
+
+
+def make_lora_run(model_dir: Path, work: Path, rank: int = 8) -> Path:
+    """A LoRA run directory on ``model_dir`` (adapter on the four decoder linears, random A and B)."""
+    import numpy as np
+
+    from engine.models.config import ErnieConfig
+    from engine.models.safetensors_io import save_file
+
+    d = work / "lora-run"
+    if (d / "adapter_config.json").exists():
+        return d
+    c = ErnieConfig.from_file(model_dir)
+    q = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    shapes = {
+        "self_attn.qkv_proj": (c.hidden_size, q),
+        "self_attn.o_proj": (c.num_attention_heads * c.head_dim, c.hidden_size),
+        "mlp.up_gate_proj": (c.hidden_size, 2 * c.intermediate_size),
+        "mlp.down_proj": (c.intermediate_size, c.hidden_size),
+    }
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for i in range(c.num_hidden_layers):
+        for name, (fin, fout) in shapes.items():
+            tensors[f"ernie.layers.{i}.{name}.lora_A"] = rng.normal(0, 0.02, (fin, rank)).astype(np.float32)
+            tensors[f"ernie.layers.{i}.{name}.lora_B"] = rng.normal(0, 0.02, (rank, fout)).astype(np.float32)
+    d.mkdir(parents=True)
+    save_file(tensors, d / "adapter_model.safetensors")
+    config = dict(base_model=str(model_dir), r=rank, lora_alpha=2 * rank, rslora=False, compute_type="bf16",
+                  target_modules=["qkv_proj", "o_proj", "up_gate_proj", "down_proj"], stage="SFT")  # fmt: skip
+    (d / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return d
+
+
 def make_model_dir(work: Path) -> Path:
     """The official 0.3B shape with random weights stored bf16 (config.json + model.safetensors)."""
     d = work / "ernie-0.3b-random-bf16"
@@ -92,6 +148,18 @@ def measure(tree: Path, model_dir: Path, variant: tuple, work: Path) -> dict:
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         sys.exit(f"{variant[0]} in {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def measure_export(tree: Path, run_dir: Path, export_format: str, work: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = tempfile.mkdtemp(prefix="bench_export_", dir=work)
+    cmd = [sys.executable, "-c", CHILD_EXPORT, str(run_dir), export_format, out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        sys.exit(f"export {export_format} in {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    shutil.rmtree(out, ignore_errors=True)
     return json.loads(line[len("RESULT ") :])
 
 
