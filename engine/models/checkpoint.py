@@ -18,7 +18,13 @@ import paddle
 
 from engine.models.config import ErnieConfig, parse_size
 from engine.models.ernie import ErnieForCausalLM
-from engine.models.safetensors_io import SafetensorsFile, f32_to_bf16_bits, save_file, write_streamed
+from engine.models.safetensors_io import (
+    STORED_NP,
+    SafetensorsFile,
+    f32_to_bf16_bits,
+    save_file,
+    write_streamed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -400,17 +406,21 @@ def write_tensors_streamed(
     dtype: str = "float32",
     max_shard_size: str | int = "5GB",
     keep_float32: Collection[str] = (),
+    integer: dict[str, str] | None = None,
 ) -> list[str]:
     """``write_tensors`` for a mapping whose values are read on access (``loading.TensorSource``): the same
-    files, shards and index, with one tensor in memory at a time. ``shapes`` gives every tensor's shape."""
+    files, shards and index, with one tensor in memory at a time. ``shapes`` gives every tensor's shape;
+    ``integer`` the stored code (``I8``, ``U8``) of tensors that are not floating point (PTQ's values)."""
     limit = parse_size(max_shard_size)
+    integer = integer or {}
     code = {"bfloat16": "BF16", "float16": "F16"}.get(dtype, "F32")
-    codes = {n: "F32" if n in keep_float32 else code for n in shapes}
+    codes = {n: integer.get(n) or ("F32" if n in keep_float32 else code) for n in shapes}
     shards: list[list[str]] = [[]]
     size = 0
     itemsize = 2 if dtype in {"bfloat16", "float16"} else 4  # as write_tensors counts (kept fp32 too)
     for name, shape in shapes.items():
-        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        width = STORED_NP[integer[name]]().itemsize if name in integer else itemsize
+        nbytes = int(np.prod(shape, dtype=np.int64)) * width
         if shards[-1] and size + nbytes > limit:
             shards.append([])
             size = 0
@@ -418,6 +428,8 @@ def write_tensors_streamed(
         size += nbytes
 
     def produce(name: str) -> np.ndarray:
+        if name in integer:
+            return np.asarray(tensors[name])
         arr = np.asarray(tensors[name], dtype=np.float32)
         if codes[name] == "BF16":
             return f32_to_bf16_bits(arr)

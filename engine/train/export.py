@@ -76,10 +76,11 @@ def source_model(cfg: ExportConfig):
 
 def streams(cfg: ExportConfig, source) -> bool:
     """Whether the export can go tensor by tensor from the checkpoint to the output file (a
-    ``loading.TensorSource``) without the model in memory: the Paddle layout or GGUF, no PTQ (it measures
-    perplexity on the whole model), no elastic member or GPAS fold (they rewrite the model), no linear left
-    quantized by a weight-only adapter (its buffers are what the model-based path writes)."""
-    if cfg.quantization or source.config.gpas or source.left_quantized:
+    ``loading.TensorSource``) without the model in memory: the Paddle layout or GGUF, PTQ without an eval
+    set (its perplexity report runs the whole model), no elastic member or GPAS fold (they rewrite the
+    model), no linear left quantized by a weight-only adapter (its buffers are what the model-based path
+    writes)."""
+    if (cfg.quantization and cfg.eval_dataset_path) or source.config.gpas or source.left_quantized:
         return False
     if elastic_member(cfg, source.config) is not None:
         return False
@@ -127,8 +128,13 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
     out = Path(cfg.export_dir)
     if streams(cfg, source) and cfg.export_format != "gguf":  # checkpoint -> file, tensor by tensor
         out.mkdir(parents=True, exist_ok=True)
-        source.config.replace(dtype=cfg.dtype).save(out)
-        write_tensors_streamed(source, source.shapes, out, cfg.dtype, cfg.max_shard_size)
+        if cfg.quantization:
+            quant.save_quantized_streamed(
+                source, out, cfg.quantization, cfg.weight_quant_group_size, cfg.max_shard_size
+            )
+        else:
+            source.config.replace(dtype=cfg.dtype).save(out)
+            write_tensors_streamed(source, source.shapes, out, cfg.dtype, cfg.max_shard_size)
         return _finish_export(cfg, out, tokenizer_src, merged, notices, {}, None, ("", None))
     # GGUF writes from the source as well; the rest rewrites or measures the whole model
     model = source if streams(cfg, source) else load_model(tokenizer_src, "float32")
