@@ -207,6 +207,22 @@ def main() -> None:
     print(
         f"\nbaseline after import: before {rows[0][1]['baseline']:,.0f} MiB, after {rows[0][2]['baseline']:,.0f} MiB"
     )
+    run_dir = make_lora_run(model_dir, args.work)
+    fp32_mib = rows[0][2]["held"]  # the fp32 LoRA row: the whole model in fp32 (plus its adapters)
+    print()
+    print(
+        f"Export of a LoRA run (r8 on the four decoder linears), peak above the baseline; fp32 model {fp32_mib:,.0f} MiB."
+    )
+    print()
+    print("| export | peak before | peak after | s before | s after |")
+    print("|---|---|---|---|---|")
+    for name, fmt in EXPORTS:
+        b, a = measure_export(before, run_dir, fmt, args.work), measure_export(ROOT, run_dir, fmt, args.work)
+        print(
+            f"| {name} | {b['peak'] - b['baseline']:,.0f} MiB | {a['peak'] - a['baseline']:,.0f} MiB | "
+            f"{b['seconds']:.1f} | {a['seconds']:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

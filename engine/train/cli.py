@@ -61,10 +61,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         gpu_name=args.gpu or "",
         probe_tokens_per_second=_probe() if args.probe else None,
     )
-    files = sum(p.stat().st_size for p in Path(cfg.model_name_or_path).glob("*.safetensors")) or None
-    est = estimate_run(
-        model, cfg, datasets, evals, node=node, num_devices=args.devices, checkpoint_bytes=files
-    )
+    est = estimate_run(model, cfg, datasets, evals, node=node, num_devices=args.devices)
     out = est.to_dict()
     if args.json:
         print(json.dumps({**out, "warning": fit_warning(est, node)}, indent=2))
