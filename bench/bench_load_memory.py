@@ -118,17 +118,15 @@ def make_lora_run(model_dir: Path, work: Path, rank: int = 8) -> Path:
 
 
 def make_model_dir(work: Path) -> Path:
-    """The official 0.3B shape with random weights stored bf16 (config.json + model.safetensors)."""
+    """The official 0.3B shape with random weights stored bf16 and the tiny tokenizer
+    (``ernie-studio init-model --preset ernie-4.5-0.3b``)."""
     d = work / "ernie-0.3b-random-bf16"
-    if (d / "config.json").exists():
+    if (d / "config.json").exists() and (d / "tokenizer.model").exists():
         return d
-    from engine.models.initialize import write_random_checkpoint
-    from engine.models.presets import preset_config
+    from engine.models.initialize import init_model
 
-    config = preset_config(PRESET).replace(dtype="bfloat16")
-    write_random_checkpoint(config, d)
-    config.save(d)
-    return d
+    shutil.rmtree(d, ignore_errors=True)
+    return init_model(PRESET, d, dtype="bfloat16")
 
 
 def unpack(rev: str, into: Path) -> Path:

@@ -235,7 +235,7 @@ class HFReader:
         return fused[e, :half] if m.group(3) == "gate" else fused[e, half:]
 
 
-def _shape_error(
+def shape_error(
     store: TensorStore, name: str, sources: list[str], got: list[int], expected: list[int]
 ) -> str:
     files = ", ".join(f"{s} in {store.where[s]}" for s in dict.fromkeys(sources) if s in store.where)
@@ -267,7 +267,7 @@ def read_internal(
             parts.append(fn(a) if fn is not None else a)
         if len(parts) > 1 and len({p.shape[:-1] for p in parts}) > 1:
             raise CheckpointError(
-                _shape_error(store, name, sources, [list(p.shape) for p in parts], expected)  # type: ignore[arg-type]
+                shape_error(store, name, sources, [list(p.shape) for p in parts], expected)  # type: ignore[arg-type]
             )
         arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     if name.endswith("e_score_correction_bias") and arr.ndim == 1:
@@ -280,7 +280,7 @@ def read_internal(
         # VL checkpoints keep one bias row per modality group, each as long as that group.
         arr = np.pad(arr, [(0, 0), (0, expected[-1] - arr.shape[-1])])
     if list(arr.shape) != list(expected):
-        raise CheckpointError(_shape_error(store, name, sources, list(arr.shape), expected))
+        raise CheckpointError(shape_error(store, name, sources, list(arr.shape), expected))
     return arr
 
 

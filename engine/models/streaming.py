@@ -25,6 +25,7 @@ from engine.models.checkpoint import (
     hf_sources,
     lm_head_orientation,
     read_internal,
+    shape_error,
 )
 from engine.models.config import ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
@@ -257,11 +258,9 @@ def _read_blocks(store: TensorStore, source: tuple[str, bool], shape: list[int],
     read in blocks of rows into its destination."""
     key, transposed = source
     stored = store.shape(key)
-    if (list(reversed(stored)) if transposed else stored) != shape:
-        raise CheckpointError(
-            f"{store.directory / store.where[key]}: tensor {key} has shape {stored}; the config implies "
-            f"{list(reversed(shape)) if transposed else shape}"
-        )
+    got = list(reversed(stored)) if transposed else stored
+    if got != shape:
+        raise CheckpointError(shape_error(store, key, [key], got, shape))
     as_stored = _STORED_AS.get(store.dtype(key)) == dtype
 
     def read(a: int | None, b: int | None) -> paddle.Tensor:
