@@ -24,14 +24,27 @@ _NP = {
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    out = bits.astype(np.uint32)
+    out <<= 16  # in place: no second fp32-sized temporary
+    return out.view(np.float32)
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round to nearest even, as hardware bf16 conversion does."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounding = ((u >> 16) & 1) + 0x7FFF
-    return ((u + rounding) >> 16).astype(np.uint16)
+    # one uint32 temporary, worked in place (uint32 wrap-around as in ``(u + rounding) >> 16``), in blocks
+    # of rows so that a large tensor's conversion adds little beside its input and output
+    out = np.empty(u.shape, np.uint16)
+    flat_u, flat_out = u.reshape(-1), out.reshape(-1)
+    for a in range(0, flat_u.size, 1 << 22):
+        b = flat_u[a : a + (1 << 22)]
+        t = b >> 16
+        t &= 1
+        t += 0x7FFF
+        t += b
+        t >>= 16
+        flat_out[a : a + (1 << 22)] = t
+    return out
 
 
 class SafetensorsFile:
