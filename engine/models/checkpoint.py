@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,13 @@ import paddle
 
 from engine.models.config import ErnieConfig, parse_size
 from engine.models.ernie import ErnieForCausalLM
-from engine.models.safetensors_io import SafetensorsFile, save_file
+from engine.models.safetensors_io import (
+    STORED_NP,
+    SafetensorsFile,
+    f32_to_bf16_bits,
+    save_file,
+    write_streamed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +91,11 @@ class TensorStore:
     def dtype(self, key: str) -> str:
         return self._file(self.where[key]).dtype(key)
 
-    def get(self, key: str) -> np.ndarray:
-        return self._file(self.where[key]).get(key)
+    def get(self, key: str, start_row: int | None = None, stop_row: int | None = None) -> np.ndarray:
+        return self._file(self.where[key]).get(key, start_row, stop_row)
+
+    def get_stored(self, key: str, start_row: int | None = None, stop_row: int | None = None) -> np.ndarray:
+        return self._file(self.where[key]).get_stored(key, start_row, stop_row)
 
 
 def detect_layout(keys: Iterable[str]) -> str:
@@ -226,7 +235,7 @@ class HFReader:
         return fused[e, :half] if m.group(3) == "gate" else fused[e, half:]
 
 
-def _shape_error(
+def shape_error(
     store: TensorStore, name: str, sources: list[str], got: list[int], expected: list[int]
 ) -> str:
     files = ", ".join(f"{s} in {store.where[s]}" for s in dict.fromkeys(sources) if s in store.where)
@@ -236,7 +245,7 @@ def _shape_error(
     )
 
 
-def _read_internal(
+def read_internal(
     store: TensorStore,
     layout: str,
     name: str,
@@ -258,7 +267,7 @@ def _read_internal(
             parts.append(fn(a) if fn is not None else a)
         if len(parts) > 1 and len({p.shape[:-1] for p in parts}) > 1:
             raise CheckpointError(
-                _shape_error(store, name, sources, [list(p.shape) for p in parts], expected)  # type: ignore[arg-type]
+                shape_error(store, name, sources, [list(p.shape) for p in parts], expected)  # type: ignore[arg-type]
             )
         arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     if name.endswith("e_score_correction_bias") and arr.ndim == 1:
@@ -271,75 +280,33 @@ def _read_internal(
         # VL checkpoints keep one bias row per modality group, each as long as that group.
         arr = np.pad(arr, [(0, 0), (0, expected[-1] - arr.shape[-1])])
     if list(arr.shape) != list(expected):
-        raise CheckpointError(_shape_error(store, name, sources, list(arr.shape), expected))
+        raise CheckpointError(shape_error(store, name, sources, list(arr.shape), expected))
     return arr
 
 
-def _lm_head(store: TensorStore, layout: str, config: ErnieConfig) -> np.ndarray | None:
-    """The untied output head as [H, V], accepting either orientation on disk."""
-    if "lm_head.weight" not in store:
-        return None
-    arr = store.get("lm_head.weight")
+def lm_head_orientation(store: TensorStore, layout: str, config: ErnieConfig) -> bool:
+    """Whether the stored untied head is [V, H] (to be transposed to the model's [H, V]); either
+    orientation is accepted on disk."""
+    shape = store.shape("lm_head.weight")
     h, v = config.hidden_size, config.vocab_size
     if h == v:  # square: only the layout can tell the orientation
-        return arr if layout == "paddle" else arr.T
-    if list(arr.shape) == [h, v]:
-        return arr
-    if list(arr.shape) == [v, h]:
-        return arr.T
+        return layout != "paddle"
+    if shape == [h, v]:
+        return False
+    if shape == [v, h]:
+        return True
     raise CheckpointError(
-        f"{store.directory / store.where['lm_head.weight']}: lm_head.weight has shape {list(arr.shape)}; "
+        f"{store.directory / store.where['lm_head.weight']}: lm_head.weight has shape {shape}; "
         f"expected [{h}, {v}] or [{v}, {h}] (hidden_size, vocab_size from config.json)"
     )
 
 
-def load_state(model: ErnieForCausalLM, directory: Path) -> dict[str, str]:
-    """Fill ``model`` from the checkpoint in ``directory``. Returns a report of what was done."""
-    config = model.config
-    store = TensorStore(directory)
-    layout = detect_layout(store.keys())
-    hf = HFReader(store) if layout == "hf" else None
-    params = model.state_dict()
-    missing = []
-    used: set[str] = set()
-    for name, p in params.items():
-        shape = list(p.shape)
-        if name == "lm_head.weight":
-            arr = _lm_head(store, layout, config)
-            if arr is None:
-                missing.append("lm_head.weight (config.json says tie_word_embeddings=false)")
-                continue
-            used.add(name)
-        else:
-            try:
-                arr = _read_internal(store, layout, name, shape, config, hf)
-            except KeyError as e:
-                if name.endswith("e_score_correction_bias"):
-                    arr = np.zeros(
-                        shape, np.float32
-                    )  # checkpoints trained without aux-free balancing omit it
-                else:
-                    missing.append(str(e.args[0]))
-                    continue
-            used.add(name)
-        # Copy tensor by tensor so peak memory stays one tensor above the model itself.
-        p.set_value(paddle.to_tensor(arr, dtype=p.dtype))
-    if missing:
-        more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
-        raise CheckpointError(
-            f"{directory}: checkpoint ({layout} layout) is missing {len(missing)} tensor(s) the config needs: "
-            + ", ".join(missing[:8])
-            + more
-        )
-    if hf is not None:
-        used = hf.used | ({"lm_head.weight"} & used)
-    unused = [
-        k for k in store if k not in used and not (k == "lm_head.weight" and config.tie_word_embeddings)
-    ]
-    if unused:
-        log.info("%s: %d tensors not used by this config (e.g. %s)", directory, len(unused), unused[0])
-    dtypes = {store.dtype(k) for k in store}
-    return {"layout": layout, "stored_dtypes": ",".join(sorted(dtypes)), "unused": str(len(unused))}
+def load_state(model: ErnieForCausalLM, directory: Path, storage=None) -> dict[str, str]:
+    """Fill ``model`` from the checkpoint in ``directory`` tensor by tensor (``streaming.stream_state``),
+    held as ``storage`` says (default fp32). Returns a report of what was done."""
+    from engine.models.streaming import stream_state
+
+    return stream_state(model, directory, storage)
 
 
 def resolve_dtype(dtype: str) -> str:
@@ -364,20 +331,24 @@ def cast_model(model: ErnieForCausalLM, dtype: str) -> ErnieForCausalLM:
     return model
 
 
-def load_plain_model(path: str | Path, dtype: str = "float32") -> ErnieForCausalLM:
+def load_plain_model(path: str | Path, dtype: str = "float32", storage=None) -> ErnieForCausalLM:
     """Load a plain checkpoint directory (either public layout, single or sharded) in eval mode.
 
-    LoRA runs and PTQ exports are not plain checkpoints: ``engine.models.loading.load_model`` reads all kinds.
+    The model is built without parameter memory and each tensor is read straight into its held precision:
+    ``dtype`` (fp32 on a CPU, which has no bf16 / fp16 matmul), or a ``streaming.Storage`` (a training run's
+    bf16 / wint8 / wint4 storage). LoRA runs and PTQ exports are not plain checkpoints:
+    ``engine.models.loading.load_model`` reads all kinds.
     """
+    from engine.models.streaming import Storage, lazy_model, stream_state
+
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: model directory does not exist")
     config = ErnieConfig.from_file(directory)
-    dtype = resolve_dtype(dtype)
-    model = ErnieForCausalLM(config)
-    report = load_state(model, directory)
+    storage = storage or Storage(resolve_dtype(dtype))
+    model = lazy_model(config)
+    report = stream_state(model, directory, storage)
     log.info("loaded %s (%s layout, stored %s)", directory, report["layout"], report["stored_dtypes"])
-    model = cast_model(model, dtype)
     model.eval()
     return model
 
@@ -425,6 +396,59 @@ def write_tensors(
         weight_map.update(dict.fromkeys(shard, fname))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def write_tensors_streamed(
+    tensors: Mapping[str, np.ndarray],
+    shapes: dict[str, list[int]],
+    directory: Path,
+    dtype: str = "float32",
+    max_shard_size: str | int = "5GB",
+    keep_float32: Collection[str] = (),
+    integer: dict[str, str] | None = None,
+) -> list[str]:
+    """``write_tensors`` for a mapping whose values are read on access (``loading.TensorSource``): the same
+    files, shards and index, with one tensor in memory at a time. ``shapes`` gives every tensor's shape;
+    ``integer`` the stored code (``I8``, ``U8``) of tensors that are not floating point (PTQ's values)."""
+    limit = parse_size(max_shard_size)
+    integer = integer or {}
+    code = {"bfloat16": "BF16", "float16": "F16"}.get(dtype, "F32")
+    codes = {n: integer.get(n) or ("F32" if n in keep_float32 else code) for n in shapes}
+    shards: list[list[str]] = [[]]
+    size = 0
+    itemsize = 2 if dtype in {"bfloat16", "float16"} else 4  # as write_tensors counts (kept fp32 too)
+    for name, shape in shapes.items():
+        width = STORED_NP[integer[name]]().itemsize if name in integer else itemsize
+        nbytes = int(np.prod(shape, dtype=np.int64)) * width
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+
+    def produce(name: str) -> np.ndarray:
+        if name in integer:
+            return np.asarray(tensors[name])
+        arr = np.asarray(tensors[name], dtype=np.float32)
+        if codes[name] == "BF16":
+            return f32_to_bf16_bits(arr)
+        return arr.astype(np.float16) if codes[name] == "F16" else arr
+
+    for old in [*directory.glob("model*.safetensors"), directory / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    )
+    total, weight_map = 0, {}
+    for fname, shard in zip(names, shards, strict=True):
+        total += write_streamed(directory / fname, [(n, codes[n], shapes[n]) for n in shard], produce)
+        weight_map.update(dict.fromkeys(shard, fname))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return names
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,45 @@ def init_weights(model: paddle.nn.Layer, seed: int = 0, std: float = 0.02) -> No
         p.set_value(paddle.to_tensor(value, dtype=p.dtype))
 
 
+# Official shapes init-model writes with random weights (the 0.3B: 0.7 GB in bf16), for measuring memory
+# and speed at a real size without a download; the tiny tokenizer's ids all fall inside their vocabulary.
+RANDOM_OFFICIAL = ("ernie-4.5-0.3b",)
+
+
+def write_random_checkpoint(config: ErnieConfig, out: Path, seed: int = 0, std: float = 0.02) -> Path:
+    """``model.safetensors`` of ``config``'s shape with uniform matrices of standard deviation ``std``, unit norms and zero biases,
+    stored as ``config.dtype`` (router gates and correction biases fp32) and written one tensor at a time:
+    the process never holds more than one tensor of it."""
+    from engine.models.safetensors_io import f32_to_bf16_bits, write_streamed
+    from engine.models.streaming import lazy_model
+
+    rng = np.random.default_rng(seed)
+    low = "BF16" if config.dtype == "bfloat16" else "F32"
+    shapes = {name: list(p.shape) for name, p in lazy_model(config).state_dict().items()}
+    codes = {n: "F32" if n.endswith(("e_score_correction_bias", "gate.weight")) else low for n in shapes}
+
+    def produce(name: str) -> np.ndarray:
+        shape = shapes[name]
+        if name.endswith("e_score_correction_bias") or name.endswith(".bias"):
+            value = np.zeros(shape, np.float32)
+        elif "norm" in name.split(".")[-2] or len(shape) == 1:
+            value = np.ones(shape, np.float32)
+        else:  # in blocks of rows, so a large tensor never exists in fp32 beside its bf16 bits
+            value = np.empty(shape, np.uint16 if codes[name] == "BF16" else np.float32)
+            step = max(1, 2**21 // max(1, int(np.prod(shape[1:]))))
+            for a in range(0, shape[0], step):
+                block = rng.random([min(step, shape[0] - a), *shape[1:]], dtype=np.float32)
+                block -= 0.5
+                block *= 2 * math.sqrt(3) * std  # uniform with standard deviation std (cheaper than normal)
+                value[a : a + step] = f32_to_bf16_bits(block) if codes[name] == "BF16" else block
+            return value
+        return f32_to_bf16_bits(value) if codes[name] == "BF16" else value
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_streamed(out / "model.safetensors", [(n, codes[n], s) for n, s in shapes.items()], produce)
+    return out
+
+
 # The VL config's token-id fields and the special tokens they hold.
 VL_TOKENS = {
     "im_patch_id": "IMAGE_PLACEHOLDER",
@@ -51,13 +91,18 @@ def init_model(preset: str, out: str | Path, seed: int = 0, dtype: str = "float3
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: directory is not empty; choose a new --out")
-    if preset not in TINY_PRESETS:
+    if preset not in TINY_PRESETS and preset not in RANDOM_OFFICIAL:
         raise ValueError(
-            f"init-model builds small random models ({', '.join(TINY_PRESETS)}); official sizes "
-            f"({preset}) are downloaded, not initialised"
+            f"init-model builds random models ({', '.join([*TINY_PRESETS, *RANDOM_OFFICIAL])}); larger "
+            f"official sizes ({preset}) are downloaded, not initialised"
         )
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(CORPUS, out)
+    if preset in RANDOM_OFFICIAL:  # the official shape and vocabulary, written tensor by tensor
+        config = preset_config(preset).replace(dtype=dtype)
+        write_random_checkpoint(config, out, seed)
+        config.save(out)
+        return out
     config: ErnieConfig = preset_config(preset, vocab_size=round_up(tok.vocab_size))
     if config.vision_config is not None:
         ids = {name: tok.convert_tokens_to_ids(getattr(tokens, t)) for name, t in VL_TOKENS.items()}

@@ -8,16 +8,25 @@ LoRA run (adapter + base path, no config.json: the base with the adapter merged)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import paddle
 from paddle import nn
 
-from engine.models.checkpoint import TensorStore, cast_model, load_plain_model, resolve_dtype
+from engine.models.checkpoint import (
+    CheckpointError,
+    HFReader,
+    TensorStore,
+    cast_model,
+    detect_layout,
+    load_plain_model,
+    resolve_dtype,
+)
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
-from engine.models.lora import apply_lora, load_adapter_weights, merge_lora
+from engine.models.lora import adapter_merges, apply_lora, load_adapter_weights, merge_lora
 from engine.models.paths import ADAPTER_CONFIG, is_lora_dir, lora_base_dir
 from engine.models.quantized import (
     QUANT_METHODS,
@@ -27,18 +36,21 @@ from engine.models.quantized import (
     decoder_linears,
     unpack_int4,
 )
+from engine.models.streaming import Storage, lazy_model, read_value, stream_state
 
 
-def load_model(path: str | Path, dtype: str = "float32") -> ErnieForCausalLM:
+def load_model(path: str | Path, dtype: str = "float32", storage: Storage | None = None) -> ErnieForCausalLM:
     """Load a model directory in eval mode: plain (Paddle or PyTorch layout), LoRA run, or PTQ export.
 
     A LoRA run directory loads as its base model with the adapter merged; a PTQ export stays quantized.
+    Weights are read tensor by tensor into ``dtype`` (float32 on a CPU) or into ``storage``, a training
+    run's bf16 / weight-only storage (``engine.models.streaming``).
     """
     if is_lora_dir(path):
-        return load_lora_model(path, dtype)
+        return load_lora_model(path, dtype, storage)
     if is_quantized_dir(path):
-        return load_quantized_model(path)
-    return load_plain_model(path, dtype)
+        return load_quantized_model(path, storage)
+    return load_plain_model(path, dtype, storage)
 
 
 def is_quantized_dir(directory: str | Path) -> bool:
@@ -57,29 +69,102 @@ def is_quantized_dir(directory: str | Path) -> bool:
 # ---- LoRA runs -----------------------------------------------------------------------------------------
 
 
-def load_lora_model(directory: str | Path, dtype: str = "float32") -> nn.Layer:
-    """A LoRA run dir -> its base model with the adapter merged in (eval mode)."""
-    d = Path(directory)
-    cfg = json.loads((d / ADAPTER_CONFIG).read_text())
-    # the base may itself be a LoRA run (e.g. DPO-LoRA on an SFT-LoRA run)
-    model = load_model(lora_base_dir(d, cfg), "float32")
-    if cfg.get("compute_type") in WEIGHT_ONLY_COMPUTE_TYPES:
-        # the adapter was trained against the quantized base, so merge it into that same base
-        apply_weight_only(model, cfg["compute_type"], cfg.get("weight_quant_group_size", -1))
-    apply_lora(model, cfg["r"], cfg["lora_alpha"], cfg.get("rslora", False), cfg["target_modules"])
-    load_adapter_weights(model, d)
-    merge_lora(model)
+def load_lora_model(
+    directory: str | Path, dtype: str = "float32", storage: Storage | None = None
+) -> nn.Layer:
+    """A LoRA run dir -> its base model with the adapter merged in (eval mode).
+
+    The base may itself be a LoRA run (DPO-LoRA on an SFT-LoRA run): every adapter of the stack is folded
+    into each weight as it is read (``lora.adapter_merges``), so no fp32 copy of the model is made."""
+    d, chain = lora_chain(Path(directory))
+    if is_quantized_dir(d):
+        return _lora_on_quantized(d, chain, dtype)
+    storage = storage or Storage(resolve_dtype(dtype))
+    model = lazy_model(ErnieConfig.from_file(d))
+    stream_state(model, d, storage, adapter_merges(model, chain))
+    model.eval()
+    return model
+
+
+def _lora_on_quantized(base: Path, chain: list[tuple[Path, dict]], dtype: str) -> nn.Layer:
+    """LoRA runs trained on a PTQ export: its linears are int8 / e4m3 on disk already, so the adapters wrap
+    and merge into the loaded (quantized) model."""
+    model = load_quantized_model(base)
+    for d, cfg in chain:
+        if cfg.get("compute_type") in WEIGHT_ONLY_COMPUTE_TYPES:
+            apply_weight_only(model, cfg["compute_type"], cfg.get("weight_quant_group_size", -1))
+        apply_lora(model, cfg["r"], cfg["lora_alpha"], cfg.get("rslora", False), cfg["target_modules"])
+        load_adapter_weights(model, d)
+        merge_lora(model)
     if dtype != "float32":
         model = cast_model(model, resolve_dtype(dtype))
     model.eval()
     return model
 
 
+class TensorSource(Mapping):
+    """A plain checkpoint or a LoRA run directory as a mapping of internal (Paddle-layout) tensor names to
+    fp32 arrays, each read (layout converted, adapters folded in) only when asked for: what writes a whole
+    model out (export, GGUF) holds one tensor at a time instead of the model.
+
+    A linear an adapter trained on a weight-only base left quantized (not targeted) comes back dequantized,
+    which is what the loaded model computes with; ``left_quantized`` names those."""
+
+    def __init__(self, directory: str | Path):
+        base, chain = lora_chain(Path(directory))
+        if is_quantized_dir(base):
+            raise ValueError(
+                f"{base}: a quantized export (quantization_config in config.json) is not read as fp32"
+            )
+        self.directory, self.merged = base, bool(chain)
+        self.config = ErnieConfig.from_file(base)
+        model = lazy_model(self.config)
+        self.shapes = {n: list(p.shape) for n, p in model.state_dict().items()}
+        self.merges = adapter_merges(model, chain) if chain else {}
+        self.left_quantized = sorted(
+            n for n, c in self.merges.items() if c and c[-1].bits and c[-1].lora_a is None
+        )
+        self.store = TensorStore(base)
+        self.layout = detect_layout(self.store.keys())
+        self.hf = HFReader(self.store) if self.layout == "hf" else None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.shapes:
+            raise KeyError(name)
+        chain = self.merges.get(name[: -len(".weight")], []) if name.endswith(".weight") else []
+        try:
+            return read_value(self.store, self.layout, name, self.shapes[name], self.config, self.hf, chain)
+        except KeyError as e:
+            raise CheckpointError(f"{self.directory}: checkpoint is missing tensor {e.args[0]}") from e
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.shapes
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def lora_chain(directory: Path) -> tuple[Path, list[tuple[Path, dict]]]:
+    """(the plain base, the LoRA runs stacked on it innermost first with their adapter configs)."""
+    chain: list[tuple[Path, dict]] = []
+    d = Path(directory)
+    while is_lora_dir(d):
+        cfg = json.loads((d / ADAPTER_CONFIG).read_text())
+        chain.append((d, cfg))
+        d = lora_base_dir(d, cfg)
+    chain.reverse()
+    return d, chain
+
+
 # ---- PTQ exports ---------------------------------------------------------------------------------------
 
 
-def load_quantized_model(directory: str | Path) -> nn.Layer:
-    """Read a PTQ export back: quantized linears stay quantized (dequantized per call)."""
+def load_quantized_model(directory: str | Path, storage: Storage | None = None) -> nn.Layer:
+    """Read a PTQ export back: quantized linears stay quantized (dequantized per call); the other tensors
+    are read one at a time into ``storage`` (default fp32)."""
     d = Path(directory)
     raw = json.loads((d / "config.json").read_text())
     qc = raw["quantization_config"]
@@ -88,15 +173,18 @@ def load_quantized_model(directory: str | Path) -> nn.Layer:
         raise ValueError(
             f"{d}/config.json: unsupported quantization_config.quant_method {qc.get('quant_method')!r}"
         )
-    model = ErnieForCausalLM(ErnieConfig.from_dict(raw))
+    model = lazy_model(ErnieConfig.from_dict(raw))
     store = TensorStore(d)
+    quantized = set()
     for parent, attr, name in list(decoder_linears(model)):
+        for key in (f"{name}.weight", f"{name}.weight_scale"):
+            if key not in store:
+                raise ValueError(f"{d}: quantized checkpoint lacks tensor {key}")
         bias = getattr(parent, attr).bias
         setattr(parent, attr, _quantized_linear(store, name, method, qc.get("bits", 8), bias))
-    for name, p in model.named_parameters():
-        if name not in store:
-            raise ValueError(f"{d}: quantized checkpoint lacks tensor {name}")
-        p.set_value(paddle.to_tensor(store.get(name), dtype=p.dtype))
+        quantized.update({f"{name}.weight", f"{name}.weight_scale", f"{name}.weight_quant"})
+    base = Storage(storage.dtype, storage.scope) if storage is not None else Storage()
+    stream_state(model, d, base, skip=quantized)
     model.eval()
     return model
 

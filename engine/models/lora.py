@@ -17,9 +17,11 @@ from pathlib import Path
 import paddle
 from paddle import nn
 
+from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES
 from engine.models.paths import ADAPTER_CONFIG as ADAPTER_CONFIG  # where it was always imported from
-from engine.models.quantized import dequantized_linear
+from engine.models.quantized import bits_for, decoder_linears, dequantized_linear
 from engine.models.safetensors_io import SafetensorsFile
+from engine.models.streaming import Merge
 
 ADAPTER_FILE = "adapter_model.safetensors"
 DEFAULT_TARGETS = ["qkv_proj", "o_proj", "up_gate_proj", "down_proj"]
@@ -149,6 +151,60 @@ def load_adapter_weights(model: nn.Layer, directory: str | Path) -> None:
         raise ValueError(
             f"{directory}/{ADAPTER_FILE}: tensors for layers the model lacks: {sorted(extra)[:3]}"
         )
+
+
+def adapter_merges(model: nn.Layer, chain: list[tuple[Path, dict]]) -> dict[str, list[Merge]]:
+    """For LoRA run directories stacked on a base (innermost first, each with its adapter_config.json):
+    linear name -> what each adapter does to that linear's weight as it is read (``streaming.Merge``).
+
+    The same as wrapping the model, loading each adapter and ``merge_lora``, without the model in fp32: an
+    adapter trained on a weight-only base first rounds every decoder linear through that quantization."""
+    merges: dict[str, list[Merge]] = {}
+    for directory, cfg in chain:
+        decoder = {name for _, _, name in decoder_linears(model)}
+        bits = {}
+        if cfg.get("compute_type") in WEIGHT_ONLY_COMPUTE_TYPES:
+            bits = {name: bits_for(name, cfg["compute_type"]) for name in decoder}
+        targets = cfg["target_modules"] or DEFAULT_TARGETS
+        linears = {
+            name: linear_shape(getattr(parent, attr))
+            for parent, attr, name in iter_target_linears(model, targets)
+        }
+        if not linears:
+            raise ValueError(f"no LoRA target layers ({', '.join(targets)}) found in the model")
+        f = SafetensorsFile(Path(directory) / ADAPTER_FILE)
+        keys = set(f.keys())
+        rank, alpha = cfg["r"], cfg["lora_alpha"]
+        scale = alpha / math.sqrt(rank) if cfg.get("rslora", False) else alpha / rank
+        for name in sorted(set(bits) | set(linears)):
+            merge = Merge(bits.get(name, 0), cfg.get("weight_quant_group_size", -1))
+            if name in linears:
+                merge.lora_a, merge.lora_b = _adapter_pair(f, directory, name, rank, linears[name])
+                merge.scale = scale
+            merges.setdefault(name, []).append(merge)
+        extra = keys - {f"{n}.{p}" for n in linears for p in ("lora_A", "lora_B")}
+        if extra:
+            raise ValueError(
+                f"{directory}/{ADAPTER_FILE}: tensors for layers the model lacks: {sorted(extra)[:3]}"
+            )
+    return merges
+
+
+def _adapter_pair(
+    f: SafetensorsFile, directory: Path, name: str, rank: int, shape: tuple[int, int]
+) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """(A, B) of one linear from an adapter file, checked against the linear's (in, out)."""
+    out = []
+    for part, want in (("lora_A", [shape[0], rank]), ("lora_B", [rank, shape[1]])):
+        key = f"{name}.{part}"
+        if key not in f.header:
+            raise ValueError(f"{directory}/{ADAPTER_FILE}: missing tensor {key}")
+        if f.shape(key) != want:
+            raise ValueError(
+                f"{directory}/{ADAPTER_FILE}: {key} has shape {f.shape(key)}, the model needs {want}"
+            )
+        out.append(paddle.to_tensor(f.get(key)))
+    return out[0], out[1]
 
 
 def merge_lora(model: nn.Layer) -> nn.Layer:

@@ -32,10 +32,13 @@ def quantize_weight(w: np.ndarray, bits: int, group_size: int = -1) -> tuple[np.
     qmax = 2 ** (bits - 1) - 1
     n_in, n_out = w.shape
     g = n_in if group_size <= 0 or n_in % group_size else group_size
-    blocks = w.reshape(n_in // g, g, n_out).astype(np.float32)
+    blocks = w.reshape(n_in // g, g, n_out).astype(np.float32, copy=False)
     scale = np.maximum(np.abs(blocks).max(axis=1) / qmax, 1e-12).astype(np.float32)  # [G, out]
-    q = np.clip(np.rint(blocks / scale[:, None, :]), -qmax - 1, qmax).astype(np.int8)
-    return q.reshape(n_in, n_out), scale
+    # one fp32 temporary, rounded and clipped in place (a large weight's copies add up while loading)
+    t = blocks / scale[:, None, :]
+    np.rint(t, out=t)
+    np.clip(t, -qmax - 1, qmax, out=t)
+    return t.astype(np.int8).reshape(n_in, n_out), scale
 
 
 def dequantize_weight(q: paddle.Tensor, scale: paddle.Tensor) -> paddle.Tensor:

@@ -62,7 +62,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         gpu_name=args.gpu or "",
         probe_tokens_per_second=_probe() if args.probe else None,
     )
-    files = sum(p.stat().st_size for p in Path(cfg.model_name_or_path).glob("*.safetensors")) or None
     node_devices = args.node_devices or args.devices
     nodes = [
         dataclasses.replace(node, name=f"node {i + 1}" if args.nodes > 1 else node.name, devices=node_devices)
@@ -85,9 +84,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             plan_run(model, cfg.stage, cfg.fine_tuning, cfg.max_seq_len, nodes, num_devices=args.devices)
     except PlanError as e:
         raise SystemExit(f"ernie-studio estimate: {e} (--devices, --nodes, --node-devices)") from None
-    est = estimate_run(
-        model, cfg, datasets, evals, node=node, num_devices=args.devices, checkpoint_bytes=files
-    )
+    est = estimate_run(model, cfg, datasets, evals, node=node, num_devices=args.devices)
     out = est.to_dict()
     if args.json:
         print(json.dumps({**out, "warning": fit_warning(est, node), "plan": plan.to_dict()}, indent=2))

@@ -35,6 +35,8 @@ FINE_TUNING = ("LoRA", "Full")
 COMPUTE_TYPES = ("fp32", "bf16", "fp16", "fp8", *WEIGHT_ONLY_COMPUTE_TYPES)
 SCHEDULERS = ("cosine", "linear", "constant")
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
+# how Full DPO holds its frozen reference model (dpo_reference_dtype)
+DPO_REFERENCE_DTYPES = ("run", "fp32", "wint8", "wint4")
 MIX_STRATEGIES = ("random", "concat", "interleave_under", "interleave_over")
 LAYOUTS = ("paddle", "hf")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
@@ -441,6 +443,14 @@ class TrainConfig:
     sft_loss_ratio: float = option(0.0, "Weight of the SFT loss on the chosen response.", minimum=0)
     label_smoothing: float = option(0.0, "Conservative DPO: assumed share of flipped labels.", minimum=0)
     reference_free: bool = option(False, "DPO without a reference model.")
+    dpo_reference_dtype: str = option(
+        "run",
+        "Full DPO: how the frozen reference model is held: run (as the run holds its weights: fp32, or bf16 "
+        "with compute_type bf16), fp32, or its linears weight-only wint8 / wint4 (less memory, an "
+        "approximate reference). LoRA DPO has no second model: its reference is the base with the adapters "
+        "switched off.",
+        choices=DPO_REFERENCE_DTYPES,
+    )
     # MoE (None keeps the value in the model's config.json)
     moe_aux_loss_lambda: float | None = option(None, "Weight of the load-balancing loss.", minimum=0)
     moe_z_loss_lambda: float | None = option(None, "Weight of the router z-loss.", minimum=0)
@@ -609,6 +619,11 @@ class TrainConfig:
             problems.append(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.label_smoothing < 0.5:
             problems.append(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.dpo_reference_dtype != "run" and (self.stage != "DPO" or self.lora or self.reference_free):
+            problems.append(
+                f"dpo_reference_dtype {self.dpo_reference_dtype}: only a Full DPO run with a reference holds a "
+                "reference model (a LoRA run's reference is its base with the adapters off); remove the key"
+            )
         if self.compute_type in WEIGHT_ONLY_COMPUTE_TYPES and self.fine_tuning != "LoRA":
             problems.append(
                 f"compute_type {self.compute_type} freezes a quantized base, so it needs fine_tuning: LoRA"

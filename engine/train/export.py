@@ -34,10 +34,10 @@ class ExportSummary:
     gpas_fold_deviation: float | None = None  # max |logit change| / max |logit| of the fold on a probe
 
 
-def source_model(cfg: ExportConfig):
-    """The model to export and where its tokenizer is: the trained model of the run in ``output_dir``
-    (a LoRA run comes back merged into its base), else ``model_name_or_path``."""
-    from engine.models.loading import is_lora_dir, is_quantized_dir, load_model
+def source_dir(cfg: ExportConfig) -> tuple[Path, bool]:
+    """The directory to export and whether it is a LoRA run (merged into its base): the trained model of
+    the run in ``output_dir``, else ``model_name_or_path``."""
+    from engine.models.loading import is_lora_dir, is_quantized_dir
 
     run_dir = Path(cfg.output_dir) if cfg.output_dir else None
     if cfg.lora and not (run_dir / ADAPTER_CONFIG).exists():
@@ -56,14 +56,35 @@ def source_model(cfg: ExportConfig):
             )
         if is_lora_dir(src):
             log.info("exporting the LoRA run %s merged into its base", src)
-            return load_model(src, "float32"), src, True
+            return src, True
         if (src / "config.json").exists():
             log.info("exporting %s", src)
-            return load_model(src, "float32"), src, False
+            return src, False
     raise FileNotFoundError(
         f"nothing to export: output_dir {cfg.output_dir!r} holds no trained model and model_name_or_path "
         f"{cfg.model_name_or_path!r} is not a model directory"
     )
+
+
+def source_model(cfg: ExportConfig):
+    """(the model to export loaded in fp32, its directory, whether a LoRA run was merged)."""
+    from engine.models.loading import load_model
+
+    src, merged = source_dir(cfg)
+    return load_model(src, "float32"), src, merged
+
+
+def streams(cfg: ExportConfig, source) -> bool:
+    """Whether the export can go tensor by tensor from the checkpoint to the output file (a
+    ``loading.TensorSource``) without the model in memory: the Paddle layout or GGUF, PTQ without an eval
+    set (its perplexity report runs the whole model), no elastic member or GPAS fold (they rewrite the
+    model), no linear left quantized by a weight-only adapter (its buffers are what the model-based path
+    writes)."""
+    if (cfg.quantization and cfg.eval_dataset_path) or source.config.gpas or source.left_quantized:
+        return False
+    if elastic_member(cfg, source.config) is not None:
+        return False
+    return cfg.export_format == "gguf" or cfg.layout == "paddle"
 
 
 def perplexity(model, batches: list[dict]) -> float:
@@ -95,14 +116,28 @@ def eval_batches(cfg: ExportConfig, tokenizer) -> list[dict]:
 
 def run_export(cfg: ExportConfig) -> ExportSummary:
     """Write the exported model to ``cfg.export_dir`` and return what was written."""
-    from engine.models.checkpoint import save_model
-    from engine.tokenizer import copy_tokenizer_files, load_tokenizer
+    from engine.models.checkpoint import save_model, write_tensors_streamed
+    from engine.models.loading import TensorSource, load_model
+    from engine.tokenizer import load_tokenizer
 
     notices = getattr(cfg, "notices", [])
     for n in notices:  # accepted keys without effect (training keys, hf_hub_id), said once
         print(n.line(), flush=True)
-    model, tokenizer_src, merged = source_model(cfg)
-    model.eval()
+    tokenizer_src, merged = source_dir(cfg)
+    source = TensorSource(tokenizer_src)
+    out = Path(cfg.export_dir)
+    if streams(cfg, source) and cfg.export_format != "gguf":  # checkpoint -> file, tensor by tensor
+        out.mkdir(parents=True, exist_ok=True)
+        if cfg.quantization:
+            quant.save_quantized_streamed(
+                source, out, cfg.quantization, cfg.weight_quant_group_size, cfg.max_shard_size
+            )
+        else:
+            source.config.replace(dtype=cfg.dtype).save(out)
+            write_tensors_streamed(source, source.shapes, out, cfg.dtype, cfg.max_shard_size)
+        return _finish_export(cfg, out, tokenizer_src, merged, notices, {}, None, ("", None))
+    # GGUF writes from the source as well; the rest rewrites or measures the whole model
+    model = source if streams(cfg, source) else load_model(tokenizer_src, "float32")
     member = elastic_member(cfg, model.config)
     if member is not None:
         from engine.models.elastic import extract_submodel
@@ -110,7 +145,6 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         model = extract_submodel(model, member)
         log.info("elastic member %s: %d layers", member.name, model.config.num_hidden_layers)
     gpas_action, deviation = gpas_for_export(cfg, model)
-    out = Path(cfg.export_dir)
     if cfg.export_format == "gguf":
         summary = _export_gguf(cfg, model, tokenizer_src, merged, notices)
         summary.elastic_member = member.name if member is not None else ""
@@ -140,6 +174,15 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         quant.save_quantized(model, out, cfg.quantization, cfg.weight_quant_group_size, cfg.max_shard_size)
     else:
         save_model(model, out, dtype=cfg.dtype, max_shard_size=cfg.max_shard_size, layout=cfg.layout)
+    return _finish_export(cfg, out, tokenizer_src, merged, notices, ppl, member, (gpas_action, deviation))
+
+
+def _finish_export(
+    cfg: ExportConfig, out: Path, tokenizer_src, merged, notices, ppl, member, gpas
+) -> ExportSummary:
+    """Copy the tokenizer and write export_summary.json."""
+    from engine.tokenizer import copy_tokenizer_files
+
     if cfg.copy_tokenizer:
         copy_tokenizer_files(tokenizer_src, out)
     summary = ExportSummary(
@@ -151,8 +194,8 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         perplexity={k: float(v) for k, v in ppl.items() if not math.isnan(v)},
         notices=[{"key": n.key, "message": n.message} for n in notices],
         elastic_member=member.name if member is not None else "",
-        gpas=gpas_action,
-        gpas_fold_deviation=deviation,
+        gpas=gpas[0],
+        gpas_fold_deviation=gpas[1],
     )
     (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
@@ -393,8 +436,8 @@ def export_for_serving(
     layout, ``dtype`` weights (router gates fp32), one dtype key, FastDeploy's ``quantization_config`` for a
     PTQ source or ``quantization`` (wint8 | wint4 | fp8), VL processor files and chat template. Returns
     ``src`` itself when it already is in that form, else ``out``."""
-    from engine.models.checkpoint import write_tensors
-    from engine.models.loading import is_quantized_dir, load_model
+    from engine.models.checkpoint import write_tensors_streamed
+    from engine.models.loading import TensorSource, is_quantized_dir, load_model
     from engine.models.quantized import QUANT_METHODS
     from engine.tokenizer import copy_tokenizer_files
 
@@ -410,19 +453,25 @@ def export_for_serving(
     if is_quantized_dir(src):
         method = json.loads((src / "config.json").read_text())["quantization_config"].get("quant_method")
         quantization = {v: k for k, v in QUANT_METHODS.items()}.get(method, quantization)
-    model = load_model(src, "float32")  # merges a LoRA run, reads a PTQ export quantized
-    dequantize_linears(model)
-    if model.config.gpas:
-        fold_gpas(model, ExportConfig.gpas_fold_tolerance)
+    source = None if is_quantized_dir(src) else TensorSource(src)
+    if source is not None and not source.config.gpas:
+        # checkpoint -> file tensor by tensor (adapters folded in, weight-only leftovers dequantized)
+        model_config, state, shapes = source.config, source, source.shapes
+    else:  # a PTQ export (dequantized) or GPAS gates to fold: through the loaded model
+        model = load_model(src, "float32")  # merges a LoRA run, reads a PTQ export quantized
+        dequantize_linears(model)
+        if model.config.gpas:
+            fold_gpas(model, ExportConfig.gpas_fold_tolerance)
+        model_config, state = model.config, {k: _numpy(v) for k, v in model.state_dict().items()}
+        shapes = {k: list(v.shape) for k, v in state.items()}
     out.mkdir(parents=True, exist_ok=True)
-    cfg = serving_config(model.config.replace(dtype=dtype).to_dict(), quantization)
+    cfg = serving_config(model_config.replace(dtype=dtype).to_dict(), quantization)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    state = {k: _numpy(v) for k, v in model.state_dict().items()}
-    keep = {k for k in state if k.endswith(FLOAT32_TENSORS)}
-    write_tensors(state, out, dtype, "5GB", keep_float32=keep)
+    keep = {k for k in shapes if k.endswith(FLOAT32_TENSORS)}
+    write_tensors_streamed(state, shapes, out, dtype, "5GB", keep_float32=keep)
     copy_tokenizer_files(_tokenizer_source(src), out)
     if "vision_config" in cfg:
-        write_vl_serving_files(src, out, model.config)
+        write_vl_serving_files(src, out, model_config)
     log.info(
         "serving export of %s written to %s (%s%s)",
         src,

@@ -24,7 +24,7 @@ import json
 import logging
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,8 +225,10 @@ def modelfile(gguf_name: str, tokenizer) -> str:
 
 
 def write_gguf(model, tokenizer, path: str | Path, gguf_type: str, name: str = "ERNIE 4.5") -> Path:
-    """Write ``model`` (an ErnieForCausalLM) and ``tokenizer`` as one GGUF file of ``gguf_type`` (f32, f16 or
-    q8_0)."""
+    """Write ``model`` (an ErnieForCausalLM, or a ``loading.TensorSource`` reading the checkpoint tensor by
+    tensor) and ``tokenizer`` as one GGUF file of ``gguf_type`` (f32, f16 or q8_0). Each tensor is converted
+    when it is written and spooled to a temporary file (gguf's ``use_temp_file``), so no fp32 copy of the
+    whole model is made."""
     import gguf
 
     config = model.config
@@ -240,10 +242,10 @@ def write_gguf(model, tokenizer, path: str | Path, gguf_type: str, name: str = "
     }
     if gguf_type not in file_types:
         raise ValueError(f"write_gguf writes {', '.join(file_types)}; {gguf_type} comes from llama-quantize")
-    state = {k: v.astype("float32").numpy() for k, v in model.state_dict().items()}
+    state = model if isinstance(model, Mapping) else FloatState(model)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), architecture(config))
+    writer = gguf.GGUFWriter(str(tmp), architecture(config), use_temp_file=True)
     writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -280,6 +282,26 @@ def write_gguf(model, tokenizer, path: str | Path, gguf_type: str, name: str = "
     writer.close()
     tmp.replace(path)
     return path
+
+
+class FloatState(Mapping):
+    """A model's state dict as fp32 numpy arrays, each converted when it is read (not all at once)."""
+
+    def __init__(self, model):
+        self.state = model.state_dict()
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        v = self.state[key]
+        return v.astype("float32").numpy() if str(v.dtype) != "paddle.float32" else v.numpy()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.state
+
+    def __iter__(self):
+        return iter(self.state)
+
+    def __len__(self) -> int:
+        return len(self.state)
 
 
 def _add_tokenizer(writer, tokenizer, vocab_size: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from engine.models.quantized import (
     WeightOnlyLinear,
     decoder_linears,
     pack_int4,
+    quantize_weight,
 )
 
 log = logging.getLogger(__name__)
@@ -194,7 +196,12 @@ def save_quantized(
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    cfg = model.config.to_dict()
+    write_quantized_config(model.config, d, method, group_size)
+    write_tensors(quantized_state(model), d, "float32", max_shard_size)
+
+
+def write_quantized_config(config, d: Path, method: str, group_size: int) -> None:
+    cfg = config.to_dict()
     cfg["dtype"] = "float32"
     cfg["quantization_config"] = {
         "quant_method": QUANT_METHODS[method],
@@ -206,4 +213,76 @@ def save_quantized(
         "modules": list(DECODER_LINEARS),
     }
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    write_tensors(quantized_state(model), d, "float32", max_shard_size)
+
+
+class QuantizedTensors(Mapping):
+    """PTQ tensor by tensor: ``save_quantized``'s tensors (same names, order, values) from a mapping of fp32
+    weights read on access (``loading.TensorSource``), each linear quantized when its weight is asked for,
+    so the model is never loaded. ``shapes`` / ``integer`` are what ``write_tensors_streamed`` needs."""
+
+    def __init__(self, source, model: nn.Layer, method: str, group_size: int):
+        if method not in ("wint8", "wint4", "fp8"):
+            raise ValueError(f"quantization must be wint8, wint4 or fp8, not {method!r}")
+        self.source, self.method, self.group_size = source, method, group_size
+        linears = {name: tuple(lin.weight.shape) for lin, _, name in _linear_shapes(model)}
+        self.shapes: dict[str, list[int]] = {}
+        self.integer: dict[str, str] = {}
+        for name, _ in model.named_sublayers():  # the order quantized_state writes them in
+            if name not in linears:
+                continue
+            n_in, n_out = linears[name]
+            self.shapes[f"{name}.weight"] = [n_in // 2 if method == "wint4" else n_in, n_out]
+            self.integer[f"{name}.weight"] = "I8" if method == "wint8" else "U8"
+            g = n_in if method != "wint4" or group_size <= 0 or n_in % group_size else group_size
+            self.shapes[f"{name}.weight_scale"] = [1] if method == "fp8" else [n_in // g, n_out]
+        for name, shape in source.shapes.items():
+            if name.rsplit(".", 1)[0] not in linears or not name.endswith(".weight"):
+                self.shapes[name] = shape
+        self._scales: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key in self._scales:
+            return self._scales.pop(key)
+        if key not in self.integer:
+            return self.source[key]
+        lin = key[: -len(".weight")]
+        w = np.asarray(self.source[key], dtype=np.float32)
+        if self.method == "fp8":
+            t = paddle.to_tensor(w)
+            scale = max(float(paddle.max(paddle.abs(t))) / FP8_MAX, 1e-12)
+            q = (t / scale).astype(paddle.float8_e4m3fn).view(paddle.uint8).numpy()
+            self._scales[f"{lin}.weight_scale"] = paddle.to_tensor([scale], dtype="float32").numpy()
+            return q
+        bits = 8 if self.method == "wint8" else 4
+        q, scale = quantize_weight(w, bits, -1 if bits == 8 else self.group_size)
+        self._scales[f"{lin}.weight_scale"] = scale
+        return q if bits == 8 else pack_int4(q)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.shapes
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def _linear_shapes(model: nn.Layer):
+    """(linear layer, parent, name) of every decoder linear PTQ quantizes."""
+    for parent, attr, name in decoder_linears(model):
+        yield getattr(parent, attr), parent, name
+
+
+def save_quantized_streamed(
+    source, directory: str | Path, method: str, group_size: int, max_shard_size: str
+) -> None:
+    """``save_quantized`` of the model ``source`` (a ``loading.TensorSource``) reads, one tensor at a time."""
+    from engine.models.checkpoint import write_tensors_streamed
+    from engine.models.streaming import lazy_model
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    write_quantized_config(source.config, d, method, group_size)
+    tensors = QuantizedTensors(source, lazy_model(source.config), method, group_size)
+    write_tensors_streamed(tensors, tensors.shapes, d, "float32", max_shard_size, integer=tensors.integer)

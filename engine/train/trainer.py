@@ -41,7 +41,8 @@ from engine.models.expert_parallel import (
     unsplit_experts,
 )
 from engine.models.lora import apply_lora
-from engine.models.quantized import apply_weight_only, hold_in_low_precision
+from engine.models.quantized import WeightOnlyLinear, hold_in_low_precision
+from engine.models.streaming import Storage
 from engine.train import lora as lora_mod
 from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
@@ -165,29 +166,51 @@ def set_seed(seed: int) -> None:
 # ---- building the run ----------------------------------------------------------------------------------
 
 
-def build_model(cfg: TrainConfig, precision: Precision | None = None, world: int = 1):
-    """Load the base model, apply the run's MoE settings, expert parallelism over ``world`` ranks,
-    quantization or low-precision storage and LoRA; return (model, trainable). On a GPU, AMP casts the
-    weights later (``decorate_for_amp``)."""
-    from engine import load_model  # a LoRA run dir as the base comes back merged
+def training_storage(cfg: TrainConfig, precision: Precision) -> Storage:
+    """How the run holds its base weights, read straight into that form (``engine.models.streaming``):
+    weight-only int8 / int4 linears, bf16 decoder weights computed in fp32 (emulated bf16), bf16 / fp16
+    everywhere but the router (AMP on a GPU), or fp32 (fp32 runs and FP8 QAT, which trains fp32 weights)."""
+    if cfg.compute_type in WEIGHT_ONLY_COMPUTE_TYPES:
+        return Storage(weight_only=cfg.compute_type, group_size=cfg.weight_quant_group_size)
+    if precision.mode is PrecisionMode.EMULATED:
+        return Storage(precision.weights, "decoder")
+    if precision.mode is PrecisionMode.AMP:
+        return Storage(precision.weights, "all")
+    return Storage()
 
-    precision = precision or resolve_precision(cfg.compute_type)
-    model = load_model(cfg.model_name_or_path, "float32")
+
+def load_base(cfg: TrainConfig, storage: Storage, world: int = 1):
+    """The run's base model read into ``storage``, with the run's MoE settings, this rank's experts under
+    expert parallelism over ``world`` ranks, and GPAS gates."""
+    from engine.models.loading import load_model  # a LoRA run dir as the base comes back merged
+
+    model = load_model(cfg.model_name_or_path, storage=storage)
     mc = model.config
     for key in ("moe_aux_loss_lambda", "moe_z_loss_lambda", "moe_orthogonal_loss_lambda", "moe_use_aux_free"):
         if getattr(cfg, key) is not None:
             setattr(mc, key, getattr(cfg, key))
     model.expert_group = split_for_expert_parallel(cfg, model, world)
     add_gpas_gates(cfg, model)
+    return model
+
+
+def build_model(cfg: TrainConfig, precision: Precision | None = None, world: int = 1):
+    """Load the base model straight into the run's storage precision (quantized or low precision as it is
+    read), keep this rank's experts (expert parallelism over ``world`` ranks), apply FP8 QAT and LoRA;
+    return (model, trainable). On a GPU, ``decorate_for_amp`` then finds the weights in bf16 / fp16 already."""
+    precision = precision or resolve_precision(cfg.compute_type)
+    storage = training_storage(cfg, precision)
+    model = load_base(cfg, storage, world)
     if cfg.compute_type == "fp8":
         n = quant.apply_fp8_qat(
             model, cfg.fp8_hadamard_block_size if cfg.fp8_hadamard else 0, cfg.fp8_scale_ema_rate
         )
         log.info("fp8 QAT on %d linears (hadamard=%s)", n, cfg.fp8_hadamard)
-    elif cfg.compute_type in WEIGHT_ONLY_COMPUTE_TYPES:
-        counts = apply_weight_only(model, cfg.compute_type, cfg.weight_quant_group_size)
+    elif storage.weight_only:
+        counts = weight_only_counts(model)
         log.info("weight-only base: %d int8 and %d int4 linears", counts[8], counts[4])
     elif precision.mode is PrecisionMode.EMULATED:
+        # the weights are bf16 already: this swaps in the layers that upcast them per call
         counts = hold_in_low_precision(model, precision.weights, precision.matmuls)
         log.info("held in %s: %s", precision.weights, counts)
     if cfg.lora:
@@ -223,6 +246,15 @@ def split_for_expert_parallel(cfg: TrainConfig, model, world: int) -> ExpertGrou
     kept = split_experts(model, group)
     log.info("expert parallel: %d ranks per expert group, %d routed experts per layer here", degree, kept)
     return group
+
+
+def weight_only_counts(model) -> dict[int, int]:
+    """How many weight-only linears of each bit width the model holds."""
+    counts = {4: 0, 8: 0}
+    for layer in model.sublayers():
+        if isinstance(layer, WeightOnlyLinear):
+            counts[layer.bits] += 1
+    return counts
 
 
 def add_gpas_gates(cfg: TrainConfig, model) -> None:
@@ -529,7 +561,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     if dp.main:
         write_json(out_dir / "train_config.json", asdict(cfg))
     objective = objective_for(cfg.stage)
-    dpo_loss = build_dpo_loss(cfg) if objective is Objective.DPO else None
+    dpo_loss = build_dpo_loss(cfg, precision) if objective is Objective.DPO else None
     # Emulated bf16: AdamW steps fp32 copies of the bf16 weights (LoRA adapters are fp32 already).
     masters = MasterWeights(trainable) if precision.mode is PrecisionMode.EMULATED else None
     if masters is not None and masters.low:
@@ -605,24 +637,54 @@ def check_devices(cfg: TrainConfig, world: int) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def build_dpo_loss(cfg: TrainConfig) -> DPOLoss:
-    """DPO's loss with its reference: a frozen copy of the base, or for LoRA the adapters-off model."""
+def build_dpo_loss(cfg: TrainConfig, precision: Precision | None = None) -> DPOLoss:
+    """DPO's loss with its reference: for LoRA the same model with its adapters switched off, for Full a
+    frozen copy of the base held as ``dpo_reference_dtype`` says."""
     reference = None
     if not cfg.lora and not cfg.reference_free:
-        reference, _ = build_model(
-            dataclasses.replace(
-                cfg,
-                compute_type="fp32",
-                fine_tuning="Full",
-                recompute=False,
-                expert_parallel_degree=1,  # the frozen reference runs every expert in each process
-                moe_group="dummy",
-            )
-        )
-        for p in reference.parameters():
-            p.stop_gradient = True
-        reference.eval()
+        reference = build_reference(cfg, precision or resolve_precision(cfg.compute_type))
     return DPOLoss(cfg, reference, lora=cfg.lora)
+
+
+def reference_storage(cfg: TrainConfig, precision: Precision) -> Storage:
+    """How Full DPO holds its frozen reference: the run's own storage (``run``), fp32, or its decoder
+    linears weight-only quantized with the rest as the run holds it (``wint8`` / ``wint4``)."""
+    choice = cfg.dpo_reference_dtype
+    if choice == "fp32":
+        return Storage()
+    run = training_storage(cfg, precision)
+    if choice == "run":
+        return run
+    return Storage(run.dtype, run.scope, weight_only=choice, group_size=cfg.weight_quant_group_size)
+
+
+def build_reference(cfg: TrainConfig, precision: Precision):
+    """Full DPO's frozen reference model, read straight into ``reference_storage``; computes as the run's
+    model did before its first step (bf16 weights upcast per call where bf16 is emulated)."""
+    storage = reference_storage(cfg, precision)
+    # the frozen reference runs every expert in each process
+    plain = dataclasses.replace(
+        cfg, fine_tuning="Full", recompute=False, expert_parallel_degree=1, moe_group="dummy"
+    )
+    reference = load_base(plain, storage)
+    if storage.scope == "decoder" and storage.dtype != "float32":
+        hold_in_low_precision(reference, storage.dtype, precision.matmuls)
+    if storage.scope == "all" and storage.dtype != "float32":
+        reference = paddle.amp.decorate(
+            models=reference,
+            level="O2",
+            dtype=storage.dtype,
+            excluded_layers=_router_layers(reference) or None,
+        )
+    for p in reference.parameters():
+        p.stop_gradient = True
+    reference.eval()
+    log.info("DPO reference held as %s (dpo_reference_dtype %s)", storage, cfg.dpo_reference_dtype)
+    return reference
+
+
+def _router_layers(model) -> list:
+    return [layer for name, layer in model.named_sublayers() if name.endswith(("mlp.gate", "moe_statics"))]
 
 
 def _print_plan(

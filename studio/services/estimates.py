@@ -81,7 +81,6 @@ def estimate_spec(
         [s for s in evals if s is not None],
         node=node,
         num_devices=devices,
-        checkpoint_bytes=_checkpoint_bytes(model_dir),
     )
     missing = sum(not s.mean_length for s in stats if s is not None)
     if 0 < missing < len(stats):
@@ -229,13 +228,6 @@ def _model_dir(session: Session, settings: Settings, ref: str) -> Path | None:
         return model_dir_for(session, settings, ref)
     except ServiceError:
         return None
-
-
-def _checkpoint_bytes(model_dir: Path | None) -> int | None:
-    if model_dir is None or not model_dir.is_dir():
-        return None
-    total = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    return total or None
 
 
 def _tokens(

@@ -217,3 +217,35 @@ def test_cast_model_keeps_router_in_fp32(tiny_moe_model_dir) -> None:
     assert dtypes["ernie.layers.1.mlp.moe_statics.e_score_correction_bias"] == paddle.float32
     assert dtypes["ernie.layers.1.mlp.experts.0.up_gate_proj.weight"] == paddle.bfloat16
     assert dtypes["ernie.embed_tokens.weight"] == paddle.bfloat16
+
+
+@pytest.mark.parametrize("compute_type", ["fp32", "wint8"])
+def test_export_streams_a_lora_run_into_the_files_the_merged_model_writes(
+    tiny_model_dir, tmp_path, compute_type
+):
+    """run_export reads the base tensor by tensor with the adapter folded in (loading.TensorSource) and writes
+    each as it comes; the files are byte for byte those of saving the loaded, merged model."""
+    from engine.models.loading import TensorSource, load_model
+    from engine.models.lora import apply_lora, lora_layers
+    from engine.models.quantized import apply_weight_only
+    from engine.train import run_export
+    from engine.train.config import ExportConfig, config_from_dict
+    from engine.train.lora import save_adapter
+
+    model = engine.load_model(str(tiny_model_dir))
+    if compute_type == "wint8":
+        apply_weight_only(model, "wint8")
+    apply_lora(model, 4, 8.0)
+    for _, layer in lora_layers(model):
+        layer.lora_B.set_value(paddle.full(layer.lora_B.shape, 0.01))
+    run = tmp_path / "run"
+    save_adapter(model, run, dict(base_model=str(tiny_model_dir), r=4, lora_alpha=8.0, rslora=False,
+                                  target_modules=["qkv_proj", "o_proj", "up_gate_proj", "down_proj"],
+                                  compute_type=compute_type, weight_quant_group_size=-1))  # fmt: skip
+    source = TensorSource(run)
+    assert source.merged and not source.left_quantized
+    run_export(config_from_dict(ExportConfig, dict(output_dir=str(run), lora=True, export_dir=str(tmp_path / "a"),
+                                                   dtype="bfloat16", copy_tokenizer=False)))  # fmt: skip
+    save_model(load_model(run), tmp_path / "b", dtype="bfloat16")
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -296,3 +296,20 @@ def test_remaining_seconds_counts_evals_and_saves_and_never_says_zero_while_savi
     assert eta == 2 * 5 + 3 + 4 + 20
     assert remaining_seconds(step=10, total=10, step_s=5.0, final_save_s=20.0, since_last_step_s=5.0) == 15.0
     assert remaining_seconds(step=10, total=10, step_s=5.0, final_save_s=20.0, since_last_step_s=60.0) == 1.0
+
+
+def test_full_dpo_counts_its_reference_as_dpo_reference_dtype_holds_it(tmp_path):
+    model = official("ernie-4.5-0.3b", tmp_path)
+    n = hand_03b()["total"]
+    est = {
+        ref: estimate_run(
+            model,
+            train(stage="DPO", fine_tuning="Full", compute_type="bf16", dpo_reference_dtype=ref),
+            DATA,
+            node=CPU,
+        ).memory["reference_model"]
+        for ref in ("run", "fp32", "wint8")
+    }
+    # a bf16 run's reference in bf16 is half of the fp32 one; wint8 holds its linears in int8
+    assert close(est["fp32"], 4 * n) and close(est["run"], 2 * n)
+    assert close(est["run"] - est["wint8"], hand_03b()["linears"] * (2 - 1.01))

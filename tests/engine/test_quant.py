@@ -138,3 +138,20 @@ def test_wint4_8_lora_run_on_the_moe_trains_expert_adapters_and_reloads(tiny_moe
     ids = paddle.to_tensor(np.arange(1, 17, dtype=np.int64).reshape(1, 16))
     with paddle.no_grad():
         assert np.isfinite(merged(ids).logits.numpy()).all()
+
+
+@pytest.mark.parametrize("method", ["wint4", "fp8"])
+def test_ptq_streams_into_the_files_of_the_quantized_model(tiny_moe_model_dir, tmp_path, method):
+    """PTQ without an eval set quantizes each linear as its weight is read from the checkpoint and writes it
+    (quant.save_quantized_streamed): the files of quantizing the loaded model, byte for byte."""
+    from engine.models.loading import TensorSource
+    from engine.train.quant import quantize_for_export, save_quantized, save_quantized_streamed
+
+    save_quantized_streamed(TensorSource(tiny_moe_model_dir), tmp_path / "a", method, 64, "300KB")
+    model = load_plain_model(tiny_moe_model_dir)
+    quantize_for_export(model, method, 64)
+    save_quantized(model, tmp_path / "b", method, 64, "300KB")
+    files = sorted(p.name for p in (tmp_path / "b").iterdir())
+    assert len(files) > 2 and files == sorted(p.name for p in (tmp_path / "a").iterdir())
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -367,6 +367,78 @@ def test_dpo_lora_reference_is_the_adapter_free_model(sft_run, tmp_path):
     assert rows[-1]["rewards/margins"] > rows[0]["rewards/margins"]
 
 
+def dpo_setup(model_dir: Path, out: Path, **values):
+    """(config, policy model, DPO loss with its reference, one batch of pairs) of a Full DPO run."""
+    from engine.train.precision import resolve_precision
+    from engine.train.trainer import build_dpo_loss
+
+    dpo = str(DATA / "dpo_demo.jsonl")
+    cfg = config_from_dict(
+        TrainConfig,
+        dict(model_name_or_path=str(model_dir), output_dir=str(out), stage="DPO", fine_tuning="Full")
+        | dict(train_dataset_path=dpo, max_seq_len=128)
+        | values,
+    )
+    precision = resolve_precision(cfg.compute_type)
+    model, _ = build_model(cfg, precision)
+    data = build_train_data(
+        {"train_dataset_path": dpo},
+        engine.load_tokenizer(model_dir),
+        stage="DPO",
+        max_seq_len=128,
+        packing=False,
+        batch_size=4,
+        shuffle=False,
+    )
+    return cfg, model, build_dpo_loss(cfg, precision), next(iter(data.one_pass()))
+
+
+def reference_logps(loss, model, batch) -> np.ndarray:
+    from engine.train.sft import to_tensor_batch
+
+    c, r = loss.reference_logps(model, to_tensor_batch(batch, "chosen_"), to_tensor_batch(batch, "rejected_"))
+    return np.concatenate([c.numpy(), r.numpy()])
+
+
+def test_full_dpo_reference_is_held_as_the_run_holds_its_weights(tiny_model_dir, tmp_path):
+    _, model, loss, batch = dpo_setup(tiny_model_dir, tmp_path, compute_type="bf16")
+    ref = dict(loss.reference.named_parameters())
+    matrices = {n: p.dtype for n, p in ref.items() if len(p.shape) == 2}
+    assert set(matrices.values()) == {paddle.bfloat16}  # not a second model in fp32
+    assert all(p.stop_gradient for p in ref.values())
+    # before its first update the policy is its reference, computed the same way: rewards exactly 0
+    _, m, _ = loss(model, batch, pair_norm=4.0, token_norm=100.0, share=1.0)
+    assert m["rewards/chosen"] == 0.0 and m["rewards/margins"] == 0.0
+
+
+def test_full_dpo_reference_can_be_held_weight_only_quantized(tiny_model_dir, tmp_path):
+    from engine.models.quantized import WeightOnlyLinear
+
+    _, model, exact, batch = dpo_setup(tiny_model_dir, tmp_path / "fp32")
+    _, _, wint8, _ = dpo_setup(tiny_model_dir, tmp_path / "wint8", dpo_reference_dtype="wint8")
+    layers = model.config.num_hidden_layers
+    assert sum(isinstance(m, WeightOnlyLinear) for m in wint8.reference.sublayers()) == 4 * layers
+    assert not any(isinstance(m, WeightOnlyLinear) for m in exact.reference.sublayers())
+    a, b = reference_logps(exact, model, batch), reference_logps(wint8, model, batch)
+    # int8 per channel moves each summed log-probability by a small share of it, and does move it
+    assert 0 < np.abs(a - b).max() < 0.01 * np.abs(a).max()
+
+
+def test_dpo_reference_dtype_is_refused_where_no_reference_model_is_held(tiny_model_dir, tmp_path):
+    base = dict(
+        model_name_or_path=str(tiny_model_dir), output_dir=str(tmp_path), train_dataset_path="x.jsonl"
+    )
+    for values in (
+        dict(stage="DPO", fine_tuning="LoRA"),
+        dict(stage="DPO", fine_tuning="Full", reference_free=True),
+        dict(stage="SFT", fine_tuning="Full"),
+    ):
+        cfg = TrainConfig(**base, **values, dpo_reference_dtype="wint8")
+        assert any(p.startswith("dpo_reference_dtype wint8") for p in cfg.validate()), values
+    ok = TrainConfig(**base, stage="DPO", fine_tuning="Full", dpo_reference_dtype="wint8")
+    assert not [p for p in ok.validate() if "dpo_reference_dtype" in p]
+
+
 # ---- pretraining the MoE -------------------------------------------------------------------------------------
 
 
