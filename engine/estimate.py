@@ -817,6 +817,8 @@ PLAN_SHOWN = 5
 # Share of a GPU's memory a run may plan on: the rest goes to the allocator's fragmentation and the
 # collectives' buffers (Paddle's own default FLAGS_fraction_of_gpu_memory_to_use is 0.92).
 GPU_USABLE_SHARE = 0.92
+# How a Full DPO run may hold its frozen reference (dpo_reference_dtype), least lossy first.
+DPO_REFERENCE_CHOICES = ("run", "wint8", "wint4")
 
 
 class PlanError(ValueError):
@@ -831,6 +833,7 @@ class Candidate:
     recompute: bool
     layout: Layout
     nodes: int
+    reference: str = "run"  # Full DPO: dpo_reference_dtype
 
     def settings(self) -> dict[str, Any]:
         """The training keys of this setting (ERNIEKit's names) and the studio's num_devices / nodes."""
@@ -841,6 +844,8 @@ class Candidate:
             "num_devices": lay.devices,
             "nodes": self.nodes,
         }
+        if self.reference != "run":
+            out["dpo_reference_dtype"] = self.reference
         if lay.sharding_stage:
             out["sharding"] = f"stage{lay.sharding_stage}"
             out["sharding_parallel_degree"] = lay.sharding_degree
@@ -984,12 +989,17 @@ def plan_run(
     stage_pin = None if sharding is None else _sharding_stage(sharding)
 
     def weigh(cand: Candidate) -> Verdict:
-        cfg = replace(base, compute_type=cand.compute_type, recompute=cand.recompute)
+        cfg = replace(
+            base, compute_type=cand.compute_type, recompute=cand.recompute, dpo_reference_dtype=cand.reference
+        )
         return _weigh(model, counts, cfg, trainable, rows, seq_len, cand, pool, kind)
 
     verdicts: dict[int, list[Verdict]] = {}
     for d in counts_to_try:
         cands = _candidates(model, kind, fine_tuning, d, pool, expert_parallel_degree, stage_pin, tp=1)
+        if stage == "DPO" and fine_tuning == "Full" and not reference_free:
+            # the frozen reference holds every expert in each process: quantizing it is the knob that frees room
+            cands = [replace(c, reference=r) for c in cands for r in DPO_REFERENCE_CHOICES]
         verdicts[d] = sorted((weigh(c) for c in cands), key=_preference)
     device_memory = min(n.memory_bytes or 0 for n in pool)
     fitting_counts = [d for d in counts_to_try if any(v.fits for v in verdicts[d])]
@@ -1155,6 +1165,7 @@ def _candidates(
             PLAN_PRECISIONS[(kind, fine_tuning)], (False, True), eps, stages, offloads
         )
         if not (stage and Layout(devices, ep, 1, False, tp).sharding_degree < 2)  # nothing to shard over
+        and not (stage and ep > 1)  # the trainer refuses sharding with expert parallelism (not combined yet)
     ]
 
 
@@ -1217,8 +1228,8 @@ def _preference(v: Verdict) -> tuple:
     fewer expert groups (less communication)."""
     c = v.candidate
     order = {ct: i for i, ct in enumerate(("fp32", "bf16", "wint8", "wint4/8"))}
-    return (not v.fits, order.get(c.compute_type, 9), c.recompute, c.layout.offload,
-            c.layout.sharding_stage, c.layout.expert_parallel)  # fmt: skip
+    return (not v.fits, order.get(c.compute_type, 9), DPO_REFERENCE_CHOICES.index(c.reference), c.recompute,
+            c.layout.offload, c.layout.sharding_stage, c.layout.expert_parallel)  # fmt: skip
 
 
 def _leanest(verdicts: list[Verdict]) -> Verdict:
