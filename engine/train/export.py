@@ -482,7 +482,9 @@ def _tokenizer_source(src: Path) -> Path:
 def write_vl_serving_files(src: Path, out: Path, config) -> None:
     """preprocessor_config.json with the keys FastDeploy's AdaptiveImageProcessor reads (min_pixels,
     max_pixels, merge_size, temporal_conv_size) beside transformers' ones, and a chat template that puts
-    FastDeploy's image / video placeholders where the official template does."""
+    FastDeploy's image / video placeholders where the official template does, in both places FastDeploy
+    reads one: its tokenizer loader takes ``<model>/chat_template.jinja`` before tokenizer_config.json's
+    ``chat_template``, so a source's own chat_template.jinja would otherwise win."""
     from dataclasses import asdict as as_dict
 
     from engine.data.vl_processor import ProcessorSettings, write_processor_configs
@@ -503,3 +505,4 @@ def write_vl_serving_files(src: Path, out: Path, config) -> None:
     tok = json.loads(tok_cfg.read_text()) if tok_cfg.exists() else {}
     tok["chat_template"] = VL_CHAT_TEMPLATE
     tok_cfg.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n")
+    (out / "chat_template.jinja").write_text(VL_CHAT_TEMPLATE, encoding="utf-8")

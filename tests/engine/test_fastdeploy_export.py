@@ -178,6 +178,19 @@ def test_vl_export(tiny_vl_model_dir, tmp_path):
     )
 
 
+def test_vl_export_template_wins_over_a_copied_chat_template_jinja(tiny_vl_model_dir, tmp_path):
+    """FastDeploy's tokenizer loader reads <model>/chat_template.jinja before tokenizer_config.json: a source
+    shipping its own (text) chat_template.jinja must not override the VL template in the serving export."""
+    import shutil
+
+    src = tmp_path / "vl-src"
+    shutil.copytree(tiny_vl_model_dir, src)
+    (src / "chat_template.jinja").write_text("{{ messages[0]['content'] }}", encoding="utf-8")
+    out = export_for_serving(src, tmp_path / "serve", quantization="wint8")
+    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == VL_CHAT_TEMPLATE
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == VL_CHAT_TEMPLATE
+
+
 def test_hf_layout_export_keeps_one_dtype_key(tiny_model_dir, tmp_path):
     """FastDeploy refuses a config.json with both `dtype` and `torch_dtype`; `dtype` beside a
     transformers_version above 4.56 is its PyTorch layout."""
