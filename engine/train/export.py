@@ -383,7 +383,41 @@ def _config_problems(cfg: dict) -> list[str]:
         problems.append(f"dtype {cfg.get('dtype')!r} (FastDeploy's attention takes float16 / bfloat16 only)")
     if "quantization_config" in cfg and "quantization" not in cfg["quantization_config"]:
         problems.append("quantization_config without FastDeploy's `quantization` key")
+    if cfg.get("moe_num_experts") is not None:
+        from engine.models.config import ErnieConfig
+
+        if problem := moe_layout_problem(ErnieConfig.from_dict(cfg)):
+            problems.append(problem)
     return problems
+
+
+def fastdeploy_moe_layers(cfg: dict) -> list[int]:
+    """The layers FastDeploy builds as MoE from ``cfg``: the text model every layer from
+    ``moe_layer_start_index`` on (models/ernie4_5_moe.py Ernie4_5_DecoderLayer.__init__), the VL model those
+    from start to end (ernie4_5_vl/ernie4_5_vl_moe.py); ``moe_layer_interval`` and ``mlp_layer_types`` unread."""
+    if cfg.get("moe_num_experts") is None:
+        return []
+    n = int(cfg["num_hidden_layers"])
+    start, end = cfg.get("moe_layer_start_index", 0), cfg.get("moe_layer_end_index")
+    start = min(start) if isinstance(start, list | tuple) else int(start)
+    end = max(end) if isinstance(end, list | tuple) else end
+    if "vision_config" not in cfg or end is None or end < 0:
+        end = n - 1
+    return [i for i in range(n) if start <= i <= end]
+
+
+def moe_layout_problem(config) -> str:
+    """Why FastDeploy would build other MoE layers than ``config`` (an ErnieConfig) has; empty if none."""
+    ours = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
+    theirs = fastdeploy_moe_layers(serving_config(config.to_dict(), ""))
+    if not config.is_moe or ours == theirs:
+        return ""
+    return (
+        f"MoE layers {ours} (moe_layer_start_index / end / interval, mlp_layer_types) but FastDeploy would "
+        f"build MoE layers {theirs}: its text model makes every layer from moe_layer_start_index on MoE "
+        f"and its VL model those from start to end, ignoring moe_layer_interval and mlp_layer_types; serve "
+        f"this model with --backend paddle"
+    )
 
 
 def export_for_serving(
@@ -411,6 +445,8 @@ def export_for_serving(
         method = json.loads((src / "config.json").read_text())["quantization_config"].get("quant_method")
         quantization = {v: k for k, v in QUANT_METHODS.items()}.get(method, quantization)
     model = load_model(src, "float32")  # merges a LoRA run, reads a PTQ export quantized
+    if problem := moe_layout_problem(model.config):
+        raise ValueError(f"{src}: FastDeploy cannot serve this model as it is: {problem}")
     dequantize_linears(model)
     if model.config.gpas:
         fold_gpas(model, ExportConfig.gpas_fold_tolerance)
@@ -440,7 +476,16 @@ def serving_config(cfg: dict, quantization: str) -> dict:
         for k, v in cfg.items()
         if k not in ("torch_dtype", "transformers_version", "quantization_config")
     }
-    if quantization:
+    if quantization == "wint4" and cfg.get("moe_num_experts") is not None:
+        # what FastDeploy itself makes of `--quantization wint4` for ERNIE (parse_quant_config in
+        # model_executor/layers/quantization/__init__.py): int8 dense layers, int4 experts
+        cfg["quantization_config"] = {
+            "quantization": "mix_quant",
+            "dense_quant_type": "wint8",
+            "moe_quant_type": "wint4",
+            "is_quantized": False,
+        }
+    elif quantization:
         cfg["quantization_config"] = {
             "quantization": FASTDEPLOY_QUANTIZATION[quantization],
             "is_quantized": False,
