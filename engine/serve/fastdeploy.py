@@ -49,6 +49,8 @@ API_SERVER_MODULE = "fastdeploy.entrypoints.openai.api_server"
 # the plan says what the server runs with. GPU memory: FastDeploy takes 0.9 of the device by default, so
 # deployments sharing a GPU must each be given their share (see `gpu_share`).
 BLOCK_SIZE = 64
+# --max-model-len when `ernie-studio serve` is given none (the studio's deployments give none).
+DEFAULT_MAX_MODEL_LEN = 32768
 KV_CACHE_RATIO = 0.75
 GPU_MEMORY_UTILIZATION = 0.9
 QUANTIZATIONS = ("wint4", "wint8", "block_wise_fp8")
@@ -359,7 +361,7 @@ class LaunchPlanArgs:
     port: int
     host: str = "127.0.0.1"
     served_model_name: str = "default"
-    max_model_len: int = 32768
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_num_seqs: int = 32
     quantization: str | None = None
     tensor_parallel_size: int = 1
@@ -426,7 +428,7 @@ def plan_launch(
     host: str = "127.0.0.1",
     port: int = 8188,
     served_model_name: str = "default",
-    max_model_len: int = 32768,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     max_num_seqs: int = 32,
     quantization: str | None = None,
     tensor_parallel_size: int = 1,
@@ -501,6 +503,75 @@ def is_vl_model(model_dir: Path) -> bool:
 def vl_flags(model_dir: Path) -> list[str]:
     """FastDeploy's flags for an ERNIE 4.5 VL model directory (none for text models)."""
     return ["--limit-mm-per-prompt", json.dumps(VL_LIMITS)] if is_vl_model(model_dir) else []
+
+
+# ---- chat requests in the form FastDeploy takes ------------------------------------------------------------
+# FastDeploy's ChatCompletionRequest has no `ignore_eos` (pydantic drops it unread): `min_tokens` keeps EOS away.
+# Its engine refuses a request whose prompt + min_tokens >= max_model_len (a 400), and its ERNIE 4.5 VL processor
+# renders with enable_thinking=True unless the request's chat_template_kwargs say otherwise, its runner then
+# forcing `</think>` into the answer when the vocabulary has that token.
+THINK_END_TOKEN = "</think>"
+# Tokens counted for each image on top of its largest grid: "Picture N:" and the start / end marks.
+IMAGE_MARK_TOKENS = 8
+
+
+def fit_chat_request(
+    body: dict, *, prompt_tokens: int, max_model_len: int = DEFAULT_MAX_MODEL_LEN, is_vl: bool = False
+) -> dict:
+    """``body`` (an OpenAI chat request) with the fields FastDeploy reads: ``ignore_eos`` as ``min_tokens`` of
+    the completion limit (``max_completion_tokens`` or ``max_tokens``), ``min_tokens`` capped below
+    ``max_model_len`` - ``prompt_tokens``, and for a VL model thinking off unless the request turns it on."""
+    out = dict(body)
+    limit = out.get("max_completion_tokens") or out.get("max_tokens")
+    if out.get("ignore_eos") and limit:
+        out["min_tokens"] = int(limit)
+    if out.get("min_tokens"):
+        room = max_model_len - prompt_tokens - 1
+        if room >= 1:
+            out["min_tokens"] = min(int(out["min_tokens"]), room)
+        else:  # the prompt alone fills the context: FastDeploy's own length error says so
+            out.pop("min_tokens")
+    if is_vl:
+        kwargs = dict(out.get("chat_template_kwargs") or {})
+        kwargs.setdefault("enable_thinking", False)
+        out["chat_template_kwargs"] = kwargs
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(directory: str):
+    from engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(directory)
+
+
+def thinks(tokenizer_dir: str | Path) -> bool:
+    """Whether the model's vocabulary holds ``</think>`` (FastDeploy then forces it into thinking replies)."""
+    tok = _tokenizer(str(Path(tokenizer_dir).resolve()))
+    return THINK_END_TOKEN in tok.added_tokens or tok.sp.piece_to_id(THINK_END_TOKEN) != tok.sp.unk_id()
+
+
+def prompt_tokens(tokenizer_dir: str | Path, messages: list[dict]) -> int:
+    """An upper bound of the prompt FastDeploy makes of ``messages``: the text through the model's chat
+    template, each image at its largest grid (the processor's max_pixels) plus its marks."""
+    from engine.data.vl_processor import ProcessorSettings
+
+    d = Path(tokenizer_dir).resolve()
+    tok = _tokenizer(str(d))
+    images = 0
+    flat = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = [p for p in content if isinstance(p, dict)]
+            images += sum(p.get("type") in ("image", "image_url") for p in parts)
+            content = "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
+        flat.append({"role": m.get("role"), "content": content or ""})
+    count = len(tok.apply_chat_template(flat, add_generation_prompt=True, tokenize=True))
+    if images:
+        settings = ProcessorSettings.from_model_dir(d)
+        count += images * (settings.max_pixels // settings.factor**2 + IMAGE_MARK_TOKENS)
+    return count
 
 
 # ---- the processes FastDeploy starts -----------------------------------------------------------------------

@@ -37,9 +37,9 @@ def test_gpu_slots_share_memory_by_the_stated_rule(monkeypatch, tmp_path):
     assert slots.take(settings, 5) == (taken[0][0], 0.45)
 
 
-def test_chat_fields_fit_fastdeploy():
+def test_chat_fields_fit_fastdeploy(tiny_model_dir):
     body = {"messages": [], "max_tokens": 32, "ignore_eos": True, "seed": 1}
-    assert fit_to_backend(body, "fastdeploy")["min_tokens"] == 32
+    assert fit_to_backend(body, "fastdeploy", tiny_model_dir)["min_tokens"] == 32
     assert fit_to_backend(body, "paddle") == body
 
 
