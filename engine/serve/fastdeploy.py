@@ -64,18 +64,87 @@ LORA_MARKERS = (
 PIDS_FILE = "fastdeploy.pids.json"
 
 
+# The interpreter FastDeploy is installed in. The serving image keeps FastDeploy in the image's own Python 3.10
+# with FastDeploy's pins (uvicorn==0.29.0, setuptools<80), and the studio's worker in its own Python 3.11
+# environment (docker/Dockerfile.serve); the worker launches, probes and checks FastDeploy through this one.
+FASTDEPLOY_PYTHON_ENV = "ERNIE_STUDIO_FASTDEPLOY_PYTHON"
+
+
+def fastdeploy_python() -> str:
+    """``ERNIE_STUDIO_FASTDEPLOY_PYTHON`` (an absolute path to an executable), else this process's Python."""
+    value = os.environ.get(FASTDEPLOY_PYTHON_ENV, "").strip()
+    if not value:
+        return sys.executable
+    path = Path(value)
+    if not path.is_absolute() or not path.is_file() or not os.access(path, os.X_OK):
+        raise ValueError(
+            f"{FASTDEPLOY_PYTHON_ENV}={value!r}: give the absolute path of the Python interpreter FastDeploy "
+            "is installed in (the serving image sets /usr/local/bin/fastdeploy-python), or unset it"
+        )
+    return str(path)
+
+
+def _separate(python: str) -> bool:
+    return Path(python).resolve() != Path(sys.executable).resolve()
+
+
+def _ask(python: str, code: str, timeout: float = 60.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def fastdeploy_importable() -> bool:
-    return importlib.util.find_spec("fastdeploy") is not None
+    """FastDeploy is importable by FastDeploy's Python (found, not imported: importing starts CUDA)."""
+    python = fastdeploy_python()
+    if not _separate(python):
+        return importlib.util.find_spec("fastdeploy") is not None
+    out = _ask(python, "import importlib.util, sys; sys.exit(importlib.util.find_spec('fastdeploy') is None)")
+    return out is not None and out.returncode == 0
+
+
+_VERSION_CODE = """
+import contextlib, importlib.metadata as m
+for dist in m.packages_distributions().get("fastdeploy", []):
+    with contextlib.suppress(m.PackageNotFoundError):
+        print(m.version(dist))
+        break
+"""
 
 
 def fastdeploy_version() -> str | None:
     """The installed distribution's version (fastdeploy-gpu, ...) from package metadata, without importing it."""
+    python = fastdeploy_python()
+    if _separate(python):
+        out = _ask(python, _VERSION_CODE)
+        return (out.stdout.strip() or None) if out is not None and out.returncode == 0 else None
     import importlib.metadata
 
     for dist in importlib.metadata.packages_distributions().get("fastdeploy", []):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(dist)
     return None
+
+
+def pip_check(python: str | None = None, timeout: float = 120.0) -> tuple[bool, str]:
+    """``pip check`` of FastDeploy's environment: (consistent, pip's words). Anything installed over FastDeploy's
+    pins (a newer uvicorn or setuptools) shows here."""
+    python = python or fastdeploy_python()
+    try:
+        out = subprocess.run(
+            [python, "-m", "pip", "check"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"`{python} -m pip check` did not run: {e}"
+    said = (out.stdout.strip() or out.stderr.strip())[-1200:]
+    return out.returncode == 0, said
 
 
 def gpu_present() -> bool:
@@ -145,9 +214,10 @@ def check_flags(help_text: str, version: str | None, flags: list[str] | None = N
     )
 
 
-def check_installed(python: str = sys.executable, timeout: float = 180.0) -> FlagCheck:
-    """Run the installed api_server's ``--help`` (it parses its arguments at import, before any engine
-    starts) and check the launcher's flags against it."""
+def check_installed(python: str | None = None, timeout: float = 180.0) -> FlagCheck:
+    """Run the installed api_server's ``--help`` in FastDeploy's Python (it parses its arguments at import,
+    before any engine starts) and check the launcher's flags against it."""
+    python = python or fastdeploy_python()
     version = fastdeploy_version()
     try:
         out = subprocess.run(
@@ -435,7 +505,7 @@ def plan_launch(
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     devices: str | None = None,
     log_dir: str | Path | None = None,
-    python: str = sys.executable,
+    python: str | None = None,
     port_registry_dir: Path | None = None,
 ) -> LaunchPlan:
     """Build the FastDeploy command line on ``port`` with three more reserved ports (metrics, engine worker
@@ -468,6 +538,11 @@ def plan_launch(
     log_dir = Path(log_dir) if log_dir else model_dir / "fastdeploy-logs"
     # FD_LOG_DIR keeps FastDeploy's own log/ directory next to our captured stdout instead of the cwd.
     env = {"FD_LOG_DIR": str(log_dir / "log"), "PYTHONUNBUFFERED": "1"}
+    python = python or fastdeploy_python()
+    if _separate(python):
+        # FastDeploy's own helpers found on PATH come from its environment, not the studio's
+        bin_dir = str(Path(python).resolve().parent)
+        env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = devices
     return LaunchPlan(
