@@ -314,8 +314,8 @@ def fold_gpas(model, tolerance: float) -> float:
 # Read against FastDeploy's loader (fastdeploy/config.py ModelConfig, model_executor/layers/quantization,
 # models/ernie4_5_moe.py and ernie4_5_vl/, input/ernie4_5_vl_processor): it sets Paddle's default dtype from
 # config.json (its attention kernels take only float16 / bfloat16), refuses a config.json holding both
-# `dtype` and `torch_dtype`, reads `dtype` without `transformers_version` as the Paddle layout (`ernie.*`
-# keys, Linear weights [in, out]), and wants `quantization_config.quantization` naming one of its methods.
+# `dtype` and `torch_dtype`, reads `dtype` as the Paddle layout (`ernie.*` keys, Linear weights [in, out];
+# 2.3 looks at no transformers_version), and wants `quantization_config.quantization` naming one of its methods.
 
 SERVING_DTYPES = ("bfloat16", "float16")
 # Our PTQ methods -> FastDeploy's quantization of the same kind. The served weights are those our PTQ

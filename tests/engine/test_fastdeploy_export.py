@@ -240,14 +240,15 @@ def test_vl_export_template_wins_over_a_copied_chat_template_jinja(tiny_vl_model
 
 
 def test_hf_layout_export_keeps_one_dtype_key(tiny_model_dir, tmp_path):
-    """FastDeploy refuses a config.json with both `dtype` and `torch_dtype`; `dtype` beside a
-    transformers_version above 4.56 is its PyTorch layout."""
+    """FastDeploy refuses a config.json with both `dtype` and `torch_dtype`, and 2.3 reads one with `dtype`
+    alone as the Paddle layout (ModelConfig.read_model_config; the transformers_version rule is later): our HF
+    export is never served as it is, but rewritten in the Paddle layout."""
     run_export(
         ExportConfig(model_name_or_path=str(tiny_model_dir), export_dir=str(tmp_path / "hf"), layout="hf")
     )
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert "torch_dtype" not in cfg and cfg["dtype"] == "float32"
-    major, minor = (int(x) for x in cfg["transformers_version"].split(".")[:2])
-    assert (major, minor) > (4, 56)
+    assert "not the Paddle layout (no ernie.* tensors)" in serving_problems(tmp_path / "hf")
     out = export_for_serving(tmp_path / "hf", tmp_path / "serve")  # served in the Paddle layout
+    assert out == tmp_path / "serve"
     check_fastdeploy_form(out)
