@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jinja2
 from pydantic import Field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -266,12 +267,11 @@ def fit_to_backend(
         return body
     if model_dir is None:
         raise ValueError("a FastDeploy chat request is fitted to its model: give model_dir")
-    tokenizer_dir = model_tokenizer_dir(model_dir)
-    return fastdeploy.fit_chat_request(
-        body,
-        prompt_tokens=fastdeploy.prompt_tokens(tokenizer_dir, body.get("messages") or []),
-        is_vl=model_reads_images(model_dir),
-    )
+    try:
+        prompt = fastdeploy.prompt_tokens(model_tokenizer_dir(model_dir), body.get("messages") or [])
+    except (ValueError, jinja2.TemplateError) as e:  # what the model's chat template refuses
+        raise InvalidInput(f"messages: the model's chat template cannot render them: {e}") from None
+    return fastdeploy.fit_chat_request(body, prompt_tokens=prompt, is_vl=model_reads_images(model_dir))
 
 
 def model_tokenizer_dir(model_dir: str | Path) -> Path:

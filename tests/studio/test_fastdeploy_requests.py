@@ -74,6 +74,23 @@ def test_text_and_paddle_deployments_get_no_thinking_kwargs(session, recording_s
     assert "min_tokens" not in bodies[-1] and bodies[-1]["ignore_eos"] is True
 
 
+def test_messages_the_template_cannot_render_are_refused_before_fastdeploy(
+    session, recording_server, tmp_path, tiny_model_dir
+):
+    import shutil
+
+    from studio.services.errors import InvalidInput
+
+    url, bodies = recording_server
+    model = tmp_path / "strict"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text("{{ raise_exception('no system role') }}", encoding="utf-8")
+    dep = _running(session, model, url)
+    with pytest.raises(InvalidInput, match="messages: the model's chat template cannot render them"):
+        deployments.chat(session, dep, {"messages": [{"role": "user", "content": "hi"}]})
+    assert bodies == []
+
+
 def test_min_tokens_capped_at_the_edge_of_max_model_len(tiny_model_dir):
     """FastDeploy refuses prompt + min_tokens >= max_model_len: the cap leaves min_tokens one short of it."""
     messages = [{"role": "user", "content": "hello there"}]
