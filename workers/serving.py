@@ -4,7 +4,6 @@ on a free port, wait for /health, hold the server until a stop is requested, the
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import signal
@@ -22,7 +21,13 @@ from sqlalchemy.orm import Session
 
 from engine.models.paths import is_lora_dir
 from engine.serve import llamacpp
-from engine.serve.fastdeploy import PIDS_FILE, gpu_share, installed_check, kill_recorded
+from engine.serve.fastdeploy import (
+    PIDS_FILE,
+    fastdeploy_importable,
+    gpu_share,
+    installed_check,
+    kill_recorded,
+)
 from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Deployment, DeploymentStatus, Run, utcnow
@@ -62,7 +67,7 @@ def choose_backend(backend: str, model_dir: Path | None) -> tuple[str, str]:
             return llamacpp.choose("llamacpp", model_dir or "")
         except ValueError as e:
             raise RuntimeError(f"llama.cpp refused: {e}") from e
-    if backend == "auto" and importlib.util.find_spec("fastdeploy") is None:
+    if backend == "auto" and not fastdeploy_importable():
         why = "FastDeploy is not installed"
     else:
         check = installed_check()

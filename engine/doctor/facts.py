@@ -4,7 +4,6 @@ never as a doctor that crashes."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import platform
@@ -13,7 +12,7 @@ from typing import Any
 
 import paddle
 
-from engine.serve.fastdeploy import fastdeploy_importable
+from engine.serve.fastdeploy import fastdeploy_importable, fastdeploy_python, fastdeploy_version
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +115,11 @@ def host_memory() -> dict[str, int | None]:
 
 
 def fastdeploy_facts() -> dict[str, Any]:
-    """Importable or not, and the version of the distribution that provides it (fastdeploy-gpu, ...), read
-    from package metadata: importing FastDeploy itself would initialise CUDA in this process."""
+    """Importable or not, the version of the distribution that provides it (fastdeploy-gpu, ...), read from
+    package metadata (importing FastDeploy would initialise CUDA), and the Python it is installed in."""
+    try:
+        python = fastdeploy_python()
+    except ValueError as e:
+        return {"available": False, "version": None, "python": None, "error": str(e)}
     available = fastdeploy_importable()
-    version = None
-    if available:
-        for dist in importlib.metadata.packages_distributions().get("fastdeploy", []):
-            try:
-                version = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return {"available": available, "version": version}
+    return {"available": available, "version": fastdeploy_version() if available else None, "python": python}

@@ -14,7 +14,9 @@ from engine.serve.fastdeploy import (
     FASTDEPLOY_RELEASE,
     FastDeployServer,
     check_installed,
+    fastdeploy_python,
     free_port,
+    pip_check,
     plan_launch,
 )
 
@@ -23,18 +25,40 @@ def fastdeploy_checks(facts: dict[str, Any], model_dir: Path | None) -> list[Che
     """`fastdeploy` (the --help check; passes with a note where FastDeploy is not installed) and, when
     ``model_dir`` is given (the full doctor on a node with a GPU), `fastdeploy_serve`."""
     fd = facts.get("fastdeploy", {})
+    if fd.get("error"):
+        return [Check("fastdeploy", False, fd["error"])]
     if not fd.get("available"):
         return [Check("fastdeploy", True, "not installed: deployments use the Paddle server")]
     flags = check_installed()
     values = {"version": flags.version, "pinned": FASTDEPLOY_RELEASE, "missing": flags.missing}
     if not flags.ok:
         return [
-            Check("fastdeploy", False, f"{flags.message}; FastDeploy deployments are refused", values=values)
+            Check("fastdeploy", False, f"{flags.message}; FastDeploy deployments are refused", values=values),
+            environment_check(),
         ]
     checks = [Check("fastdeploy", True, f"{flags.message} the launcher passes", values=values)]
+    checks.append(environment_check())
     if model_dir is not None:
         checks.append(serve_probe(model_dir))
     return checks
+
+
+def environment_check(python: str | None = None) -> Check:
+    """`fastdeploy_env`: `pip check` of the Python FastDeploy is installed in holds (FastDeploy's pins, such
+    as uvicorn==0.29.0 and setuptools<80, untouched by anything installed beside it)."""
+    python = python or fastdeploy_python()
+    ok, said = pip_check(python)
+    values = {"python": python}
+    if ok:
+        return Check("fastdeploy_env", True, f"`pip check` of {python}: {said or 'no broken requirements'}",
+                     values=values)  # fmt: skip
+    return Check(
+        "fastdeploy_env",
+        False,
+        f"`pip check` of FastDeploy's Python {python} failed: {said}; keep the studio's packages out of "
+        f"FastDeploy's environment (docker/Dockerfile.serve installs them in their own)",
+        values=values,
+    )
 
 
 def serve_probe(model_dir: Path, timeout: float = 900.0) -> Check:

@@ -486,8 +486,11 @@ def write_hf_config(config: ErnieConfig, directory: Path) -> None:
     d["architectures"] = ["Ernie4_5_MoeForCausalLM" if config.is_moe else "Ernie4_5ForCausalLM"]
     d["use_cache"] = True
     # transformers 5.x names (its own config.json files carry these). One dtype key only: FastDeploy refuses
-    # a config.json holding both `dtype` and `torch_dtype`, and reads `dtype` as the PyTorch layout only
-    # beside a transformers_version above 4.56 (transformers 4.56+ reads `dtype` too).
+    # a config.json holding both `dtype` and `torch_dtype`. FastDeploy 2.3 (fastdeploy/config.py
+    # ModelConfig.read_model_config) takes `torch_dtype` for the PyTorch layout and `dtype` for the Paddle one,
+    # whatever transformers_version says (the transformers_version rule came after 2.3): it would misread this
+    # file, so `ernie-studio serve --backend fastdeploy` rewrites it in the Paddle layout first
+    # (engine.train.export.export_for_serving).
     d["rope_parameters"] = {"rope_theta": config.rope_theta, "rope_type": "default"}
     d["transformers_version"] = HF_FORMAT_VERSION
     (directory / "config.json").write_text(json.dumps(d, indent=2) + "\n")

@@ -162,7 +162,12 @@ def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
 
 
 def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
-    from engine.serve.fastdeploy import GPU_MEMORY_UTILIZATION, FastDeployServer, plan_launch
+    from engine.serve.fastdeploy import (
+        DEFAULT_MAX_MODEL_LEN,
+        GPU_MEMORY_UTILIZATION,
+        FastDeployServer,
+        plan_launch,
+    )
     from engine.train.export import export_for_serving
 
     log_dir = Path(args.log_dir) if args.log_dir else model_dir / "fastdeploy-logs"
@@ -176,7 +181,7 @@ def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
-        max_model_len=args.max_model_len or 32768,
+        max_model_len=args.max_model_len or DEFAULT_MAX_MODEL_LEN,
         max_num_seqs=args.max_num_seqs,
         quantization=args.quantization,
         tensor_parallel_size=args.tensor_parallel_size,

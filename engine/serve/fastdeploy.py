@@ -49,6 +49,8 @@ API_SERVER_MODULE = "fastdeploy.entrypoints.openai.api_server"
 # the plan says what the server runs with. GPU memory: FastDeploy takes 0.9 of the device by default, so
 # deployments sharing a GPU must each be given their share (see `gpu_share`).
 BLOCK_SIZE = 64
+# --max-model-len when `ernie-studio serve` is given none (the studio's deployments give none).
+DEFAULT_MAX_MODEL_LEN = 32768
 KV_CACHE_RATIO = 0.75
 GPU_MEMORY_UTILIZATION = 0.9
 QUANTIZATIONS = ("wint4", "wint8", "block_wise_fp8")
@@ -62,18 +64,87 @@ LORA_MARKERS = (
 PIDS_FILE = "fastdeploy.pids.json"
 
 
+# The interpreter FastDeploy is installed in. The serving image keeps FastDeploy in the image's own Python 3.10
+# with FastDeploy's pins (uvicorn==0.29.0, setuptools<80), and the studio's worker in its own Python 3.11
+# environment (docker/Dockerfile.serve); the worker launches, probes and checks FastDeploy through this one.
+FASTDEPLOY_PYTHON_ENV = "ERNIE_STUDIO_FASTDEPLOY_PYTHON"
+
+
+def fastdeploy_python() -> str:
+    """``ERNIE_STUDIO_FASTDEPLOY_PYTHON`` (an absolute path to an executable), else this process's Python."""
+    value = os.environ.get(FASTDEPLOY_PYTHON_ENV, "").strip()
+    if not value:
+        return sys.executable
+    path = Path(value)
+    if not path.is_absolute() or not path.is_file() or not os.access(path, os.X_OK):
+        raise ValueError(
+            f"{FASTDEPLOY_PYTHON_ENV}={value!r}: give the absolute path of the Python interpreter FastDeploy "
+            "is installed in (the serving image sets /usr/local/bin/fastdeploy-python), or unset it"
+        )
+    return str(path)
+
+
+def _separate(python: str) -> bool:
+    return Path(python).resolve() != Path(sys.executable).resolve()
+
+
+def _ask(python: str, code: str, timeout: float = 60.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def fastdeploy_importable() -> bool:
-    return importlib.util.find_spec("fastdeploy") is not None
+    """FastDeploy is importable by FastDeploy's Python (found, not imported: importing starts CUDA)."""
+    python = fastdeploy_python()
+    if not _separate(python):
+        return importlib.util.find_spec("fastdeploy") is not None
+    out = _ask(python, "import importlib.util, sys; sys.exit(importlib.util.find_spec('fastdeploy') is None)")
+    return out is not None and out.returncode == 0
+
+
+_VERSION_CODE = """
+import contextlib, importlib.metadata as m
+for dist in m.packages_distributions().get("fastdeploy", []):
+    with contextlib.suppress(m.PackageNotFoundError):
+        print(m.version(dist))
+        break
+"""
 
 
 def fastdeploy_version() -> str | None:
     """The installed distribution's version (fastdeploy-gpu, ...) from package metadata, without importing it."""
+    python = fastdeploy_python()
+    if _separate(python):
+        out = _ask(python, _VERSION_CODE)
+        return (out.stdout.strip() or None) if out is not None and out.returncode == 0 else None
     import importlib.metadata
 
     for dist in importlib.metadata.packages_distributions().get("fastdeploy", []):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(dist)
     return None
+
+
+def pip_check(python: str | None = None, timeout: float = 120.0) -> tuple[bool, str]:
+    """``pip check`` of FastDeploy's environment: (consistent, pip's words). Anything installed over FastDeploy's
+    pins (a newer uvicorn or setuptools) shows here."""
+    python = python or fastdeploy_python()
+    try:
+        out = subprocess.run(
+            [python, "-m", "pip", "check"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"`{python} -m pip check` did not run: {e}"
+    said = (out.stdout.strip() or out.stderr.strip())[-1200:]
+    return out.returncode == 0, said
 
 
 def gpu_present() -> bool:
@@ -143,9 +214,10 @@ def check_flags(help_text: str, version: str | None, flags: list[str] | None = N
     )
 
 
-def check_installed(python: str = sys.executable, timeout: float = 180.0) -> FlagCheck:
-    """Run the installed api_server's ``--help`` (it parses its arguments at import, before any engine
-    starts) and check the launcher's flags against it."""
+def check_installed(python: str | None = None, timeout: float = 180.0) -> FlagCheck:
+    """Run the installed api_server's ``--help`` in FastDeploy's Python (it parses its arguments at import,
+    before any engine starts) and check the launcher's flags against it."""
+    python = python or fastdeploy_python()
     version = fastdeploy_version()
     try:
         out = subprocess.run(
@@ -359,7 +431,7 @@ class LaunchPlanArgs:
     port: int
     host: str = "127.0.0.1"
     served_model_name: str = "default"
-    max_model_len: int = 32768
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_num_seqs: int = 32
     quantization: str | None = None
     tensor_parallel_size: int = 1
@@ -426,14 +498,14 @@ def plan_launch(
     host: str = "127.0.0.1",
     port: int = 8188,
     served_model_name: str = "default",
-    max_model_len: int = 32768,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     max_num_seqs: int = 32,
     quantization: str | None = None,
     tensor_parallel_size: int = 1,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     devices: str | None = None,
     log_dir: str | Path | None = None,
-    python: str = sys.executable,
+    python: str | None = None,
     port_registry_dir: Path | None = None,
 ) -> LaunchPlan:
     """Build the FastDeploy command line on ``port`` with three more reserved ports (metrics, engine worker
@@ -466,6 +538,11 @@ def plan_launch(
     log_dir = Path(log_dir) if log_dir else model_dir / "fastdeploy-logs"
     # FD_LOG_DIR keeps FastDeploy's own log/ directory next to our captured stdout instead of the cwd.
     env = {"FD_LOG_DIR": str(log_dir / "log"), "PYTHONUNBUFFERED": "1"}
+    python = python or fastdeploy_python()
+    if _separate(python):
+        # FastDeploy's own helpers found on PATH come from its environment, not the studio's
+        bin_dir = str(Path(python).resolve().parent)
+        env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = devices
     return LaunchPlan(
@@ -501,6 +578,75 @@ def is_vl_model(model_dir: Path) -> bool:
 def vl_flags(model_dir: Path) -> list[str]:
     """FastDeploy's flags for an ERNIE 4.5 VL model directory (none for text models)."""
     return ["--limit-mm-per-prompt", json.dumps(VL_LIMITS)] if is_vl_model(model_dir) else []
+
+
+# ---- chat requests in the form FastDeploy takes ------------------------------------------------------------
+# FastDeploy's ChatCompletionRequest has no `ignore_eos` (pydantic drops it unread): `min_tokens` keeps EOS away.
+# Its engine refuses a request whose prompt + min_tokens >= max_model_len (a 400), and its ERNIE 4.5 VL processor
+# renders with enable_thinking=True unless the request's chat_template_kwargs say otherwise, its runner then
+# forcing `</think>` into the answer when the vocabulary has that token.
+THINK_END_TOKEN = "</think>"
+# Tokens counted for each image on top of its largest grid: "Picture N:" and the start / end marks.
+IMAGE_MARK_TOKENS = 8
+
+
+def fit_chat_request(
+    body: dict, *, prompt_tokens: int, max_model_len: int = DEFAULT_MAX_MODEL_LEN, is_vl: bool = False
+) -> dict:
+    """``body`` (an OpenAI chat request) with the fields FastDeploy reads: ``ignore_eos`` as ``min_tokens`` of
+    the completion limit (``max_completion_tokens`` or ``max_tokens``), ``min_tokens`` capped below
+    ``max_model_len`` - ``prompt_tokens``, and for a VL model thinking off unless the request turns it on."""
+    out = dict(body)
+    limit = out.get("max_completion_tokens") or out.get("max_tokens")
+    if out.get("ignore_eos") and limit:
+        out["min_tokens"] = int(limit)
+    if out.get("min_tokens"):
+        room = max_model_len - prompt_tokens - 1
+        if room >= 1:
+            out["min_tokens"] = min(int(out["min_tokens"]), room)
+        else:  # the prompt alone fills the context: FastDeploy's own length error says so
+            out.pop("min_tokens")
+    if is_vl:
+        kwargs = dict(out.get("chat_template_kwargs") or {})
+        kwargs.setdefault("enable_thinking", False)
+        out["chat_template_kwargs"] = kwargs
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(directory: str):
+    from engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(directory)
+
+
+def thinks(tokenizer_dir: str | Path) -> bool:
+    """Whether the model's vocabulary holds ``</think>`` (FastDeploy then forces it into thinking replies)."""
+    tok = _tokenizer(str(Path(tokenizer_dir).resolve()))
+    return THINK_END_TOKEN in tok.added_tokens or tok.sp.piece_to_id(THINK_END_TOKEN) != tok.sp.unk_id()
+
+
+def prompt_tokens(tokenizer_dir: str | Path, messages: list[dict]) -> int:
+    """An upper bound of the prompt FastDeploy makes of ``messages``: the text through the model's chat
+    template, each image at its largest grid (the processor's max_pixels) plus its marks."""
+    from engine.data.vl_processor import ProcessorSettings
+
+    d = Path(tokenizer_dir).resolve()
+    tok = _tokenizer(str(d))
+    images = 0
+    flat = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = [p for p in content if isinstance(p, dict)]
+            images += sum(p.get("type") in ("image", "image_url") for p in parts)
+            content = "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
+        flat.append({"role": m.get("role"), "content": content or ""})
+    count = len(tok.apply_chat_template(flat, add_generation_prompt=True, tokenize=True))
+    if images:
+        settings = ProcessorSettings.from_model_dir(d)
+        count += images * (settings.max_pixels // settings.factor**2 + IMAGE_MARK_TOKENS)
+    return count
 
 
 # ---- the processes FastDeploy starts -----------------------------------------------------------------------

@@ -357,8 +357,8 @@ def fold_gpas(model, tolerance: float) -> float:
 # Read against FastDeploy's loader (fastdeploy/config.py ModelConfig, model_executor/layers/quantization,
 # models/ernie4_5_moe.py and ernie4_5_vl/, input/ernie4_5_vl_processor): it sets Paddle's default dtype from
 # config.json (its attention kernels take only float16 / bfloat16), refuses a config.json holding both
-# `dtype` and `torch_dtype`, reads `dtype` without `transformers_version` as the Paddle layout (`ernie.*`
-# keys, Linear weights [in, out]), and wants `quantization_config.quantization` naming one of its methods.
+# `dtype` and `torch_dtype`, reads `dtype` as the Paddle layout (`ernie.*` keys, Linear weights [in, out];
+# 2.3 looks at no transformers_version), and wants `quantization_config.quantization` naming one of its methods.
 
 SERVING_DTYPES = ("bfloat16", "float16")
 # Our PTQ methods -> FastDeploy's quantization of the same kind. The served weights are those our PTQ
@@ -426,7 +426,41 @@ def _config_problems(cfg: dict) -> list[str]:
         problems.append(f"dtype {cfg.get('dtype')!r} (FastDeploy's attention takes float16 / bfloat16 only)")
     if "quantization_config" in cfg and "quantization" not in cfg["quantization_config"]:
         problems.append("quantization_config without FastDeploy's `quantization` key")
+    if cfg.get("moe_num_experts") is not None:
+        from engine.models.config import ErnieConfig
+
+        if problem := moe_layout_problem(ErnieConfig.from_dict(cfg)):
+            problems.append(problem)
     return problems
+
+
+def fastdeploy_moe_layers(cfg: dict) -> list[int]:
+    """The layers FastDeploy builds as MoE from ``cfg``: the text model every layer from
+    ``moe_layer_start_index`` on (models/ernie4_5_moe.py Ernie4_5_DecoderLayer.__init__), the VL model those
+    from start to end (ernie4_5_vl/ernie4_5_vl_moe.py); ``moe_layer_interval`` and ``mlp_layer_types`` unread."""
+    if cfg.get("moe_num_experts") is None:
+        return []
+    n = int(cfg["num_hidden_layers"])
+    start, end = cfg.get("moe_layer_start_index", 0), cfg.get("moe_layer_end_index")
+    start = min(start) if isinstance(start, list | tuple) else int(start)
+    end = max(end) if isinstance(end, list | tuple) else end
+    if "vision_config" not in cfg or end is None or end < 0:
+        end = n - 1
+    return [i for i in range(n) if start <= i <= end]
+
+
+def moe_layout_problem(config) -> str:
+    """Why FastDeploy would build other MoE layers than ``config`` (an ErnieConfig) has; empty if none."""
+    ours = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
+    theirs = fastdeploy_moe_layers(serving_config(config.to_dict(), ""))
+    if not config.is_moe or ours == theirs:
+        return ""
+    return (
+        f"MoE layers {ours} (moe_layer_start_index / end / interval, mlp_layer_types) but FastDeploy would "
+        f"build MoE layers {theirs}: its text model makes every layer from moe_layer_start_index on MoE "
+        f"and its VL model those from start to end, ignoring moe_layer_interval and mlp_layer_types; serve "
+        f"this model with --backend paddle"
+    )
 
 
 def export_for_serving(
@@ -464,6 +498,8 @@ def export_for_serving(
             fold_gpas(model, ExportConfig.gpas_fold_tolerance)
         model_config, state = model.config, {k: _numpy(v) for k, v in model.state_dict().items()}
         shapes = {k: list(v.shape) for k, v in state.items()}
+    if problem := moe_layout_problem(model_config):
+        raise ValueError(f"{src}: FastDeploy cannot serve this model as it is: {problem}")
     out.mkdir(parents=True, exist_ok=True)
     cfg = serving_config(model_config.replace(dtype=dtype).to_dict(), quantization)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -489,7 +525,16 @@ def serving_config(cfg: dict, quantization: str) -> dict:
         for k, v in cfg.items()
         if k not in ("torch_dtype", "transformers_version", "quantization_config")
     }
-    if quantization:
+    if quantization == "wint4" and cfg.get("moe_num_experts") is not None:
+        # what FastDeploy itself makes of `--quantization wint4` for ERNIE (parse_quant_config in
+        # model_executor/layers/quantization/__init__.py): int8 dense layers, int4 experts
+        cfg["quantization_config"] = {
+            "quantization": "mix_quant",
+            "dense_quant_type": "wint8",
+            "moe_quant_type": "wint4",
+            "is_quantized": False,
+        }
+    elif quantization:
         cfg["quantization_config"] = {
             "quantization": FASTDEPLOY_QUANTIZATION[quantization],
             "is_quantized": False,
@@ -531,7 +576,9 @@ def _tokenizer_source(src: Path) -> Path:
 def write_vl_serving_files(src: Path, out: Path, config) -> None:
     """preprocessor_config.json with the keys FastDeploy's AdaptiveImageProcessor reads (min_pixels,
     max_pixels, merge_size, temporal_conv_size) beside transformers' ones, and a chat template that puts
-    FastDeploy's image / video placeholders where the official template does."""
+    FastDeploy's image / video placeholders where the official template does, in both places FastDeploy
+    reads one: its tokenizer loader takes ``<model>/chat_template.jinja`` before tokenizer_config.json's
+    ``chat_template``, so a source's own chat_template.jinja would otherwise win."""
     from dataclasses import asdict as as_dict
 
     from engine.data.vl_processor import ProcessorSettings, write_processor_configs
@@ -552,3 +599,4 @@ def write_vl_serving_files(src: Path, out: Path, config) -> None:
     tok = json.loads(tok_cfg.read_text()) if tok_cfg.exists() else {}
     tok["chat_template"] = VL_CHAT_TEMPLATE
     tok_cfg.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n")
+    (out / "chat_template.jinja").write_text(VL_CHAT_TEMPLATE, encoding="utf-8")

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jinja2
 from pydantic import Field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from engine.models.paths import architecture_dir
+from engine.serve import fastdeploy
 from engine.serve.llamacpp import SERVE_GGUF_TYPE
 from studio import queue
 from studio.config import Settings
@@ -255,12 +257,40 @@ def prepare_chat_body(body: dict[str, Any]) -> dict[str, Any]:
     return {"model": "default", **body}
 
 
-def fit_to_backend(body: dict[str, Any], backend: str | None) -> dict[str, Any]:
-    """The request fields the deployment's server reads. FastDeploy's ChatCompletionRequest has no
-    `ignore_eos` (pydantic drops it unread); its `min_tokens` = `max_tokens` keeps EOS away just the same."""
-    if backend == "fastdeploy" and body.get("ignore_eos") and body.get("max_tokens"):
-        return {**body, "min_tokens": body["max_tokens"]}
-    return body
+def fit_to_backend(
+    body: dict[str, Any], backend: str | None, model_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """The request fields the deployment's server reads (``model_dir``: the deployment's model, which a
+    FastDeploy request needs: its prompt length caps ``min_tokens``, a VL model gets thinking off unless
+    asked; see engine.serve.fastdeploy.fit_chat_request)."""
+    if backend != "fastdeploy":
+        return body
+    if model_dir is None:
+        raise ValueError("a FastDeploy chat request is fitted to its model: give model_dir")
+    try:
+        prompt = fastdeploy.prompt_tokens(model_tokenizer_dir(model_dir), body.get("messages") or [])
+    except (ValueError, jinja2.TemplateError) as e:  # what the model's chat template refuses
+        raise InvalidInput(f"messages: the model's chat template cannot render them: {e}") from None
+    return fastdeploy.fit_chat_request(body, prompt_tokens=prompt, is_vl=model_reads_images(model_dir))
+
+
+def model_tokenizer_dir(model_dir: str | Path) -> Path:
+    """Where the deployment's tokenizer is: the model directory, or a LoRA run's base."""
+    d = Path(model_dir)
+    return d if (d / "tokenizer.model").exists() else architecture_dir(d)
+
+
+def model_thinks(model_dir: str | Path) -> bool:
+    """Whether the model can think (its vocabulary holds ``</think>``): Deploy & Chat then offers the choice."""
+    try:
+        return fastdeploy.thinks(model_tokenizer_dir(model_dir))
+    except FileNotFoundError:
+        return False
+
+
+def deployment_thinks(session: Session, deployment_id: int) -> bool:
+    """Whether a chat with this deployment may ask for thinking (a thinking model)."""
+    return model_thinks(get_deployment(session, deployment_id).model_dir)
 
 
 def chat(
@@ -268,8 +298,8 @@ def chat(
 ) -> dict[str, Any]:
     """One non-streaming chat completion through the deployment (for the UI and scripts)."""
     url = chat_url(session, deployment_id)
-    backend = get_deployment(session, deployment_id).backend
-    payload = fit_to_backend(prepare_chat_body({**body, "stream": False}), backend)
+    dep = get_deployment(session, deployment_id)
+    payload = fit_to_backend(prepare_chat_body({**body, "stream": False}), dep.backend, dep.model_dir)
     try:
         r = httpx.post(url, json=payload, timeout=timeout)
     except httpx.HTTPError as e:
@@ -288,8 +318,8 @@ def chat_stream(
     does not hold a database connection.
     """
     url = chat_url(session, deployment_id)
-    backend = get_deployment(session, deployment_id).backend
-    payload = fit_to_backend(prepare_chat_body({**body, "stream": True}), backend)
+    dep = get_deployment(session, deployment_id)
+    payload = fit_to_backend(prepare_chat_body({**body, "stream": True}), dep.backend, dep.model_dir)
     return _stream_deltas(deployment_id, url, payload, timeout)
 
 

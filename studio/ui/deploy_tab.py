@@ -180,6 +180,12 @@ def openai_content(content: Any, lang: str = "en") -> str | list[dict[str, Any]]
     return [*parts, {"type": "text", "text": words}] if words else parts
 
 
+def thinking_fields(thinking: bool) -> dict[str, Any]:
+    """The chat request fields of the thinking choice: asked for, it goes to the chat template; left off, the
+    deployment's own default stays (the studio turns it off for FastDeploy's VL models)."""
+    return {"chat_template_kwargs": {"enable_thinking": True}} if thinking else {}
+
+
 def chat_messages(system: str, history: list[dict[str, Any]], lang: str = "en") -> list[dict[str, Any]]:
     """Chatbot history -> OpenAI messages (system prompt first when given); earlier turns keep their images."""
     msgs: list[dict[str, Any]] = [{"role": "system", "content": system}] if system and system.strip() else []
@@ -362,6 +368,12 @@ class DeployHandlers:
             gr.update(visible=did is not None and not reads),
         )
 
+    def thinking_input(self, dep_id: Any) -> Any:
+        """The thinking choice, offered (unticked) only when the picked deployment's model can think."""
+        did = parse_id(dep_id)
+        thinks = did is not None and self.ctx.read(deployments_svc.deployment_thinks, did, default=False)
+        return gr.update(visible=thinks, value=False)
+
     def bot_turn(
         self,
         history: list[dict[str, Any]],
@@ -372,6 +384,7 @@ class DeployHandlers:
         max_tokens: float,
         seed: float | None,
         ignore_eos: bool,
+        thinking: bool = False,
         request: gr.Request | None = None,
     ) -> Iterator[list[dict[str, Any]]]:
         """Stream the deployment's reply into the history's last message, a few updates a second
@@ -393,7 +406,11 @@ class DeployHandlers:
             "seed": seed,
             "ignore_eos": ignore_eos,
         }
-        body = {"messages": chat_messages(sys_prompt, history, lang), **sampling_params(sampling)}
+        body = {
+            "messages": chat_messages(sys_prompt, history, lang),
+            **sampling_params(sampling),
+            **thinking_fields(thinking),
+        }
         history = [*history, {"role": "assistant", "content": ""}]
         deltas = self.ctx.stream(deployments_svc.chat_stream, did, body)
         shown_at = 0.0
@@ -467,6 +484,8 @@ def _chat_panel(t: Texts) -> dict[str, Any]:
         with gr.Column(scale=1):
             system = t.make(gr.Textbox, "dep.system", lines=3, elem_id="dep-system")
             sampling = sampling_controls(t, "dep", advanced=("seed", "ignore_eos"))
+            # Shown when the picked deployment's model can think (DeployHandlers.thinking_input).
+            thinking = t.make(gr.Checkbox, "dep.thinking", value=False, visible=False, elem_id="dep-thinking")
         with gr.Column(scale=3):
             chatbot = t.make(gr.Chatbot, "dep.chat", height=380, elem_id="dep-chat")
             # Which of the two shows follows the picked deployment (DeployHandlers.image_input).
@@ -497,6 +516,7 @@ def _chat_panel(t: Texts) -> dict[str, Any]:
     return {
         "system": system,
         "sampling": sampling,
+        "thinking": thinking,
         "chatbot": chatbot,
         "images_on": images_on,
         "images_off": images_off,
@@ -544,7 +564,7 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
 
 def _wire_chat(h: DeployHandlers, c: dict[str, Any], selected: gr.Dropdown) -> None:
     chatbot, message = c["chatbot"], c["message"]
-    chat_inputs = [chatbot, selected, c["system"], *c["sampling"].values()]
+    chat_inputs = [chatbot, selected, c["system"], *c["sampling"].values(), c["thinking"]]
     turn = [message, chatbot, selected]
     # `.success`: a refused turn (nothing typed, images for a text model) goes no further, so the model is
     # not asked to answer the previous history again.
@@ -569,3 +589,4 @@ def _wire_chat(h: DeployHandlers, c: dict[str, Any], selected: gr.Dropdown) -> N
     selected.change(
         h.image_input, selected, [message, c["images_on"], c["images_off"]], show_progress="hidden"
     )
+    selected.change(h.thinking_input, selected, c["thinking"], show_progress="hidden")

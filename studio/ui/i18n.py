@@ -229,6 +229,12 @@ STRINGS: dict[str, tuple[str, str]] = {
         "Keep generating to max_tokens past the end-of-sentence token (throughput checks).",
         "忽略结束符，一直生成到 max_tokens（用于吞吐测试）。",
     ),
+    "dep.thinking": ("Thinking", "思考"),
+    "dep.thinking.info": (
+        "Let the model think before it answers (its reasoning shows in the reply). Off, FastDeploy's VL "
+        "models answer directly.",
+        "让模型先思考再回答（思考过程显示在回复中）。关闭时，FastDeploy 部署的多模态模型直接回答。",
+    ),
     "dep.chat": ("Chat", "对话"),
     "dep.message": ("Message", "消息"),
     "dep.images_on": (

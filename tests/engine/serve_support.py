@@ -98,3 +98,25 @@ def complete_in_process(model_dir: Path, prompt: str = "The capital", max_tokens
         )
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def fastdeploy_python_stand_in(
+    directory: Path, help_text: str, pip_check_says: str, pip_check_code: int
+) -> Path:
+    """A `python` of another environment as the studio's worker meets FastDeploy's: it finds `fastdeploy`,
+    reports fastdeploy-gpu 2.3.0, prints ``help_text`` for the api_server's --help and answers `pip check`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "help.txt").write_text(help_text)
+    (directory / "pip-check.txt").write_text(pip_check_says)
+    python = directory / "python3.10"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        f'  "-m fastdeploy.entrypoints.openai.api_server") cat {directory / "help.txt"} ;;\n'
+        f'  "-m pip") cat {directory / "pip-check.txt"}; exit {pip_check_code} ;;\n'
+        '  -c*) case "$2" in *packages_distributions*) echo 2.3.0 ;; esac ;;\n'
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    python.chmod(0o755)
+    return python

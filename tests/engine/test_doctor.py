@@ -6,6 +6,7 @@ import json
 
 import paddle
 import pytest
+from serve_support import fastdeploy_python_stand_in
 
 from engine.cli import main
 from engine.doctor import probes
@@ -24,7 +25,7 @@ def test_quick_doctor_reports_facts_and_passes_on_a_healthy_node(quick_report):
     facts = report["facts"]
     assert facts["paddle"]["version"] and isinstance(facts["paddle"]["compiled_with_cuda"], bool)
     assert facts["cpu_count"] >= 1 and facts["memory"]["total_bytes"] > 0
-    assert set(facts["fastdeploy"]) == {"available", "version"}
+    assert set(facts["fastdeploy"]) == {"available", "version", "python"}
     names = [c["name"] for c in report["checks"]]
     assert (
         names[0] == "devices"
@@ -83,20 +84,41 @@ def test_the_doctor_runs_every_kernel_self_test_and_a_disagreeing_path_fails_it(
     assert not check.passed and "5.00e-01" in check.detail and "DISABLE_FAST_PATHS=fused_rope" in check.detail
 
 
-def test_fastdeploy_check_refuses_a_release_missing_a_flag(monkeypatch):
+def test_fastdeploy_check_refuses_a_release_missing_a_flag(monkeypatch, tmp_path):
     """The doctor's `fastdeploy` check is the serving worker's --help check: a release lacking a flag of the
     launch plan fails the node's check with the flag and the version; without FastDeploy it passes."""
     from engine.doctor import fastdeploy_probe
     from engine.serve.fastdeploy import FlagCheck, check_flags
 
     assert fastdeploy_probe.fastdeploy_checks({"fastdeploy": {"available": False}}, None)[0].passed
+    python = fastdeploy_python_stand_in(tmp_path / "fd", "", "No broken requirements.", 0)
+    monkeypatch.setenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", str(python))
     old = check_flags("  --model M\n  --port P\n", "2.0.0")
     monkeypatch.setattr(fastdeploy_probe, "check_installed", lambda: old)
-    (check,) = fastdeploy_probe.fastdeploy_checks({"fastdeploy": {"available": True}}, None)
+    check, _env = fastdeploy_probe.fastdeploy_checks({"fastdeploy": {"available": True}}, None)
     assert not check.passed and "FastDeploy 2.0.0 does not accept" in check.detail
     assert "--served-model-name" in check.values["missing"]
     monkeypatch.setattr(fastdeploy_probe, "check_installed", lambda: FlagCheck(True, "2.3.0", [], "ok"))
-    assert fastdeploy_probe.fastdeploy_checks({"fastdeploy": {"available": True}}, None)[0].passed
+    checks = fastdeploy_probe.fastdeploy_checks({"fastdeploy": {"available": True}}, None)
+    assert [(c.name, c.passed) for c in checks] == [("fastdeploy", True), ("fastdeploy_env", True)]
+    assert checks[1].values["python"] == str(python)
+
+
+def test_fastdeploy_env_check_fails_when_its_pins_are_broken(monkeypatch, tmp_path):
+    """`pip check` of FastDeploy's Python: the studio's uvicorn installed over FastDeploy's pin fails the node,
+    naming the interpreter and pip's words."""
+    from engine.doctor import fastdeploy_probe
+
+    broken = "fastdeploy-gpu 2.3.0 has requirement uvicorn==0.29.0, but you have uvicorn 0.54.0.\n"
+    python = fastdeploy_python_stand_in(tmp_path / "fd", "", broken, 1)
+    monkeypatch.setenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", str(python))
+    check = fastdeploy_probe.environment_check()
+    assert not check.passed and str(python) in check.detail and "uvicorn==0.29.0" in check.detail
+    monkeypatch.setenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", "python3.10")
+    from engine.doctor.facts import fastdeploy_facts
+
+    (refused,) = fastdeploy_probe.fastdeploy_checks({"fastdeploy": fastdeploy_facts()}, None)
+    assert not refused.passed and "ERNIE_STUDIO_FASTDEPLOY_PYTHON='python3.10'" in refused.detail
 
 
 def test_a_passing_report_is_reused_only_while_nothing_it_vouches_for_changed(tmp_path, quick_report):

@@ -14,7 +14,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_support import REPO, free_port
+from serve_support import REPO, fastdeploy_python_stand_in, free_port
 
 from engine.serve.fastdeploy import (
     FASTDEPLOY_RELEASE,
@@ -25,6 +25,7 @@ from engine.serve.fastdeploy import (
     check_installed,
     choose_backend,
     fastdeploy_importable,
+    fastdeploy_version,
     gpu_present,
     gpu_share,
     help_flags,
@@ -328,6 +329,32 @@ def test_help_check_refuses_a_release_without_a_flag(tmp_path, tiny_model_dir):
     broken.chmod(0o755)
     failed = check_installed(python=str(broken))
     assert not failed.ok and "libcuda" in failed.message
+
+
+def test_fastdeploy_in_its_own_python_is_found_checked_and_launched_there(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """The serving image keeps FastDeploy in its own Python 3.10 (ERNIE_STUDIO_FASTDEPLOY_PYTHON), apart from
+    the studio's: found, versioned, --help-checked and launched through that interpreter, never this one."""
+    python = fastdeploy_python_stand_in(
+        tmp_path / "fd", fake_help(FASTDEPLOY_FLAGS), "No broken requirements.", 0
+    )
+    monkeypatch.setenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", str(python))
+    assert fastdeploy_importable() and fastdeploy_version() == "2.3.0"
+    check = check_installed()
+    assert check.ok and check.version == "2.3.0"
+    plan = plan_launch(
+        tiny_model_dir, port=free_port(), log_dir=tmp_path / "logs", port_registry_dir=tmp_path / "p"
+    )
+    try:
+        assert plan.argv[:3] == [str(python), "-m", "fastdeploy.entrypoints.openai.api_server"]
+        assert plan.env["PATH"].split(os.pathsep)[0] == str(python.resolve().parent)
+    finally:
+        plan.reservation.release()
+    for bad in ("python3.10", str(tmp_path / "missing" / "python")):
+        monkeypatch.setenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", bad)
+        with pytest.raises(ValueError, match=r"ERNIE_STUDIO_FASTDEPLOY_PYTHON=.*absolute path"):
+            fastdeploy_importable()
 
 
 def test_launch_plan_refuses_bad_inputs(tiny_model_dir, lora_run, tmp_path):

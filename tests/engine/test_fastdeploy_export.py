@@ -20,7 +20,9 @@ from engine.train.config import ExportConfig
 from engine.train.export import (
     FLOAT32_TENSORS,
     VL_CHAT_TEMPLATE,
+    _config_problems,
     export_for_serving,
+    fastdeploy_moe_layers,
     run_export,
     serving_problems,
 )
@@ -136,6 +138,52 @@ def test_moe_export_keeps_router_in_float32(tiny_moe_model_dir, tmp_path):
     np.testing.assert_allclose(logits(out), logits(tiny_moe_model_dir), atol=0.05)
 
 
+def test_wint4_moe_export_is_fastdeploys_mix_quant(tiny_moe_model_dir, tmp_path):
+    """FastDeploy turns `--quantization wint4` on ERNIE into mix_quant (parse_quant_config): dense layers
+    wint8, experts wint4. The MoE serving export writes that, not a plain wint4."""
+    out = export_for_serving(tiny_moe_model_dir, tmp_path / "serve", quantization="wint4")
+    cfg = check_fastdeploy_form(out)
+    assert cfg["quantization_config"] == {
+        "quantization": "mix_quant",
+        "dense_quant_type": "wint8",
+        "moe_quant_type": "wint4",
+        "is_quantized": False,
+    }
+
+
+def test_moe_layers_fastdeploy_would_misread_are_refused(tiny_moe_model_dir, tiny_vl_model_dir, tmp_path):
+    """FastDeploy's text MoE builds every layer from moe_layer_start_index on as MoE (end, interval and
+    mlp_layer_types unread); its VL model honours start and end. A config it would build otherwise is refused."""
+    from engine.models.checkpoint import save_model
+    from engine.models.config import ErnieConfig
+    from engine.models.ernie import ErnieForCausalLM
+    from engine.tokenizer import copy_tokenizer_files
+
+    text = json.loads((tiny_moe_model_dir / "config.json").read_text())
+    vl = json.loads((tiny_vl_model_dir / "config.json").read_text())
+    assert fastdeploy_moe_layers(text) == [1, 2] and not any("MoE" in p for p in _config_problems(text))
+    assert fastdeploy_moe_layers(vl) == [1, 2] and not any("MoE" in p for p in _config_problems(vl))
+    for bad, theirs in (
+        ({**text, "moe_layer_interval": 2}, [1, 2]),  # ours: layer 1 only
+        ({**text, "moe_layer_end_index": 1}, [1, 2]),  # ours: layer 1 only
+        ({**text, "moe_layer_end_index": None, "mlp_layer_types": ["dense", "sparse", "dense"]}, [1, 2]),
+        ({**vl, "moe_layer_interval": 2}, [1, 2]),
+    ):
+        found = [p for p in _config_problems(bad) if "FastDeploy would build MoE layers" in p]
+        assert found and f"would build MoE layers {theirs}" in found[0] and "--backend paddle" in found[0]
+    # the VL model reads the end: a VL config ending at layer 1 is served as it says
+    assert fastdeploy_moe_layers({**vl, "moe_layer_end_index": [1, 1]}) == [1]
+    assert not any("MoE" in p for p in _config_problems({**vl, "moe_layer_end_index": [1, 1]}))
+
+    src = tmp_path / "interval-2"
+    config = ErnieConfig.from_dict({**text, "moe_layer_interval": 2})
+    save_model(ErnieForCausalLM(config), src, dtype="bfloat16")
+    copy_tokenizer_files(tiny_moe_model_dir, src)
+    with pytest.raises(ValueError, match=r"interval-2: FastDeploy cannot serve .*MoE layers \[1\]"):
+        export_for_serving(src, tmp_path / "serve")
+    assert not (tmp_path / "serve").exists()
+
+
 def test_vl_export(tiny_vl_model_dir, tmp_path):
     """VL: Baidu's -Paddle tensor names (the layout FastDeploy's ernie4_5_vl loader reads; the golden's),
     the config keys its vision tower and resampler read, the processor keys and a chat template that puts
@@ -178,15 +226,29 @@ def test_vl_export(tiny_vl_model_dir, tmp_path):
     )
 
 
+def test_vl_export_template_wins_over_a_copied_chat_template_jinja(tiny_vl_model_dir, tmp_path):
+    """FastDeploy's tokenizer loader reads <model>/chat_template.jinja before tokenizer_config.json: a source
+    shipping its own (text) chat_template.jinja must not override the VL template in the serving export."""
+    import shutil
+
+    src = tmp_path / "vl-src"
+    shutil.copytree(tiny_vl_model_dir, src)
+    (src / "chat_template.jinja").write_text("{{ messages[0]['content'] }}", encoding="utf-8")
+    out = export_for_serving(src, tmp_path / "serve", quantization="wint8")
+    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == VL_CHAT_TEMPLATE
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == VL_CHAT_TEMPLATE
+
+
 def test_hf_layout_export_keeps_one_dtype_key(tiny_model_dir, tmp_path):
-    """FastDeploy refuses a config.json with both `dtype` and `torch_dtype`; `dtype` beside a
-    transformers_version above 4.56 is its PyTorch layout."""
+    """FastDeploy refuses a config.json with both `dtype` and `torch_dtype`, and 2.3 reads one with `dtype`
+    alone as the Paddle layout (ModelConfig.read_model_config; the transformers_version rule is later): our HF
+    export is never served as it is, but rewritten in the Paddle layout."""
     run_export(
         ExportConfig(model_name_or_path=str(tiny_model_dir), export_dir=str(tmp_path / "hf"), layout="hf")
     )
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert "torch_dtype" not in cfg and cfg["dtype"] == "float32"
-    major, minor = (int(x) for x in cfg["transformers_version"].split(".")[:2])
-    assert (major, minor) > (4, 56)
+    assert "not the Paddle layout (no ernie.* tensors)" in serving_problems(tmp_path / "hf")
     out = export_for_serving(tmp_path / "hf", tmp_path / "serve")  # served in the Paddle layout
+    assert out == tmp_path / "serve"
     check_fastdeploy_form(out)

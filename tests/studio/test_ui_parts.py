@@ -42,6 +42,7 @@ from studio.ui.deploy_tab import (
     DeployHandlers,
     chat_messages,
     image_problem,
+    thinking_fields,
     user_turn,
 )
 from studio.ui.i18n import STRINGS, Texts, text
@@ -401,6 +402,33 @@ def test_the_deploy_tab_offers_images_only_for_a_vl_deployment(ctx, tmp_path):
     with pytest.raises(gr.Error, match="Pick a running deployment first") as refused:
         handlers.take_turn(message, [], None)
     assert refused.value.duration is None  # the notice stays until the person closes it
+
+
+def test_the_deploy_tab_offers_thinking_only_for_a_thinking_model(ctx, tiny_model_dir, tmp_path):
+    """A model whose vocabulary holds </think> gets the thinking choice, unticked; ticked, the request asks
+    the chat template for it (unticked, FastDeploy VL deployments get thinking off: fit_chat_request)."""
+    import shutil
+
+    models = ctx.settings.models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    thinker = models / "thinker"
+    shutil.copytree(tiny_model_dir, thinker)
+    added = json.loads((thinker / "added_tokens.json").read_text())
+    added["</think>"] = max(added.values()) + 1
+    (thinker / "added_tokens.json").write_text(json.dumps(added))
+    shutil.copytree(tiny_model_dir, models / "plain")
+
+    def deploy(name: str) -> int:
+        spec = deployments_svc.DeploymentSpec(model=str(models / name))
+        return ctx.call(deployments_svc.create_deployment, ctx.settings, spec).id
+
+    thinks, plain = deploy("thinker"), deploy("plain")
+    handlers = DeployHandlers(ctx)
+    assert handlers.thinking_input(thinks) == gr.update(visible=True, value=False)
+    assert handlers.thinking_input(plain) == gr.update(visible=False, value=False)
+    assert handlers.thinking_input(None)["visible"] is False
+    assert thinking_fields(True) == {"chat_template_kwargs": {"enable_thinking": True}}
+    assert thinking_fields(False) == {}
 
 
 # ---- the Train form starts where the engine starts ---------------------------------------------------------

@@ -3,6 +3,8 @@ stated rule, and chat fields fitted to FastDeploy's request schema."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from engine.serve.fastdeploy import FlagCheck
@@ -12,7 +14,8 @@ from workers import serving
 
 
 def test_auto_falls_back_and_explicit_fastdeploy_is_refused(monkeypatch):
-    monkeypatch.setattr(serving.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.delenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     refused = FlagCheck(
         False, "2.0.0", ["--served-model-name"], "FastDeploy 2.0.0 does not accept --served-model-name"
     )
@@ -37,9 +40,9 @@ def test_gpu_slots_share_memory_by_the_stated_rule(monkeypatch, tmp_path):
     assert slots.take(settings, 5) == (taken[0][0], 0.45)
 
 
-def test_chat_fields_fit_fastdeploy():
+def test_chat_fields_fit_fastdeploy(tiny_model_dir):
     body = {"messages": [], "max_tokens": 32, "ignore_eos": True, "seed": 1}
-    assert fit_to_backend(body, "fastdeploy")["min_tokens"] == 32
+    assert fit_to_backend(body, "fastdeploy", tiny_model_dir)["min_tokens"] == 32
     assert fit_to_backend(body, "paddle") == body
 
 
@@ -50,7 +53,8 @@ def test_auto_says_why_it_serves_with_paddle_and_llamacpp_refuses_what_llamacpp_
     explicit llamacpp is refused with the reason (a VL model, or llama.cpp missing)."""
     monkeypatch.delenv("ERNIE_STUDIO_LLAMACPP_BIN", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    monkeypatch.setattr(serving.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     backend, why = serving.choose_backend("auto", tiny_model_dir)
     assert backend == "paddle"
     assert why.startswith("FastDeploy is not installed; llama.cpp is not installed on this node")
