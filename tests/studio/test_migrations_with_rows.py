@@ -36,9 +36,6 @@ from sqlalchemy import (
     inspect,
     select,
 )
-from sqlalchemy import (
-    table as named_table,
-)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.schema import Column
 
@@ -267,8 +264,15 @@ def assert_stored(url: str, expected: Rows) -> None:
         with engine.connect() as conn:
             for table in Base.metadata.sorted_tables:
                 got = [dict(r._mapping) for r in conn.execute(select(table))]
-                want = expected.get(table.name, [])
-                assert _by_key(table, got) == _by_key(table, want), f"{table.name}: stored rows differ"
+                got, want = _by_key(table, got), _by_key(table, expected.get(table.name, []))
+                differ = [
+                    {c: (g.get(c), w.get(c)) for c in {*g, *w} if g.get(c) != w.get(c)}
+                    for g, w in zip(got, want, strict=False)
+                ]
+                assert got == want, (
+                    f"{table.name}: {len(got)} rows stored, {len(want)} expected; "
+                    f"(stored, expected) by column: {[d for d in differ if d]}"
+                )
     finally:
         engine.dispose()
 
@@ -288,7 +292,8 @@ def _counts(url: str) -> dict[str, int]:
         with engine.connect() as conn:
             names = [t for t in inspect(conn).get_table_names() if t != "alembic_version"]
             return {
-                t: conn.execute(select(func.count()).select_from(named_table(t))).scalar_one() for t in names
+                t: conn.execute(select(func.count()).select_from(Table(t, MetaData()))).scalar_one()
+                for t in names
             }
     finally:
         engine.dispose()
