@@ -80,6 +80,10 @@ class DecoderLayer(nn.Layer):
         # GPAS (engine.models.gpas): a gate after each residual add; None keeps the plain Pre-LN layer.
         self.gpas_attn = GPASGate() if config.gpas else None
         self.gpas_mlp = GPASGate() if config.gpas else None
+        # Under recompute, whether this MoE block is recomputed too (ERNIEKit's ``use_recompute_moe``). Never
+        # with expert parallelism: its exchange runs collectives inside the block, and a replay in backward
+        # would interleave them with other ranks' backward collectives (ErnieModel.recompute_note says so).
+        self.recompute_moe = True
 
     def forward(
         self,
@@ -93,19 +97,22 @@ class DecoderLayer(nn.Layer):
         causal: bool | tuple = False,
     ):
         if recompute:
-            # Recompute needs tensor-only outputs, and router statistics must keep their gradient (the aux
-            # loss trains the gate), so the attention and dense FFN are recomputed and the MoE is not.
+            # Non-reentrant recompute (saved-tensor hooks) keeps each block's input and replays the block
+            # in backward; its outputs need not be tensors, so an MoE block returns its router statistics
+            # as they are: the router losses and expert counts are computed once, from these outputs, and
+            # the replay's own statistics are dropped (see moe_ffn_block).
             from paddle.distributed.fleet.utils import recompute as checkpoint
 
             x = checkpoint(self.attention_block, x, cos, sin, attn_mask, None, causal, use_reentrant=False)
             if not self.is_moe:
                 return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
+            if self.recompute_moe and self.mlp.expert_group is None:
+                return checkpoint(self.moe_ffn_block, x, token_type_ids, use_reentrant=False)
         else:
             x = self.attention_block(x, cos, sin, attn_mask, cache, causal)
             if not self.is_moe:
                 return self.dense_ffn_block(x), None
-        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
-        return self.scaled(x + self.dropout(y), self.gpas_mlp), stats
+        return self.moe_ffn_block(x, token_type_ids)
 
     def attention_block(self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False):
         y = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal)
@@ -113,6 +120,14 @@ class DecoderLayer(nn.Layer):
 
     def dense_ffn_block(self, x):
         return self.scaled(x + self.dropout(self.mlp(self.post_attention_layernorm(x))), self.gpas_mlp)
+
+    def moe_ffn_block(self, x, token_type_ids):
+        """The MoE block: router, routed and shared experts, residual. It has no side effect (the aux-free
+        bias moves after the optimizer step, from the statistics this returns), so replaying it in backward
+        routes every token exactly as the forward did (same input, same bias, same RNG state) and changes
+        nothing but the activations it rebuilds."""
+        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
+        return self.scaled(x + self.dropout(y), self.gpas_mlp), stats
 
     @staticmethod
     def scaled(x, gate):
