@@ -30,6 +30,8 @@ from engine.models.quantized import upcast_matmul
 from engine.models.vision import Grid, Resampler, VisionTransformer, check_grids
 
 IGNORE_INDEX = -100
+# What recompute may rebuild in backward (ERNIEKit's recompute_granularity names).
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 
 
 class DynamicCache:
@@ -93,29 +95,40 @@ class DecoderLayer(nn.Layer):
         attn_mask,
         cache,
         token_type_ids,
-        recompute: bool = False,
+        recompute: str | None = None,
         causal: bool | tuple = False,
     ):
-        if recompute:
-            # Non-reentrant recompute (saved-tensor hooks) keeps each block's input and replays the block
-            # in backward; its outputs need not be tensors, so an MoE block returns its router statistics
-            # as they are: the router losses and expert counts are computed once, from these outputs, and
-            # the replay's own statistics are dropped (see moe_ffn_block).
-            from paddle.distributed.fleet.utils import recompute as checkpoint
+        """``recompute``: None, or what is rebuilt in backward (``RECOMPUTE_GRANULARITIES``): ``full`` every
+        block, ``full_attn`` the attention block, ``core_attn`` the softmax attention inside it; MoE blocks
+        under any of them while ``recompute_moe`` holds and their experts are not split."""
+        if recompute is not None and recompute not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(
+                f"recompute granularity {recompute!r}: expected one of {RECOMPUTE_GRANULARITIES}"
+            )
+        # Non-reentrant recompute (saved-tensor hooks) keeps each block's input and replays the block in
+        # backward; its outputs need not be tensors, so an MoE block returns its router statistics as they
+        # are: the router losses and expert counts are computed once, from these outputs, and the replay's
+        # own statistics are dropped (see moe_ffn_block).
+        from paddle.distributed.fleet.utils import recompute as checkpoint
 
+        if recompute in ("full", "full_attn"):
             x = checkpoint(self.attention_block, x, cos, sin, attn_mask, None, causal, use_reentrant=False)
-            if not self.is_moe:
-                return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
-            if self.recompute_moe and self.mlp.expert_group is None:
-                return checkpoint(self.moe_ffn_block, x, token_type_ids, use_reentrant=False)
         else:
-            x = self.attention_block(x, cos, sin, attn_mask, cache, causal)
-            if not self.is_moe:
-                return self.dense_ffn_block(x), None
+            x = self.attention_block(x, cos, sin, attn_mask, cache, causal, recompute == "core_attn")
+        if not self.is_moe:
+            if recompute == "full":
+                return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
+            return self.dense_ffn_block(x), None
+        if recompute is not None and self.recompute_moe and self.mlp.expert_group is None:
+            return checkpoint(self.moe_ffn_block, x, token_type_ids, use_reentrant=False)
         return self.moe_ffn_block(x, token_type_ids)
 
-    def attention_block(self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False):
-        y = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal)
+    def attention_block(
+        self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False, recompute_core: bool = False
+    ):
+        y = self.self_attn(
+            self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal, recompute_core
+        )
         return self.scaled(x + self.dropout(y), self.gpas_attn)
 
     def dense_ffn_block(self, x):
@@ -150,6 +163,8 @@ class ErnieModel(nn.Layer):
             config.head_dim, config.rope_theta, config.freq_allocation if config.rope_3d else None
         )
         self.gradient_checkpointing = False
+        # What recompute rebuilds in backward (DecoderLayer.forward): full, full_attn or core_attn.
+        self.recompute_granularity = "full"
         # Elastic training (engine.models.elastic): the decoder layers a sub-model runs; None runs all.
         self.active_layers: frozenset[int] | None = None
 
@@ -159,7 +174,7 @@ class ErnieModel(nn.Layer):
         cos, sin = self.rotary(position_ids)
         x = embeds
         all_stats = []
-        recompute = self.gradient_checkpointing and self.training
+        recompute = self.recompute_granularity if self.gradient_checkpointing and self.training else None
         for layer in self.layers:
             if self.active_layers is not None and layer.index not in self.active_layers:
                 continue

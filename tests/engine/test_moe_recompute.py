@@ -15,7 +15,7 @@ STEPS = 3
 LR = 0.05
 
 
-def _steps(model_dir, recompute: bool, vision: bool):
+def _steps(model_dir, recompute: bool, vision: bool, granularity: str = "full"):
     """A few plain SGD steps with every router loss weighted and aux-free balancing after each step;
     returns per-step losses, router losses, gradients, correction biases and MoE forward calls."""
     model = load_plain_model(model_dir)
@@ -25,6 +25,7 @@ def _steps(model_dir, recompute: bool, vision: bool):
     for layer in model.ernie.layers:
         layer.hidden_dropout = 0.1  # recompute must replay the dropout masks too
     model.ernie.gradient_checkpointing = recompute
+    model.ernie.recompute_granularity = granularity
     model.train()
     calls = [0]
     moes = moe_balance.moe_layers(model)
@@ -125,3 +126,50 @@ def test_recompute_lowers_peak_memory_of_moe_layers(tiny_moe_model_dir):
     print(f"peak MiB: plain {plain / 2**20:.1f}, MoE kept {moe_kept / 2**20:.1f}, all {full / 2**20:.1f}")
     assert full < 0.8 * moe_kept
     assert full < 0.6 * plain
+
+
+@pytest.mark.parametrize("granularity", ["full_attn", "core_attn"])
+def test_partial_granularities_change_no_number(granularity, tiny_moe_model_dir):
+    """recompute_granularity full_attn / core_attn rebuild less than full; the MoE blocks are still
+    replayed (use_recompute_moe) and every number stays that of the run without recompute."""
+    plain = _steps(tiny_moe_model_dir, recompute=False, vision=False)
+    again = _steps(tiny_moe_model_dir, recompute=True, vision=False, granularity=granularity)
+    assert again["calls"] == 2 * STEPS * again["moe_layers"]
+    np.testing.assert_allclose(again["loss"], plain["loss"], atol=1e-6)
+    for a, b in zip(again["grads"], plain["grads"], strict=True):
+        for n in a:
+            np.testing.assert_allclose(a[n], b[n], atol=1e-6, err_msg=n)
+    for a, b in zip(again["bias"], plain["bias"], strict=True):
+        for ba, bb in zip(a, b, strict=True):
+            np.testing.assert_array_equal(ba, bb)
+
+
+def test_granularities_hold_less_than_no_recompute(tiny_moe_model_dir):
+    """Each granularity keeps less for backward than no recompute, with the MoE blocks kept as they are
+    (use_recompute_moe false), so what is measured is the attention's own share."""
+    model = load_plain_model(tiny_moe_model_dir)
+    model.train()
+    ids = paddle.to_tensor(np.random.default_rng(1).integers(3, model.config.vocab_size, size=(1, 768)))
+    model.ernie.gradient_checkpointing = False
+    plain = _peak_bytes(model, ids)
+    model.ernie.gradient_checkpointing = True
+    for layer in model.ernie.layers:
+        layer.recompute_moe = False
+    peaks = {}
+    for g in ("full", "full_attn", "core_attn"):
+        model.ernie.recompute_granularity = g
+        peaks[g] = _peak_bytes(model, ids)
+    print("peak MiB:", {k: round(v / 2**20, 1) for k, v in {"none": plain, **peaks}.items()})
+    assert peaks["core_attn"] < 0.9 * plain
+    assert peaks["full_attn"] < peaks["core_attn"]
+    assert peaks["full"] <= peaks["full_attn"]
+
+
+def test_recompute_granularity_is_checked():
+    from engine.train.config import ConfigError, TrainConfig, config_from_dict
+
+    with pytest.raises(ConfigError, match="recompute_granularity"):
+        config_from_dict(
+            TrainConfig,
+            dict(model_name_or_path="m", train_dataset_path="x.jsonl", recompute_granularity="selective"),
+        )
