@@ -82,9 +82,9 @@ class DecoderLayer(nn.Layer):
         # GPAS (engine.models.gpas): a gate after each residual add; None keeps the plain Pre-LN layer.
         self.gpas_attn = GPASGate() if config.gpas else None
         self.gpas_mlp = GPASGate() if config.gpas else None
-        # Under recompute, whether this MoE block is recomputed too (ERNIEKit's ``use_recompute_moe``). Never
-        # with expert parallelism: its exchange runs collectives inside the block, and a replay in backward
-        # would interleave them with other ranks' backward collectives (ErnieModel.recompute_note says so).
+        # Under recompute, whether this MoE block is recomputed too (ERNIEKit's ``use_recompute_moe``). With
+        # expert parallelism only its expert FFNs are: the exchange runs collectives inside the block, and a
+        # replay of those in backward could interleave with other ranks' backward collectives.
         self.recompute_moe = True
 
     def forward(
@@ -119,8 +119,12 @@ class DecoderLayer(nn.Layer):
             if recompute == "full":
                 return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
             return self.dense_ffn_block(x), None
-        if recompute is not None and self.recompute_moe and self.mlp.expert_group is None:
-            return checkpoint(self.moe_ffn_block, x, token_type_ids, use_reentrant=False)
+        if recompute is not None and self.recompute_moe:
+            if self.mlp.expert_group is None:
+                return checkpoint(self.moe_ffn_block, x, token_type_ids, use_reentrant=False)
+            # Expert parallelism: the exchange's collectives stay out of any replay; the expert FFNs on
+            # either side of it are recomputed (MoELayer.forward, expert_parallel.run_split_experts).
+            return self.moe_ffn_block(x, token_type_ids, recompute_experts=True)
         return self.moe_ffn_block(x, token_type_ids)
 
     def attention_block(
@@ -134,12 +138,12 @@ class DecoderLayer(nn.Layer):
     def dense_ffn_block(self, x):
         return self.scaled(x + self.dropout(self.mlp(self.post_attention_layernorm(x))), self.gpas_mlp)
 
-    def moe_ffn_block(self, x, token_type_ids):
+    def moe_ffn_block(self, x, token_type_ids, recompute_experts: bool = False):
         """The MoE block: router, routed and shared experts, residual. It has no side effect (the aux-free
         bias moves after the optimizer step, from the statistics this returns), so replaying it in backward
         routes every token exactly as the forward did (same input, same bias, same RNG state) and changes
         nothing but the activations it rebuilds."""
-        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
+        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids, recompute_experts)
         return self.scaled(x + self.dropout(y), self.gpas_mlp), stats
 
     @staticmethod

@@ -214,8 +214,6 @@ def set_recompute(cfg: TrainConfig, model) -> None:
     model.ernie.recompute_granularity = cfg.recompute_granularity
     for layer in model.ernie.layers:
         layer.recompute_moe = cfg.use_recompute_moe
-    if cfg.use_recompute_moe and model.expert_group is not None:
-        log.warning("recompute: %s", EP_RECOMPUTE_NOTE)
 
 
 def split_for_expert_parallel(cfg: TrainConfig, model, world: int) -> ExpertGroup | None:
@@ -381,9 +379,9 @@ def announce(notices: list[Notice], summary: RunSummary, emit, dp: DataParallel)
 
 
 EP_RECOMPUTE_NOTE = (
-    "with expert parallelism the MoE blocks are not recomputed: their exchange runs collectives inside the "
-    "block, and a replay in backward is not held to the same order on every rank; they keep their "
-    "activations (the attention and dense FFN blocks are recomputed)"
+    "with expert parallelism the MoE blocks are recomputed in part: the routed experts each rank runs and "
+    "the shared experts are, the router and the expert exchange are not (their collectives are never "
+    "replayed in backward), so the dispatched and combined rows keep their activations"
 )
 
 
