@@ -403,8 +403,8 @@ class TrainConfig:
     use_recompute_moe: bool = option(
         True,
         "Under recompute, rebuild the MoE blocks too (router, routed and shared experts), whatever the "
-        "granularity; false keeps their activations. Not with expert parallelism (its exchange is not "
-        "replayed): those runs keep them and say so.",
+        "granularity; false keeps their activations. With expert parallelism only the routed and shared "
+        "experts are rebuilt (the exchange is never replayed); those runs say so.",
     )
     compute_type: str = option(
         "fp32",
