@@ -86,6 +86,9 @@ def test_twenty_steps_follow_the_one_process_losses(ranks, kind):
     out, results = ranks
     assert {r[f"train_{kind}"] for r in results} == {"succeeded"}
     split, one = losses(out / f"ep-{kind}"), losses(out / f"one-{kind}")
+    notices = json.loads((out / f"ep-{kind}" / "run_summary.json").read_text())["notices"]
+    # the VL run recomputes under expert parallelism, and says what of the MoE blocks it keeps
+    assert any(n["key"] == "recompute" and "exchange" in n["message"] for n in notices) == (kind == "vl")
     assert len(split) == len(one) == 20
     print(f"{kind}: 20 steps, max |loss diff| = {np.abs(np.subtract(split, one)).max():.1e}")
     np.testing.assert_allclose(split, one, atol=1e-5, rtol=0)

@@ -173,3 +173,19 @@ def test_recompute_granularity_is_checked():
             TrainConfig,
             dict(model_name_or_path="m", train_dataset_path="x.jsonl", recompute_granularity="selective"),
         )
+
+
+def test_the_trainer_sets_what_the_config_asks(tiny_moe_model_dir):
+    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.trainer import build_model
+
+    base = dict(model_name_or_path=str(tiny_moe_model_dir), train_dataset_path="x.jsonl", recompute=True)
+    model, _ = build_model(config_from_dict(TrainConfig, base))
+    assert model.ernie.gradient_checkpointing and model.ernie.recompute_granularity == "full"
+    assert all(layer.recompute_moe for layer in model.ernie.layers)
+    cfg = config_from_dict(
+        TrainConfig, base | dict(recompute_granularity="core_attn", use_recompute_moe=False)
+    )
+    model, _ = build_model(cfg)
+    assert model.ernie.recompute_granularity == "core_attn"
+    assert not any(layer.recompute_moe for layer in model.ernie.layers)
