@@ -488,7 +488,8 @@ def device_memory(
     if layout.offload and gpu:
         offloaded, masters, moments = masters + moments, 0.0, 0.0
     adapters = 4 * local.lora if lora else 0  # fp32 adapter weights beside the frozen base
-    act = _activation_bytes(model, cfg.recompute, rows, row_len, gpu, mode, layout.tensor_parallel)
+    recompute, moe_recompute = recompute_plan(cfg, layout.expert_parallel)
+    act = _activation_bytes(model, recompute, rows, row_len, gpu, mode, layout.tensor_parallel, moe_recompute)
     # DPO's reference: LoRA switches its adapters off (the base is the reference); Full keeps a frozen copy
     # of the base in the run's storage precision
     reference = 0.0
@@ -587,13 +588,36 @@ def _steps(
     return max(1, round(per_epoch * cfg.num_train_epochs)), per_epoch
 
 
+def recompute_plan(cfg: TrainConfig, expert_parallel: int) -> tuple[str | None, str | None]:
+    """(granularity or None, what of the MoE blocks is recomputed) as the trainer sets them
+    (engine/train/trainer.py ``set_recompute``, engine/models/ernie.py ``DecoderLayer.forward``): with
+    ``use_recompute_moe`` the whole ``block``, or only its ``experts`` when expert parallelism splits them
+    (the exchange is never replayed); None keeps every MoE activation."""
+    if not cfg.recompute:
+        return None, None
+    granularity = getattr(cfg, "recompute_granularity", "full")
+    if not getattr(cfg, "use_recompute_moe", True):
+        return granularity, None
+    return granularity, "block" if expert_parallel <= 1 else "experts"
+
+
 def _activation_bytes(
-    model: ErnieConfig, recompute: bool, rows: int, row_len: float, gpu: bool, mode: str, tp: int = 1
+    model: ErnieConfig,
+    recompute: str | None,
+    rows: int,
+    row_len: float,
+    gpu: bool,
+    mode: str,
+    tp: int = 1,
+    moe_recompute: str | None = None,
 ) -> dict[str, float]:
     """Activations kept for backward, with and without recompute, and the logits. Eager fp32 on a CPU (its
     attention keeps the score matrices); 16-bit with flash attention (no scores) on a GPU in bf16 / fp16 or
-    under a weight-only base. Recompute recomputes the attention and dense FFN blocks and keeps each one's
-    input; MoE blocks are not recomputed (engine/models/ernie.py: router statistics keep their gradient).
+    under a weight-only base. ``recompute`` is the granularity (engine/models/ernie.py
+    ``DecoderLayer.forward``): ``full`` recomputes the attention and dense FFN blocks and keeps each one's
+    input, ``full_attn`` the attention blocks only, ``core_attn`` only the scores inside attention.
+    MoE blocks (``moe_recompute``): ``block`` keeps their input only, ``experts`` (expert parallelism)
+    keeps all but the routed and shared experts' FFN activations, None keeps everything.
     Tensor parallelism (sequence parallel) splits them over its group."""
     h, hd = model.hidden_size, model.head_dim
     nh, kv = model.num_attention_heads, model.num_key_value_heads
@@ -603,21 +627,33 @@ def _activation_bytes(
     # transpose, o_proj, residual
     attention = 4 * h + (nh + 2 * kv) * hd + (4 * nh + 2 * kv) * hd
     scores = 0.0 if gpu else 2 * nh * rows * row_len * row_len / 2  # scores and probabilities, causal half
+    slack = elem * ACTIVATION_SLACK
     kept = 0.0
-    largest = 0.0
-    moe = 0.0  # what the MoE blocks keep under recompute (they are not recomputed)
+    largest = 0.0  # what is rebuilt at once in backward (a whole layer: the estimate stays on the safe side)
+    moe = 0.0  # what the MoE blocks keep when they are not recomputed
     for is_moe, ffn in _ffn_per_layer(model):
-        layer = elem * ACTIVATION_SLACK * ((attention + ffn) * tokens + scores)
-        largest = max(largest, layer)
-        if not recompute:
-            kept += layer
-        elif is_moe:
-            kept += elem * (h + ACTIVATION_SLACK * ffn) * tokens
-            moe += elem * ACTIVATION_SLACK * ffn * tokens
+        attn_all, ffn_all = slack * (attention * tokens + scores), slack * ffn * tokens
+        if recompute is None:
+            kept += attn_all + ffn_all
+            continue
+        if recompute == "core_attn":
+            kept += attn_all - slack * scores
+            largest = max(largest, slack * scores)
         else:
-            kept += elem * 2 * h * tokens
-    if recompute:  # one layer's activations live at a time while it is recomputed
-        kept += largest
+            kept += elem * h * tokens
+            largest = max(largest, attn_all + ffn_all)
+        if is_moe and moe_recompute == "experts":
+            experts = 3 * model.expert_intermediate_sizes[0] * (model.moe_k + model.moe_num_shared_experts)
+            kept += slack * (ffn - experts) * tokens
+            moe += slack * (ffn - experts) * tokens
+        elif is_moe and moe_recompute is None:
+            kept += ffn_all
+            moe += ffn_all
+        elif is_moe or recompute == "full":
+            kept += elem * h * tokens
+        else:
+            kept += ffn_all
+    kept += largest  # one block's activations live at a time while it is recomputed
     logits = 4 * LOGIT_COPIES * tokens * model.vocab_size
     return {"layers": kept / tp, "logits": logits / tp, "total": (kept + logits) / tp, "moe_kept": moe / tp}
 
@@ -1024,6 +1060,12 @@ def plan_run(
     plan.rejected = [_leanest(verdicts[d]) for d in counts_to_try[-3:]]
     leanest = plan.rejected[-1]
     plan.reason = f"does not fit on {_pool_text(pool, counts_to_try[-1])}: {leanest.reason}"
+    split = [v for v in verdicts[counts_to_try[-1]] if v.candidate.layout.expert_parallel > 1]
+    if split and leanest.candidate.layout.expert_parallel == 1:  # and what splitting the experts leaves
+        closest = _leanest(split)
+        plan.reason += (
+            f"; with the experts split over {closest.candidate.layout.expert_parallel}: {closest.reason}"
+        )
     # would tensor parallelism (fleet's mp layers with sequence parallel) make it fit? Say how much.
     d = counts_to_try[-1]
     per_node = max(n.devices for n in pool)
@@ -1216,7 +1258,8 @@ def _weigh(
         if memory["moe_activations"] > 0.25 * peak:
             lines.append(
                 f"{memory['moe_activations'] / GIB:.1f} GiB of the activations are the MoE blocks', which "
-                "recompute does not cover here (their router statistics keep their gradient)"
+                "recompute covers only in part with expert parallelism (the router, dispatch and combine are "
+                "not replayed in backward: the exchange's collectives are never run twice)"
             )
     if ram is not None and host > ram:
         lines.append(f"host RAM: {host / GIB:.0f} GiB per node against {ram / GIB:.0f} GiB")

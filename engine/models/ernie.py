@@ -30,6 +30,8 @@ from engine.models.quantized import upcast_matmul
 from engine.models.vision import Grid, Resampler, VisionTransformer, check_grids
 
 IGNORE_INDEX = -100
+# What recompute may rebuild in backward (ERNIEKit's recompute_granularity names).
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 
 
 class DynamicCache:
@@ -80,6 +82,10 @@ class DecoderLayer(nn.Layer):
         # GPAS (engine.models.gpas): a gate after each residual add; None keeps the plain Pre-LN layer.
         self.gpas_attn = GPASGate() if config.gpas else None
         self.gpas_mlp = GPASGate() if config.gpas else None
+        # Under recompute, whether this MoE block is recomputed too (ERNIEKit's ``use_recompute_moe``). With
+        # expert parallelism only its expert FFNs are: the exchange runs collectives inside the block, and a
+        # replay of those in backward could interleave with other ranks' backward collectives.
+        self.recompute_moe = True
 
     def forward(
         self,
@@ -89,30 +95,56 @@ class DecoderLayer(nn.Layer):
         attn_mask,
         cache,
         token_type_ids,
-        recompute: bool = False,
+        recompute: str | None = None,
         causal: bool | tuple = False,
     ):
-        if recompute:
-            # Recompute needs tensor-only outputs, and router statistics must keep their gradient (the aux
-            # loss trains the gate), so the attention and dense FFN are recomputed and the MoE is not.
-            from paddle.distributed.fleet.utils import recompute as checkpoint
+        """``recompute``: None, or what is rebuilt in backward (``RECOMPUTE_GRANULARITIES``): ``full`` every
+        block, ``full_attn`` the attention block, ``core_attn`` the softmax attention inside it; MoE blocks
+        under any of them while ``recompute_moe`` holds and their experts are not split."""
+        if recompute is not None and recompute not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(
+                f"recompute granularity {recompute!r}: expected one of {RECOMPUTE_GRANULARITIES}"
+            )
+        # Non-reentrant recompute (saved-tensor hooks) keeps each block's input and replays the block in
+        # backward; its outputs need not be tensors, so an MoE block returns its router statistics as they
+        # are: the router losses and expert counts are computed once, from these outputs, and the replay's
+        # own statistics are dropped (see moe_ffn_block).
+        from paddle.distributed.fleet.utils import recompute as checkpoint
 
+        if recompute in ("full", "full_attn"):
             x = checkpoint(self.attention_block, x, cos, sin, attn_mask, None, causal, use_reentrant=False)
-            if not self.is_moe:
-                return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
         else:
-            x = self.attention_block(x, cos, sin, attn_mask, cache, causal)
-            if not self.is_moe:
-                return self.dense_ffn_block(x), None
-        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids)
-        return self.scaled(x + self.dropout(y), self.gpas_mlp), stats
+            x = self.attention_block(x, cos, sin, attn_mask, cache, causal, recompute == "core_attn")
+        if not self.is_moe:
+            if recompute == "full":
+                return checkpoint(self.dense_ffn_block, x, use_reentrant=False), None
+            return self.dense_ffn_block(x), None
+        if recompute is not None and self.recompute_moe:
+            if self.mlp.expert_group is None:
+                return checkpoint(self.moe_ffn_block, x, token_type_ids, use_reentrant=False)
+            # Expert parallelism: the exchange's collectives stay out of any replay; the expert FFNs on
+            # either side of it are recomputed (MoELayer.forward, expert_parallel.run_split_experts).
+            return self.moe_ffn_block(x, token_type_ids, recompute_experts=True)
+        return self.moe_ffn_block(x, token_type_ids)
 
-    def attention_block(self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False):
-        y = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal)
+    def attention_block(
+        self, x, cos, sin, attn_mask, cache=None, causal: bool | tuple = False, recompute_core: bool = False
+    ):
+        y = self.self_attn(
+            self.input_layernorm(x), cos, sin, attn_mask, cache, self.index, causal, recompute_core
+        )
         return self.scaled(x + self.dropout(y), self.gpas_attn)
 
     def dense_ffn_block(self, x):
         return self.scaled(x + self.dropout(self.mlp(self.post_attention_layernorm(x))), self.gpas_mlp)
+
+    def moe_ffn_block(self, x, token_type_ids, recompute_experts: bool = False):
+        """The MoE block: router, routed and shared experts, residual. It has no side effect (the aux-free
+        bias moves after the optimizer step, from the statistics this returns), so replaying it in backward
+        routes every token exactly as the forward did (same input, same bias, same RNG state) and changes
+        nothing but the activations it rebuilds."""
+        y, stats = self.mlp(self.post_attention_layernorm(x), token_type_ids, recompute_experts)
+        return self.scaled(x + self.dropout(y), self.gpas_mlp), stats
 
     @staticmethod
     def scaled(x, gate):
@@ -135,6 +167,8 @@ class ErnieModel(nn.Layer):
             config.head_dim, config.rope_theta, config.freq_allocation if config.rope_3d else None
         )
         self.gradient_checkpointing = False
+        # What recompute rebuilds in backward (DecoderLayer.forward): full, full_attn or core_attn.
+        self.recompute_granularity = "full"
         # Elastic training (engine.models.elastic): the decoder layers a sub-model runs; None runs all.
         self.active_layers: frozenset[int] | None = None
 
@@ -144,7 +178,7 @@ class ErnieModel(nn.Layer):
         cos, sin = self.rotary(position_ids)
         x = embeds
         all_stats = []
-        recompute = self.gradient_checkpointing and self.training
+        recompute = self.recompute_granularity if self.gradient_checkpointing and self.training else None
         for layer in self.layers:
             if self.active_layers is not None and layer.index not in self.active_layers:
                 continue

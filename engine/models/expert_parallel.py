@@ -317,11 +317,17 @@ def _differentiable(x: paddle.Tensor) -> paddle.Tensor:
 
 
 def run_split_experts(
-    layer, parts: list[tuple[int, paddle.Tensor, paddle.Tensor, paddle.Tensor]], flat: paddle.Tensor
+    layer,
+    parts: list[tuple[int, paddle.Tensor, paddle.Tensor, paddle.Tensor]],
+    flat: paddle.Tensor,
+    recompute: bool = False,
 ) -> list[paddle.Tensor]:
     """Routed output of every modality group in ``parts`` ((group, tokens [N, H], selected [N, k] index
     inside the group, weights [N, k])) with the experts split over ``layer.expert_group``; ``flat`` is the
-    layer's input [N, H]. Every rank of the group calls it once per layer, with or without tokens."""
+    layer's input [N, H]. Every rank of the group calls it once per layer, with or without tokens.
+
+    ``recompute``: the held experts keep only the rows they received for backward and are recomputed
+    there (a local computation: the replay runs no collective, so ranks cannot fall out of step)."""
     eg: ExpertGroup = layer.expert_group
     sizes = layer.group_sizes
     per = [n // eg.size for n in sizes]
@@ -343,7 +349,12 @@ def run_split_experts(
     send = _differentiable(paddle.gather(x, paddle.to_tensor(order)) if len(order) else x)
     received = Exchange.apply(send, counts, eg)
     ids = _exchange(paddle.to_tensor(local_id[order].reshape([-1, 1])), counts, eg).numpy().reshape(-1)
-    y = _differentiable(_run_held(received, ids, layer, per))
+    if recompute and len(ids):
+        from paddle.distributed.fleet.utils import recompute as checkpoint
+
+        y = _differentiable(checkpoint(_run_held, received, ids, layer, per, use_reentrant=False))
+    else:
+        y = _differentiable(_run_held(received, ids, layer, per))
     back = Exchange.apply(y, counts.T.copy(), eg)
     back = paddle.gather(back, paddle.to_tensor(np.argsort(order))) if len(order) else back
     outs, at = [], 0

@@ -123,7 +123,10 @@ class Attention(nn.Layer):
         cache=None,
         layer_idx: int = 0,
         causal: bool | tuple[int, ...] = False,
+        recompute_core: bool = False,
     ) -> paddle.Tensor:
+        """``recompute_core``: keep only q, k, v for backward and rebuild the softmax attention from them
+        (recompute_granularity core_attn), not its scores / probabilities."""
         b, t, _ = x.shape
         qkv = self.qkv_proj(x)
         nq, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -134,7 +137,12 @@ class Attention(nn.Layer):
         v = v.reshape([b, t, nkv, hd])
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
-        out = attention(q, k, v, attn_mask, causal)
+        if recompute_core:
+            from paddle.distributed.fleet.utils import recompute as checkpoint
+
+            out = checkpoint(attention, q, k, v, attn_mask, causal, use_reentrant=False)
+        else:
+            out = attention(q, k, v, attn_mask, causal)
         return self.o_proj(out.reshape([b, t, nq * hd]))
 
 

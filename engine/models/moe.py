@@ -290,8 +290,11 @@ class MoELayer(nn.Layer):
         return getattr(self.gate, "weight" if group == 0 else f"weight_{group}")
 
     def forward(
-        self, x: paddle.Tensor, token_type_ids: paddle.Tensor | None = None
+        self, x: paddle.Tensor, token_type_ids: paddle.Tensor | None = None, recompute_experts: bool = False
     ) -> tuple[paddle.Tensor, RouterStats]:
+        """``recompute_experts`` (recompute under expert parallelism, where the whole layer is not replayed):
+        the routed experts this rank runs and the shared experts keep only their inputs for backward and
+        are recomputed there; the router and the exchange are not (no collective is ever replayed)."""
         b, t, h = x.shape
         flat = x.reshape([-1, h])
         stats = RouterStats([], [], [], [], [], layer=self)
@@ -334,9 +337,14 @@ class MoELayer(nn.Layer):
         if self.expert_group is not None:  # every rank exchanges once per layer, tokens or not
             from engine.models.expert_parallel import run_split_experts
 
-            ys = run_split_experts(self, [p[:4] for p in split], flat)
+            ys = run_split_experts(self, [p[:4] for p in split], flat, recompute_experts)
             for (*_, idx), y in zip(split, ys, strict=True):
                 out = _place(out, y, idx)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
+            if recompute_experts:
+                from paddle.distributed.fleet.utils import recompute as checkpoint
+
+                out = out + checkpoint(self.shared_experts, flat, use_reentrant=False)
+            else:
+                out = out + self.shared_experts(flat)
         return out.reshape([b, t, h]), stats

@@ -116,6 +116,8 @@ REFUSED_DEGREES = {"tensor_parallel_degree": "tensor", "pipeline_parallel_degree
 MOE_GROUPS = ("dummy", "none", "dp", "data", "world", "mp", "model", "tp")
 MOE_GROUPS_ALL_RANKS = ("dp", "data", "world")
 MOE_GROUPS_TENSOR = ("mp", "model", "tp")
+# recompute_granularity values (ERNIEKit's names), see TrainConfig.recompute_granularity.
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 # Devices (GPUs, or gloo processes on a CPU node) one data-parallel run may use on one node.
 MAX_DEVICES = 16
 # `sharding`: ERNIEKit's (PaddleNLP's) stage names. Stage 3 (sharded weights) and `offload` (stage 2's,
@@ -197,10 +199,11 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "release_grads": _MEMORY,
     "pre_alloc_memory": _MEMORY,
     "gc_interval": _MEMORY,
-    "recompute_use_reentrant": "recompute here is always non-reentrant (recompute: true turns it on)",
-    "recompute_granularity": "recompute here always recomputes whole attention and dense FFN blocks",
+    "recompute_use_reentrant": (
+        "recompute here is always non-reentrant (Paddle's saved-tensor hooks); the same activations are "
+        "rebuilt and the same gradients computed either way"
+    ),
     "no_recompute_layers": "recompute here applies to every layer",
-    "use_recompute_moe": "recompute here skips MoE blocks (router statistics keep their gradient)",
     "use_recompute_loss_fn": "the loss here is not recomputed",
     # mixed precision
     "bf16": _AMP,
@@ -393,6 +396,18 @@ class TrainConfig:
     ema_decay: float = option(0.0, "Exponential moving average of the weights; 0 turns it off.", minimum=0)
     seed: int = option(42, "Seed for initialisation, shuffling and dropout.", minimum=0, maximum=2**32 - 1)
     recompute: bool = option(False, "Recompute activations in backward (less memory, more time).")
+    recompute_granularity: str = option(
+        "full",
+        "What recompute rebuilds in backward: full (every block of each decoder layer: attention, dense FFN "
+        "and MoE), full_attn (the attention blocks), core_attn (the softmax attention inside them).",
+        choices=RECOMPUTE_GRANULARITIES,
+    )
+    use_recompute_moe: bool = option(
+        True,
+        "Under recompute, rebuild the MoE blocks too (router, routed and shared experts), whatever the "
+        "granularity; false keeps their activations. With expert parallelism only the routed and shared "
+        "experts are rebuilt (the exchange is never replayed); those runs say so.",
+    )
     compute_type: str = option(
         "fp32",
         "bf16/fp16 hold the weights in that precision with fp32 master weights (bf16 is emulated where "

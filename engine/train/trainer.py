@@ -223,11 +223,20 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None, world: int
         for name, p in model.named_parameters():
             resampler = name.startswith(RESAMPLER_PREFIX)
             p.stop_gradient = "moe_statics" in name or (name.startswith(frozen) and not resampler)
-    if cfg.recompute:
-        model.ernie.gradient_checkpointing = True
+    set_recompute(cfg, model)
     model.train()
     trainable = {n: p for n, p in model.named_parameters() if not p.stop_gradient}
     return model, trainable
+
+
+def set_recompute(cfg: TrainConfig, model) -> None:
+    """recompute, recompute_granularity and use_recompute_moe onto the model (ErnieModel, DecoderLayer)."""
+    if not cfg.recompute:
+        return
+    model.ernie.gradient_checkpointing = True
+    model.ernie.recompute_granularity = cfg.recompute_granularity
+    for layer in model.ernie.layers:
+        layer.recompute_moe = cfg.use_recompute_moe
 
 
 def split_for_expert_parallel(cfg: TrainConfig, model, world: int) -> ExpertGroup | None:
@@ -401,6 +410,13 @@ def announce(notices: list[Notice], summary: RunSummary, emit, dp: DataParallel)
         write_json(Path(summary.output_dir) / NOTICES_FILE, {"notices": summary.notices})
 
 
+EP_RECOMPUTE_NOTE = (
+    "with expert parallelism the MoE blocks are recomputed in part: the routed experts each rank runs and "
+    "the shared experts are, the router and the expert exchange are not (their collectives are never "
+    "replayed in backward), so the dispatched and combined rows keep their activations"
+)
+
+
 def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None) -> list[Notice]:
     """What this node and this model make of the config (known only once the model is loaded)."""
     out = []
@@ -426,6 +442,8 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
                 "moe_group: dp) splits them over N ranks",
             )
         )
+    if cfg.recompute and cfg.use_recompute_moe and getattr(model, "expert_group", None) is not None:
+        out.append(Notice("recompute", EP_RECOMPUTE_NOTE))
     if cfg.moe_gate_lr_ratio != 1.0 and (cfg.lora or not model.config.is_moe):
         out.append(Notice("moe_gate_lr_ratio", "no MoE router trains in this run"))
     if cfg.sharding_stage and not cfg.do_train:

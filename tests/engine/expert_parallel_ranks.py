@@ -68,10 +68,11 @@ def grads(model) -> dict[str, np.ndarray]:
     return {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path) -> dict:
-    """One step's logits and gradients, split over the ranks vs. one process with the whole batch."""
+def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path, extra: tuple = ()) -> dict:
+    """One step's logits and gradients, split over the ranks (with ``extra`` settings) vs. one process
+    with the whole batch."""
     yaml, over = overrides(kind, model_dir, out / f"unused-{kind}", ["batch_size=2"])
-    cfg = load_config(yaml, [*over, "expert_parallel_degree=2"])
+    cfg = load_config(yaml, [*over, "expert_parallel_degree=2", *extra])
     one_cfg = load_config(yaml, over)
     tok = load_tokenizer(model_dir)
     ref, _ = build_model(one_cfg)
@@ -81,7 +82,17 @@ def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path) -> dict:
     ref_grads = grads(ref)
     ep, trainable = build_model(cfg, world=dp.world)
     mine = dp.slice(batch, ep.config)
+    calls = [0]  # forward calls of the held and shared expert MLPs (twice with recompute: the replay)
+    hooks = [
+        mlp.register_forward_post_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        for m in ep.sublayers()
+        if isinstance(m, MoELayer)
+        for mlp in [*m.experts, m.shared_experts]
+        if mlp is not None and not isinstance(mlp, RemoteExpert)
+    ]
     sums, _, _ = accumulate_gradients(ep, Objective.LM, [mine], dp, groups)
+    for h in hooks:
+        h.remove()
     replicated = [p for n, p in trainable.items() if ".mlp.experts." not in n and p.grad is not None]
     dp.sum_grads(replicated)  # what optimizer_step does; held experts' gradients stay as they are
     ep_grads = grads(ep)
@@ -115,6 +126,7 @@ def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path) -> dict:
         "expert_bytes": expert_bytes(ep),
         "full_expert_bytes": expert_bytes(ref),
         "held_experts": held,
+        "expert_calls": calls[0],
     }
 
 
@@ -143,9 +155,12 @@ def main() -> None:
     models = {"moe": moe_dir, "vl": vl_dir}
     for kind, model_dir in models.items():
         result[kind] = step_parity(kind, model_dir, dp, out)
+        result[f"{kind}_recompute"] = step_parity(kind, model_dir, dp, out, ("recompute=true",))
     result.update(golden_roundtrip(dp, out))
     for kind, model_dir in models.items():
-        yaml, over = overrides(kind, model_dir, out / f"ep-{kind}", ["batch_size=2"])
+        # the VL run also recomputes (experts replayed, the exchange not): its losses must not move
+        extra = ["recompute=true"] if kind == "vl" else []
+        yaml, over = overrides(kind, model_dir, out / f"ep-{kind}", ["batch_size=2", *extra])
         result[f"train_{kind}"] = run_training(load_config(yaml, [*over, "expert_parallel_degree=2"])).status
     # The one-process references, one per rank at the same time: PADDLE_TRAINERS_NUM=1 makes the trainer
     # run alone (no collective), with the doubled batch.

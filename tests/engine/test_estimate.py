@@ -185,6 +185,29 @@ def test_activations_follow_the_data_and_recompute(tmp_path):
     assert recompute.time["step_s"] > padded.time["step_s"]
 
 
+def test_recompute_covers_moe_blocks_in_the_activation_model(tmp_path):
+    """21B-A3B LoRA at 32K on one GPU: recompute keeps each MoE block's input only (engine/models/ernie.py
+    recomputes the router and experts too), unless use_recompute_moe is off; with expert parallelism the
+    router, dispatch and combine stay (the exchange is not replayed) but the experts' FFNs do not."""
+    model = official("ernie-4.5-21b-a3b", tmp_path)
+    run = dict(fine_tuning="LoRA", compute_type="wint4/8", max_seq_len=32768)
+
+    def memory(**values) -> dict:
+        return estimate_run(model, train(**run, **values), [], node=GPU).memory
+
+    plain, full = memory(), memory(recompute=True)
+    kept = memory(recompute=True, use_recompute_moe=False)
+    assert full["moe_activations"] == 0 and kept["moe_activations"] > 100 * GIB
+    assert full["activations"] < 0.5 * kept["activations"] < 0.5 * plain["activations"]
+    assert full["peak"] < 0.92 * 80 * GIB < kept["peak"]
+    attn = memory(recompute=True, recompute_granularity="full_attn")
+    assert full["activations"] <= attn["activations"] < plain["activations"]
+    ep = estimate_run(
+        model, train(**run, recompute=True, expert_parallel_degree=2), [], node=GPU, num_devices=2
+    )
+    assert 0 < ep.memory["moe_activations"] < 0.7 * kept["moe_activations"]
+
+
 def test_flops_use_active_parameters(tmp_path):
     moe = official("ernie-4.5-21b-a3b", tmp_path)
     est = estimate_run(moe, train(fine_tuning="Full"), DATA, node=GPU)

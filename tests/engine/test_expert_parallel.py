@@ -69,10 +69,26 @@ def test_split_experts_give_one_process_logits_and_gradients(ranks, kind):
 
 
 @pytest.mark.parametrize("kind", ["moe", "vl"])
+def test_recompute_with_split_experts_replays_the_experts_and_changes_no_number(ranks, kind):
+    """recompute under expert parallelism: the held and shared experts run again in backward (the exchange
+    does not), and the step still equals one process without recompute."""
+    _, results = ranks
+    for r in results:
+        plain, again = r[kind], r[f"{kind}_recompute"]
+        assert again["logits_diff"] <= 1e-5 and again["grad_diff"] <= 1e-5
+        assert again["grads_compared"] == plain["grads_compared"] and again["missing_grads"] == []
+        assert abs(again["loss"] - again["one_process_loss"]) <= 1e-5
+        assert plain["expert_calls"] > 0 and again["expert_calls"] == 2 * plain["expert_calls"]
+
+
+@pytest.mark.parametrize("kind", ["moe", "vl"])
 def test_twenty_steps_follow_the_one_process_losses(ranks, kind):
     out, results = ranks
     assert {r[f"train_{kind}"] for r in results} == {"succeeded"}
     split, one = losses(out / f"ep-{kind}"), losses(out / f"one-{kind}")
+    notices = json.loads((out / f"ep-{kind}" / "run_summary.json").read_text())["notices"]
+    # the VL run recomputes under expert parallelism, and says what of the MoE blocks it keeps
+    assert any(n["key"] == "recompute" and "exchange" in n["message"] for n in notices) == (kind == "vl")
     assert len(split) == len(one) == 20
     print(f"{kind}: 20 steps, max |loss diff| = {np.abs(np.subtract(split, one)).max():.1e}")
     np.testing.assert_allclose(split, one, atol=1e-5, rtol=0)
