@@ -1033,9 +1033,7 @@ def plan_run(
     verdicts: dict[int, list[Verdict]] = {}
     for d in counts_to_try:
         cands = _candidates(model, kind, fine_tuning, d, pool, expert_parallel_degree, stage_pin, tp=1)
-        if stage == "DPO" and fine_tuning == "Full" and not reference_free:
-            # the frozen reference holds every expert in each process: quantizing it is the knob that frees room
-            cands = [replace(c, reference=r) for c in cands for r in DPO_REFERENCE_CHOICES]
+        cands = _with_references(cands, stage, fine_tuning, reference_free)
         verdicts[d] = sorted((weigh(c) for c in cands), key=_preference)
     device_memory = min(n.memory_bytes or 0 for n in pool)
     fitting_counts = [d for d in counts_to_try if any(v.fits for v in verdicts[d])]
@@ -1181,6 +1179,14 @@ def _pool_text(pool: list[NodeFacts], devices: int) -> str:
     mem = min(n.memory_bytes or 0 for n in nodes)
     what = "GiB device(s)" if nodes[0].device == "gpu" else "GiB of RAM per node"
     return f"{devices} device(s) on {len(nodes)} node(s) ({mem / GIB:.0f} {what})"
+
+
+def _with_references(cands: list[Candidate], stage: str, fine_tuning: str, reference_free: bool) -> list:
+    """Full DPO: each setting with each way of holding the frozen reference, which keeps every expert in
+    each process (the trainer never splits it), so quantizing it is the knob that frees room."""
+    if stage != "DPO" or fine_tuning != "Full" or reference_free:
+        return cands
+    return [replace(c, reference=r) for c in cands for r in DPO_REFERENCE_CHOICES]
 
 
 def _candidates(
