@@ -482,7 +482,16 @@ def test_changing_stage_or_fine_tuning_restarts_the_dependent_fields_from_the_en
 def test_every_field_takes_choices_and_bounds_from_the_schema():
     with gr.Blocks() as demo:
         fields = build_train_tab(UIContext(settings=None, texts=Texts(), demo=demo)).fields
-    picked = ["base_model", "stage", "fine_tuning", "compute_type", "dataset_ids", "name", "num_devices", "num_nodes"]
+    picked = [
+        "base_model",
+        "stage",
+        "fine_tuning",
+        "compute_type",
+        "dataset_ids",
+        "name",
+        "num_devices",
+        "num_nodes",
+    ]
     assert list(fields) == [*picked, *HPARAMS, *EVALUATE_FIELDS, *LORA_PARAMS, *DPO_PARAMS]
     assert fields["eval_max_new_tokens"].value == EvalConfig().max_new_tokens  # the engine's eval default
     assert (fields["num_devices"].minimum, fields["num_devices"].maximum) == (1, MAX_DEVICES)
