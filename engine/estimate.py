@@ -61,10 +61,6 @@ REFERENCE_CPU_UPCAST_S_PER_PARAM = {"bf16": 2.8e-9, "wint8": 12e-9, "wint4/8": 1
 REFERENCE_CPU_LAYER_OVERHEAD_S = 0.005
 # Resident memory of a trainer process before the model loads (Python, Paddle, tokenizer, data).
 CPU_PROCESS_BASELINE_BYTES = 424 * 1024**2
-# Loading into the storage precision: the peak over the bytes held (measured 1.01-1.09x on the 0.3B shape),
-# and on a GPU node the host's share (one block of rows of a tensor at a time, engine.models.streaming)
-LOAD_OVERHEAD = 1.10
-LOAD_BLOCK_BYTES = 64 * 1024**2
 # A GPU process's CUDA context and kernels' workspace on the device.
 GPU_CONTEXT_BYTES = 1 * GIB
 # Writing a checkpoint or model: serialisation plus disk on the reference node.
