@@ -154,8 +154,9 @@ class RunAttempt:
         return requeue_run(session, settings, self.run_id, reason)
 
 
-def claim_run(session: Session, run_id: int, worker: str, node: str) -> RunAttempt | None:
-    """Atomically move a queued run to running for `worker`; None if it is not queued (duplicate message)."""
+def start_attempt(session: Session, run_id: int, worker: str, node: str) -> bool:
+    """The atomic step of every claim: a queued, uncancelled run becomes running for `worker` with a new
+    attempt; False when it is not queued (a duplicate message, another worker first)."""
     now = utcnow()
     n = session.execute(
         update(Run)
@@ -170,6 +171,12 @@ def claim_run(session: Session, run_id: int, worker: str, node: str) -> RunAttem
             pid=None,
         )
     ).rowcount
+    return bool(n)
+
+
+def claim_run(session: Session, run_id: int, worker: str, node: str) -> RunAttempt | None:
+    """Atomically move a queued run to running for `worker`; None if it is not queued (duplicate message)."""
+    n = start_attempt(session, run_id, worker, node)
     session.commit()
     if not n:
         return None

@@ -14,13 +14,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from studio import queue
 from studio.models import Run, RunPart, RunStatus, utcnow
 from studio.services.events import add_event
-from studio.services.run_lifecycle import RunAttempt
+from studio.services.run_lifecycle import RunAttempt, start_attempt
 
 OPEN, CLAIMED, READY, LAUNCHED, ENDED, FAILED, RELEASED = (
     "open", "claimed", "ready", "launched", "ended", "failed", "released",
@@ -76,19 +76,7 @@ def claim_part(session: Session, run_id: int, worker: str, node: str, master: st
     running, reserves the attempt's parts and takes node rank 0 (its launcher serves the rendezvous at
     `master`); the next take the open parts in rank order. None when there is nothing to take."""
     now = utcnow()
-    n = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status == RunStatus.QUEUED, Run.cancel_requested.is_(False))
-        .values(
-            status=RunStatus.RUNNING,
-            worker=worker,
-            node=node,
-            attempt=Run.attempt + 1,
-            started_at=func.coalesce(Run.started_at, now),
-            heartbeat_at=now,
-            pid=None,
-        )
-    ).rowcount
+    n = start_attempt(session, run_id, worker, node)
     run = session.get(Run, run_id)
     if run is None:
         session.commit()
