@@ -7,7 +7,6 @@ its rank requeues the attempt, and every other part stops its launcher. Testable
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
 import time
@@ -44,9 +43,10 @@ from workers.training import (
     NoticesFile,
     _checkpoints,
     _finish,
-    _gpu_devices,
     _log_line,
     _rank_tails,
+    launcher_devices,
+    visible_gpus,
 )
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,11 @@ def _part(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat
         nodes = NodeGroup(master, claim.nnodes, claim.node_rank, settings.node_address or None)
     except ValueError as e:
         return _fail_part(session, claim, f"ERNIE_STUDIO_NODE_ADDRESS / rendezvous: {e}")
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    import paddle
+
+    devices = launcher_devices(visible_gpus(), claim.nproc, paddle.is_compiled_with_cuda())
     node_logs = directory / DIST_LOGS / f"node{claim.node_rank}"
-    cmd = launch_command(
-        entry, claim.nproc, str(node_logs), f"run{attempt.run_id}", _gpu_devices(visible, claim.nproc),
-        nodes=nodes,
-    )  # fmt: skip
+    cmd = launch_command(entry, claim.nproc, str(node_logs), f"run{attempt.run_id}", devices, nodes=nodes)
     from engine.train.run_dir import latest_checkpoint
 
     resume = latest_checkpoint(attempt.output_dir)
