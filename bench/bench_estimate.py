@@ -10,7 +10,13 @@ included, from run_summary.json), the mean seconds per step after the first, the
 (the last checkpoint and the final model) and the bytes on disk. Printed against the estimate's point
 value and its low / high range.
 
+The variants (``--variants``, default all): LoRA fp32, LoRA bf16, LoRA wint8 and Full fp32 on one process,
+and ``sharded``: Full fp32 with ``sharding: stage1`` on 2 gloo ranks (``python -m paddle.distributed.launch
+--nproc_per_node 2``), whose per-rank peak (each rank's own VmHWM, written by the rank's runner after the
+run) is held against the estimate's per-device peak for 2 devices.
+
     .venv/bin/python bench/bench_estimate.py [--lora-steps 8] [--full-steps 4] [--seq 1024] [--work DIR]
+        [--variants LoRA,LoRA-bf16,LoRA-wint8,Full,sharded] [--shard-steps 2] [--no-probe]
 """
 
 from __future__ import annotations
@@ -88,20 +94,43 @@ def probe_tokens_per_second(work: Path) -> float:
     return statistics.median(runs)
 
 
+# bench variant: (fine_tuning, compute_type, extra config)
+VARIANTS = {
+    "LoRA": ("LoRA", "fp32", {}),
+    "LoRA-bf16": ("LoRA", "bf16", {}),
+    "LoRA-wint8": ("LoRA", "wint8", {}),
+    "Full": ("Full", "fp32", {}),
+    "sharded": ("Full", "fp32", {"sharding": "stage1"}),
+}
+SHARD_RANKS = 2
+# each rank's runner: run the trainer, then write this rank's own peak RSS (the trainer's metrics are rank 0's)
+RANK_RUNNER = """import json, os, sys
+from engine.cli import main
+from engine.train.trainer import peak_rss_mib
+code = main(sys.argv[2:])
+rank = os.environ.get("PADDLE_TRAINER_ID", "0")
+with open(os.path.join(sys.argv[1], "peak_rss_rank" + rank + ".json"), "w") as f:
+    json.dump({"rank": int(rank), "peak_rss_mib": peak_rss_mib()}, f)
+sys.exit(code)
+"""
+
+
 def variant_config(name: str, model_dir: Path, data: Path, out: Path, seq: int, steps: int) -> dict:
+    fine_tuning, compute_type, extra = VARIANTS[name]
     return {
         "model_name_or_path": str(model_dir),
         "train_dataset_type": "erniekit",
         "train_dataset_path": str(data),
         "output_dir": str(out),
-        "fine_tuning": name,
-        "compute_type": "fp32",
+        "fine_tuning": fine_tuning,
+        "compute_type": compute_type,
         "max_seq_len": seq,
         "batch_size": 1,
         "max_steps": steps,
         "logging_steps": 1,
         "save_steps": 10**6,
         "disable_tqdm": True,
+        **extra,
     }
 
 
@@ -112,8 +141,20 @@ def measure(config: dict, work: Path, name: str) -> dict:
     cfg_file = work / f"{name}.yaml"
     cfg_file.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ranks = SHARD_RANKS if config.get("sharding") else 1
+    cmd = [sys.executable, "-m", "engine", "train", str(cfg_file)]
+    if ranks > 1:
+        from engine.train.parallel import launch_command
+
+        runner = work / "rank_runner.py"
+        runner.write_text(RANK_RUNNER)
+        peaks_dir = work / f"{name}-peaks"
+        shutil.rmtree(peaks_dir, ignore_errors=True)
+        peaks_dir.mkdir()
+        entry = [str(runner), str(peaks_dir), "train", str(cfg_file)]
+        cmd = launch_command(entry, ranks, str(work / f"{name}-logs"), f"bench-{name}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine", "train", str(cfg_file)],
+        cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -127,8 +168,17 @@ def measure(config: dict, work: Path, name: str) -> dict:
     final = json.loads((out / "run_summary.json").read_text())["final_metrics"]
     steps = [r["step_s"] for r in rows]
     disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    per_rank = [final["peak_rss_mib"]]
+    if ranks > 1:
+        found = sorted(json.loads(p.read_text())["rank"] for p in peaks_dir.glob("*.json"))
+        if found != list(range(ranks)):
+            sys.exit(f"{name}: rank peaks found for ranks {found}, expected 0..{ranks - 1}")
+        per_rank = [
+            json.loads((peaks_dir / f"peak_rss_rank{r}.json").read_text())["peak_rss_mib"] for r in found
+        ]
     return {
-        "peak_rss_gib": final["peak_rss_mib"] / 1024,
+        "peak_rss_gib": max(per_rank) / 1024,
+        "peak_rss_per_rank_gib": [v / 1024 for v in per_rank],
         "training_peak_gib": rows[-1]["peak_rss_mib"] / 1024,
         "step_s": statistics.mean(steps[1:] or steps),
         "first_step_s": steps[0],
@@ -140,7 +190,7 @@ def measure(config: dict, work: Path, name: str) -> dict:
     }
 
 
-def estimate_for(config: dict, stats: dict, probe: float) -> dict:
+def estimate_for(config: dict, stats: dict, probe: float, devices: int = 1) -> dict:
     from engine.estimate import DatasetTokens, NodeFacts, estimate_run
     from engine.models.config import ErnieConfig
     from engine.train.config import TrainConfig, config_from_dict
@@ -148,7 +198,9 @@ def estimate_for(config: dict, stats: dict, probe: float) -> dict:
     cfg = config_from_dict(TrainConfig, config)
     model = ErnieConfig.from_file(config["model_name_or_path"])
     node = NodeFacts(device="cpu", probe_tokens_per_second=probe)
-    return estimate_run(model, cfg, [DatasetTokens.from_stats(stats)], node=node).to_dict()
+    return estimate_run(
+        model, cfg, [DatasetTokens.from_stats(stats)], node=node, num_devices=devices
+    ).to_dict()
 
 
 def main() -> None:
@@ -158,7 +210,18 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ernie_bench_estimate")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}"
+    )
+    ap.add_argument("--shard-steps", type=int, default=2, help="steps of the 2-rank sharded run")
+    ap.add_argument(
+        "--no-probe", action="store_true", help="skip the throughput probes (memory only; time uses 4,300)"
+    )
     args = ap.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: {', '.join(unknown)} not among {', '.join(VARIANTS)}")
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir = make_model_dir(args.work)
     data = make_dataset(args.work)
@@ -170,19 +233,23 @@ def main() -> None:
     )
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     figures, failures = {}, []
-    for name, steps in (("LoRA", args.lora_steps), ("Full", args.full_steps)):
+    for name in chosen:
+        steps = {"Full": args.full_steps, "sharded": args.shard_steps}.get(name, args.lora_steps)
         config = variant_config(name, model_dir, data, args.work / f"run-{name}", args.seq, steps)
+        devices = SHARD_RANKS if config.get("sharding") else 1
         # the node's speed while this variant ran: its probe just before and just after (the box is shared)
-        before = probe_tokens_per_second(args.work)
+        before = 4300.0 if args.no_probe else probe_tokens_per_second(args.work)
         got = measure(config, args.work, name)
-        after = probe_tokens_per_second(args.work)
+        after = 4300.0 if args.no_probe else probe_tokens_per_second(args.work)
         probe = (before + after) / 2
-        est = estimate_for(config, stats, probe)
+        est = estimate_for(config, stats, probe, devices)
         load = os.getloadavg()
         got.update(probe_before=before, probe_after=after, load=load[0])
         figures[name] = {"estimate": est, "measured": got}
         print(
-            f"\n{name} SFT, fp32, max_seq_len {args.seq}, batch 1, {steps} steps; probe {before:,.0f} before, "
+            f"\n{name} SFT, {config['compute_type']}, {devices} process(es), max_seq_len {args.seq}, batch 1, "
+            f"{steps} steps; per-rank peak {', '.join(f'{v:.2f}' for v in got['peak_rss_per_rank_gib'])} GiB; "
+            f"probe {before:,.0f} before, "
             f"{after:,.0f} after; load average {load[0]:.2f} at the end"
         )
         for line in est["assumptions"]:

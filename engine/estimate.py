@@ -256,8 +256,12 @@ def estimate_run(
         load_peak = CPU_PROCESS_BASELINE_BYTES + largest
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
-    # save: a serialised copy of the state beside what training holds (the allocator keeps its pool)
-    save_peak = training + SAVE_COPY * ckpt_bytes
+    # save: a serialised copy of the state beside what training holds (the allocator keeps its pool); with
+    # sharding, rank 0 first gathers the other ranks' optimizer state (trainer.gathered_states)
+    gathered = parts["optimizer"] * (layout.sharding_degree - 1) + (
+        parts["master_weights"] * (layout.sharding_degree - 1)
+    )
+    save_peak = training + SAVE_COPY * ckpt_bytes + gathered
     final_peak = training + (0 if lora else FINAL_SAVE_COPY * final_bytes)
     memory = {k: v for k, v in parts.items() if k != "host_offload"}
     memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))

@@ -336,3 +336,29 @@ def test_full_dpo_counts_its_reference_as_dpo_reference_dtype_holds_it(tmp_path)
     # a bf16 run's reference in bf16 is half of the fp32 one; wint8 holds its linears in int8
     assert close(est["fp32"], 4 * n) and close(est["run"], 2 * n)
     assert close(est["run"] - est["wint8"], hand_03b()["linears"] * (2 - 1.01))
+
+
+# ---- against the runs recorded in docs/benchmarks.md ("Pre-flight estimate ... 2026-11-26 evening") -----
+
+# bench/bench_estimate.py's synthetic SFT file (64 samples, mean 270 / p95 387 / max 422 tokens)
+BENCH_DATA = [DatasetTokens(num_samples=64, mean_length=270, p95_length=387, max_length=422)]
+
+
+def test_bf16_lora_03b_peak_holds_the_measured_run(tmp_path):
+    # measured: a bf16 LoRA r8 run of the 0.3B shape, max_seq_len 1024, 8 steps: whole-run peak 2.51 GiB
+    model = official("ernie-4.5-0.3b", tmp_path)
+    est = estimate_run(model, train(compute_type="bf16", max_seq_len=1024, max_steps=8), BENCH_DATA, node=CPU)
+    assert close(est.memory["peak"], 2.51 * GIB, 0.10)
+
+
+def test_stage1_save_peak_counts_the_optimizer_state_rank0_gathers(tmp_path):
+    # measured: Full fp32, sharding stage1 on 2 gloo ranks, max_seq_len 512: rank 0 peaked at 10.30 GiB while
+    # saving (it gathers rank 1's AdamW moments before writing the checkpoint), rank 1 at 5.44 GiB
+    model = official("ernie-4.5-0.3b", tmp_path)
+    cfg = train(fine_tuning="Full", max_seq_len=512, max_steps=2, sharding="stage1")
+    est = estimate_run(model, cfg, BENCH_DATA, node=CPU, num_devices=2)
+    n = hand_03b()["total"]
+    assert close(est.memory["optimizer"], 8 * n / 2, 0.01)  # this rank's half of the moments
+    assert est.memory["save_peak"] - est.memory["training"] >= 0.9 * est.disk["checkpoint_bytes"] + 4 * n
+    assert close(est.memory["peak"], 10.30 * GIB, 0.10)
+    assert close(est.memory["training"], 5.44 * GIB, 0.10)
