@@ -669,8 +669,9 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         "**没有可行配置**：{devices} 个设备上最少也需每设备 {peak:.1f} GiB，可用 {cap:.1f} GiB",
     ),
     "tr.plan.moe": (
-        "{moe:.1f} GiB of it are the MoE blocks' activations, which recompute does not cover here",
-        "其中 {moe:.1f} GiB 为 MoE 模块的激活值，此处重计算不覆盖它们",
+        "{moe:.1f} GiB of it are what the MoE blocks keep under recompute (with expert parallelism the "
+        "router, dispatch and combine are not replayed)",
+        "其中 {moe:.1f} GiB 为重计算下 MoE 模块保留的激活值（专家并行时路由、分发与合并不重放）",
     ),
     "tr.plan.tp": (
         "it would fit with tensor_parallel_degree {tp} ({peak:.1f} GiB per device), which this engine does "
