@@ -6,11 +6,10 @@ than a worker of the node owns is refused by name."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
-from worker_helpers import pid_alive, wait_for
+from worker_helpers import processes_naming, wait_for
 
 from engine.train import run_training
 from engine.train.config import TrainConfig, config_from_dict
@@ -27,20 +26,6 @@ HYPER = {
     "seed": 5,
     "batch_size": 2,
 }
-
-
-def _trainer_pids(marker: str) -> list[int]:
-    """Processes whose command line names `marker` (the launcher and its ranks name the run's config)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if marker in cmdline and pid_alive(int(entry)):
-                pids.append(int(entry))
-    return pids
 
 
 def test_routing_names_the_devices_queue():
@@ -75,11 +60,11 @@ def test_two_device_run_by_a_worker_matches_one_process_and_resumes_as_a_group(
 
     # Cancel mid-run: every rank stops, rank 0 having saved a checkpoint at the step they agreed on.
     wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= 2, 120, "two logged steps")
-    assert len(_trainer_pids(marker)) >= 3  # the launcher and two ranks
+    assert len(processes_naming(marker)) >= 3  # the launcher and two ranks
     api.post(f"/runs/{rid}/cancel")
     cancelled = studio.wait_status(api, rid, {"cancelled", "succeeded", "failed"}, 30)
     assert cancelled["status"] == "cancelled", cancelled["error"]
-    wait_for(lambda: not _trainer_pids(marker), 10, "the launcher and every rank to exit")
+    wait_for(lambda: not processes_naming(marker), 10, "the launcher and every rank to exit")
     stopped_at = max(c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json())
     assert 2 <= stopped_at < HYPER["max_steps"]
 

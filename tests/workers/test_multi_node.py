@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from worker_helpers import pid_alive, wait_for
+from worker_helpers import processes_naming, wait_for
 
 HYPER = {
     "max_steps": 60,
@@ -24,23 +24,9 @@ HYPER = {
 }
 
 
-def _processes(marker: str) -> dict[int, str]:
-    """{pid: command line} of the live processes whose command line names `marker` (the run's config)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if marker in cmdline and pid_alive(int(entry)):
-                found[int(entry)] = cmdline
-    return found
-
-
 def _rank_pid(marker: str, rank: int) -> int | None:
     """The trainer process of global rank `rank` (not its launcher)."""
-    for pid, cmdline in _processes(marker).items():
+    for pid, cmdline in processes_naming(marker).items():
         if "paddle.distributed.launch" in cmdline:
             continue
         try:
@@ -87,21 +73,21 @@ def test_two_nodes_train_resume_after_a_lost_rank_and_cancel(studio_factory, pg_
         return [(p["node"], p["ranks"], p["status"]) for p in api.get(f"/runs/{rid}").json()["placement"]]
 
     wait_for(lambda: placement() and placement()[0][0] == "nodeA", 60, "node A to claim node rank 0")
-    assert placement()[1][0] is None and not _processes(marker)
+    assert placement()[1][0] is None and not processes_naming(marker)
     # Alone past the gang timeout: its claim is released and the run queued again for both nodes.
     wait_for(
         lambda: any("took their part" in e["message"] for e in api.get(f"/runs/{rid}/events").json()),
         60,
         "the gang timeout to release the claim",
     )
-    assert not _processes(marker)
+    assert not processes_naming(marker)
 
     studio.start_worker("train@nodeB", env=node("nodeB"))
     wait_for(lambda: len(api.get(f"/runs/{rid}/checkpoints").json()) >= 1, 240, "a first checkpoint")
     _assert_both_nodes_launched(placement())
     holds = {n["name"]: n["holds"] for n in api.get("/nodes").json()}
     assert sorted(h["ranks"] for h in holds["train@nodeA"] + holds["train@nodeB"]) == [[0], [1]], holds
-    assert len(_processes(marker)) >= 4  # two launchers and two ranks
+    assert len(processes_naming(marker)) >= 4  # two launchers and two ranks
 
     # Global rank 1's process is SIGKILLed: the other node stops too, and the run resumes on both nodes
     # from the newest checkpoint they share.
@@ -126,7 +112,7 @@ def test_two_nodes_train_resume_after_a_lost_rank_and_cancel(studio_factory, pg_
     api.post(f"/runs/{rid}/cancel")
     cancelled = studio.wait_status(api, rid, {"cancelled", "succeeded", "failed"}, 60)
     assert cancelled["status"] == "cancelled", cancelled["error"]
-    wait_for(lambda: not _processes(marker), 30, "both launchers and both ranks to exit")
+    wait_for(lambda: not processes_naming(marker), 30, "both launchers and both ranks to exit")
     stopped_at = max(c["step"] for c in api.get(f"/runs/{rid}/checkpoints").json())
     assert before + 2 <= stopped_at < HYPER["max_steps"]
 

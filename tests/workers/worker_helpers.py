@@ -245,5 +245,20 @@ def pid_alive(pid: int) -> bool:
     return False
 
 
+def processes_naming(marker: str) -> dict[int, str]:
+    """{pid: command line} of the live processes whose command line names `marker` (a run's config, which
+    a launcher and its ranks all name)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline and pid_alive(int(entry)):
+                found[int(entry)] = cmdline
+    return found
+
+
 def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
