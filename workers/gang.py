@@ -27,10 +27,12 @@ from studio.services.run_parts import (
     FAILED,
     LAUNCHED,
     READY,
+    Gang,
     PartClaim,
     beat_part,
     claim_part,
     gang,
+    killed,
     set_part,
 )
 from workers.process import engine_command, spawn, stop_group, tail
@@ -225,6 +227,7 @@ def _follow(
     metrics = MetricsTail(attempt.output_dir / "metrics.jsonl")
     notices = NoticesFile(attempt.output_dir / "notices.json")
     cancelled = False
+    stopped_since: float | None = None
     while True:
         code = proc.poll()
         if main:
@@ -254,7 +257,7 @@ def _follow(
             stop_group(proc, settings.kill_grace_s)
             continue
         g = gang(session, claim, settings.stale_after_s)
-        lost = [r for r in g.lost if r != claim.node_rank]
+        lost, stopped_since = _peers_lost(g, claim.node_rank, stopped_since, _settle_s(settings))
         if lost and not cancelled:
             _requeue_lost(session, settings, claim, lost, log_file)
             stop_group(proc, settings.kill_grace_s)
@@ -293,6 +296,46 @@ def _rank_error(node_logs: Path, nproc: int) -> str | None:
     return None
 
 
+def _peers_lost(
+    g: Gang, own: int, stopped_since: float | None, settle_s: float
+) -> tuple[list[int], float | None]:
+    """The other nodes whose ranks are lost, and since when others' ranks have been seen stopped. A node
+    whose ranks stopped without a kill (`Gang.stopped`) counts as lost once nobody else was named for
+    `settle_s`: its ranks are gone and this node's would wait in a collective for them."""
+    lost = [r for r in g.lost if r != own]
+    stopped = [r for r in g.stopped if r != own]
+    if not stopped:
+        return lost, None
+    since = stopped_since or time.monotonic()
+    return (lost or (stopped if time.monotonic() - since > settle_s else [])), since
+
+
+def _settle_s(settings: Settings) -> float:
+    """How long the other nodes' launchers take to end after one ends (their ranks lose their peer)."""
+    return settings.stale_after_s + settings.kill_grace_s
+
+
+def _lost_ranks(
+    session: Session, settings: Settings, claim: PartClaim, code: int, error: str | None
+) -> list[int]:
+    """The node ranks to name as lost after this node's launcher ended with `code`. A node whose rank was
+    killed names itself at once. A node whose ranks ended otherwise (a peer's loss breaks gloo's collective
+    with an abort or a timeout) first waits for the others' reports and names a node that was killed or went
+    silent; with none, itself when its own ranks left no Python error, else nobody (the run fails with it)."""
+    if error is None and killed(code):
+        return [claim.node_rank]
+    settle = time.monotonic() + _settle_s(settings)
+    while time.monotonic() < settle:
+        g = gang(session, claim, settings.stale_after_s)
+        others = [r for r in g.lost if r != claim.node_rank]
+        if others:
+            return others
+        if all(p.status in (ENDED, FAILED) for p in g.parts):
+            break
+        time.sleep(POLL_S)
+    return [] if error else [claim.node_rank]
+
+
 def _ended(
     session: Session, settings: Settings, claim: PartClaim, code: int, cancelled: bool, log_file: Path
 ) -> str | None:
@@ -308,18 +351,12 @@ def _ended(
     _log_line(log_file, f"node rank {claim.node_rank} ended (exit code {code})")
     if claim.node_rank != 0:
         if code != 0 and error is None and not cancelled:
-            _requeue_lost(session, settings, claim, [claim.node_rank], log_file)
+            _requeue_lost(
+                session, settings, claim, _lost_ranks(session, settings, claim, code, error), log_file
+            )
         return None
     if code != 0 and not cancelled:
-        lost = [] if error else [0]
-        # The others' launchers end within a few beats of this one (their ranks lose their peer).
-        settle = time.monotonic() + settings.stale_after_s + settings.kill_grace_s
-        while time.monotonic() < settle:
-            g = gang(session, claim, settings.stale_after_s)
-            lost += [r for r in g.lost if r not in lost]
-            if lost or all(p.status in (ENDED, FAILED) for p in g.parts):
-                break
-            time.sleep(POLL_S)
+        lost = _lost_ranks(session, settings, claim, code, error)
         if lost:
             _requeue_lost(session, settings, claim, lost, log_file)
             return None

@@ -30,6 +30,16 @@ HELD = (CLAIMED, READY, LAUNCHED)
 DONE = (ENDED, FAILED, RELEASED)
 
 
+# paddle.distributed.launch exits with its failed rank's code, so a rank killed by SIGKILL (a kill, the OOM
+# killer) or SIGTERM ends the launcher with -9 / -15, which the shell and Popen see as 247 / 241.
+KILLED_CODES = frozenset({-9, -15, 247, 241, 137, 143})
+
+
+def killed(exit_code: int) -> bool:
+    """Whether a launcher's exit code says its rank was killed (rather than failing or aborting)."""
+    return exit_code in KILLED_CODES
+
+
 @dataclass(frozen=True)
 class PartClaim:
     """One worker's part of an attempt: node `node_rank` of `nnodes`, with `nproc` ranks."""
@@ -51,8 +61,11 @@ class Gang:
 
     parts: list[RunPart]
     master: str | None
-    # Node ranks whose part lost its rank (failed without a Python error, or silent past stale_after_s).
+    # Node ranks whose part lost its rank (killed, or silent past stale_after_s).
     lost: list[int] = field(default_factory=list)
+    # Node ranks whose ranks ended with neither a Python error nor a kill: most often a peer's loss broke
+    # their collective (gloo aborts), so they are named as lost only when nobody else is.
+    stopped: list[int] = field(default_factory=list)
     # (node rank, error) of parts whose ranks failed with a Python error.
     errors: list[tuple[int, str]] = field(default_factory=list)
 
@@ -192,8 +205,10 @@ def gang(session: Session, claim: PartClaim, stale_after_s: float) -> Gang:
         if p.status == FAILED:
             if p.error:
                 out.errors.append((p.node_rank, p.error))
-            else:
+            elif p.exit_code is None or killed(p.exit_code):
                 out.lost.append(p.node_rank)
+            else:
+                out.stopped.append(p.node_rank)
         elif p.status in HELD and p.heartbeat_at is not None and p.heartbeat_at < cutoff:
             out.lost.append(p.node_rank)
     return out

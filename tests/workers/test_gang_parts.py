@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -14,8 +16,8 @@ from studio.config import Settings
 from studio.db import session_factory
 from studio.migrate import upgrade
 from studio.models import Run, RunPart, RunStatus, utcnow
-from studio.services.run_parts import LAUNCHED, claim_part, set_part
-from workers.gang import PartBeat, _follow
+from studio.services.run_parts import LAUNCHED, Gang, claim_part, killed, set_part
+from workers.gang import PartBeat, _follow, _peers_lost
 
 
 @pytest.fixture
@@ -77,3 +79,40 @@ def test_a_silent_node_requeues_the_attempt_and_stops_rank_0(settings, tmp_path)
         run = s.get(Run, first.attempt.run_id)
         assert run.status == RunStatus.QUEUED
         assert "node rank(s) 1 of attempt 1 lost their ranks" in (tmp_path / "train.log").read_text()
+
+
+def test_a_killed_rank_is_named_lost_not_the_node_whose_ranks_its_loss_stopped(settings, tmp_path):
+    """Node rank 1's rank is SIGKILLed; node rank 0's rank aborts on the broken collective (no Python error,
+    launcher exit 250) and its launcher ends first. Rank 0 waits for the others' reports and names node rank 1,
+    whose launcher ended with a kill's code (247), rather than itself."""
+    first, second, proc = _started(settings, tmp_path)
+    proc.kill()
+    proc.wait()
+    aborted = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(250)"])
+
+    def killed_report() -> None:
+        time.sleep(1.0)
+        with session_factory(settings)() as s:
+            set_part(s, second, "failed", exit_code=247)
+
+    reporter = threading.Thread(target=killed_report)
+    reporter.start()
+    try:
+        assert _follow_rank0(settings, first, aborted, tmp_path) is None
+    finally:
+        reporter.join()
+    log = (tmp_path / "train.log").read_text()
+    assert "node rank(s) 1 of attempt 1 lost their ranks" in log, log
+    with session_factory(settings)() as s:
+        assert s.get(Run, first.attempt.run_id).status == RunStatus.QUEUED
+
+
+def test_ranks_stopped_without_a_kill_count_as_lost_only_when_nobody_else_is():
+    killed_one = Gang([], None, lost=[1], stopped=[2])
+    assert _peers_lost(killed_one, 0, None, 5.0)[0] == [1]
+    stopped_only = Gang([], None, stopped=[2])
+    lost, since = _peers_lost(stopped_only, 0, None, 5.0)
+    assert lost == [] and since is not None
+    assert _peers_lost(stopped_only, 0, since - 6.0, 5.0)[0] == [2]
+    assert _peers_lost(Gang([], None, stopped=[0]), 0, None, 5.0) == ([], None)  # its own part is not a peer
+    assert [killed(c) for c in (247, -9, 241, 250, 1, 0)] == [True, True, True, False, False, False]
