@@ -162,6 +162,7 @@ def _serve_paddle(args: argparse.Namespace, model_dir: Path) -> int:
 
 
 def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
+    import engine
     from engine.serve.fastdeploy import (
         DEFAULT_MAX_MODEL_LEN,
         GPU_MEMORY_UTILIZATION,
@@ -170,6 +171,9 @@ def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
     )
     from engine.train.export import export_for_serving
 
+    # FastDeploy renders the model's chat template itself: the template is loaded here first, in the sandbox,
+    # so a template that tries to leave it stops the launch (as on the other backends) before any export.
+    engine.load_tokenizer(str(tokenizer_dir(model_dir)))
     log_dir = Path(args.log_dir) if args.log_dir else model_dir / "fastdeploy-logs"
     # FastDeploy loads bf16 / fp16 Paddle-layout weights with its own config keys: a model in another form
     # (fp32 runs, HF layout, PTQ exports) is written in that form under the log dir first.

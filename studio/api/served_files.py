@@ -37,7 +37,8 @@ SERVED_FILE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; sandbox",
 }
-GRADIO_FILE_PREFIXES = ("/gradio_api/file=", "/file=")
+# Gradio serves files at /file={path} and at its alias /file/{path} (routes.py), each also under /gradio_api.
+GRADIO_FILE_PREFIXES = ("/gradio_api/file=", "/gradio_api/file/", "/file=", "/file/")
 
 
 def inline_media_type(name: str) -> str | None:

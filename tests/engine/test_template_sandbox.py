@@ -156,3 +156,18 @@ def test_serve_is_refused_and_a_request_cannot_escape(tiny_model_dir, tmp_path, 
         )
     assert r.status_code == 400 and "tried to leave its sandbox" in r.text
     assert not sentinel.exists()
+
+
+def test_the_fastdeploy_launch_is_refused_before_any_export(tiny_model_dir, tmp_path):
+    """FastDeploy renders the template in its own process: the studio's launcher loads it in the sandbox
+    first, so an escaping template stops the launch before the serving export is written or FastDeploy runs."""
+    import argparse
+
+    from engine.serve.cli import _serve_fastdeploy
+
+    sentinel = tmp_path / "SENTINEL"
+    d = evil_model(tiny_model_dir, tmp_path / "evil", ESCAPE, sentinel)
+    args = argparse.Namespace(log_dir=str(tmp_path / "fd-logs"))
+    with pytest.raises(ChatTemplateRefused, match="chat_template.jinja"):
+        _serve_fastdeploy(args, d)
+    assert not (tmp_path / "fd-logs").exists() and not sentinel.exists()

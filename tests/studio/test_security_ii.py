@@ -94,27 +94,39 @@ def test_rest_route_serves_pages_only_as_attachments_and_never_remote(client, se
             datasets_svc.dataset_file(session, settings, ds["id"], ".remote/0123abcd")
 
 
+# Every spelling of Gradio's file route: /file={path} and its alias /file/{path}, at the root and under
+# /gradio_api (an outside review found the alias served pages inline after the first spelling was guarded).
+GRADIO_FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")
+
+
 def test_gradio_file_route_serves_pages_only_as_attachments_and_never_remote(studio_with_ui):
     _, folder = upload_zip_with_pages(studio_with_ui)
+    (folder / ".remote").mkdir()
+    (folder / ".remote" / "0123abcd").write_bytes(b"internal service answer")
+    for route in GRADIO_FILE_ROUTES:
+        _gradio_route_guarded(studio_with_ui, route, folder)
+    for route in ("/file=", "/file/"):  # mounted at /, Gradio 6 serves files under /gradio_api only
+        r = studio_with_ui.get(f"{route}{folder / 'evil.html'}")
+        assert r.status_code == 404 and b"<script>" not in r.content, route
+
+
+def _gradio_route_guarded(studio_with_ui, route: str, folder: Path) -> None:
     for name, body in ACTIVE.items():
-        assert_attachment(studio_with_ui.get(f"/gradio_api/file={folder / name}"), body)
+        assert_attachment(studio_with_ui.get(f"{route}{folder / name}"), body)
+        head = studio_with_ui.head(f"{route}{folder / name}")
+        assert head.headers.get("x-content-type-options") == "nosniff", (route, name, head.headers)
     image = sorted(VL_IMAGES.iterdir())[0]
-    assert_inline_image(
-        studio_with_ui.get(f"/gradio_api/file={folder / 'images' / image.name}"), image.read_bytes()
-    )
-    remote = folder / ".remote"
-    remote.mkdir()
-    (remote / "0123abcd").write_bytes(b"internal service answer")
-    for named in (remote / "0123abcd", f"{folder}/images/../.remote/0123abcd"):
-        r = studio_with_ui.get(f"/gradio_api/file={named}")
-        assert r.status_code in (403, 404) and b"internal service answer" not in r.content, named
+    assert_inline_image(studio_with_ui.get(f"{route}{folder / 'images' / image.name}"), image.read_bytes())
+    for named in (folder / ".remote" / "0123abcd", f"{folder}/images/../.remote/0123abcd"):
+        r = studio_with_ui.get(f"{route}{named}")
+        assert r.status_code in (403, 404) and b"internal service answer" not in r.content, (route, named)
     # Gradio's file route would fetch a URL and stream it back from the studio's origin
     for url in ("http://127.0.0.1:9/x.png", "https://example.com/a.html", "http:/example.com/a"):
-        r = studio_with_ui.get(f"/gradio_api/file={url}")
-        assert r.status_code == 404 and "not URLs" in r.json()["message"], url
+        r = studio_with_ui.get(f"{route}{url}")
+        assert r.status_code in (403, 404) and b"Example Domain" not in r.content, (route, url)
     # a refused file still carries the headers
-    r = studio_with_ui.get("/gradio_api/file=/etc/passwd")
-    assert r.status_code == 403 and r.headers["x-content-type-options"] == "nosniff"
+    r = studio_with_ui.get(f"{route}/etc/passwd")
+    assert r.status_code in (403, 404) and r.headers["x-content-type-options"] == "nosniff", route
 
 
 def _multipart(files: list[tuple[str, bytes]], boundary: str = "studio-test-boundary") -> list[bytes]:
