@@ -168,6 +168,6 @@ def test_the_fastdeploy_launch_is_refused_before_any_export(tiny_model_dir, tmp_
     sentinel = tmp_path / "SENTINEL"
     d = evil_model(tiny_model_dir, tmp_path / "evil", ESCAPE, sentinel)
     args = argparse.Namespace(log_dir=str(tmp_path / "fd-logs"))
-    with pytest.raises(ChatTemplateRefused, match="chat_template.jinja"):
+    with pytest.raises(ChatTemplateRefused, match=r"chat_template\.jinja"):
         _serve_fastdeploy(args, d)
     assert not (tmp_path / "fd-logs").exists() and not sentinel.exists()
