@@ -1,8 +1,8 @@
 """GGUF in the browser: export a finished run as GGUF from the Runs tab, deploy the q8_0 file with llama.cpp in
 one click, and chat with it in Deploy & Chat (streamed); the sampling parameters reach llama-server.
 
-Needs llama.cpp's tools (`make llamacpp`); reuses a finished run of the shared e2e studio when there is one,
-else trains a tiny full fine-tune of 40 steps through REST.
+Needs llama.cpp's tools (`make llamacpp`); trains its own tiny full fine-tune of 40 steps through REST, so
+what it exports does not depend on which browser tests ran before it in the same studio.
 """
 
 from __future__ import annotations
@@ -32,11 +32,8 @@ HELD_OUT = [f"Item {k}: what does the {a} say?" for k, a in ((17, "cat"), (42, "
 
 
 def _finished_run(studio: str, tmp_path) -> dict:
-    """A succeeded run of this studio, or a new 40-step full fine-tune of the tiny preset on
-    test_evaluate's task (an animal's sound), which it learns in a few seconds."""
-    done = [r for r in api(studio, "/runs") if r["status"] == "succeeded"]
-    if done:
-        return done[0]
+    """A new 40-step full fine-tune of the tiny preset on test_evaluate's task (an animal's sound), which it
+    learns in a few seconds."""
     data = write_animals(tmp_path / "animals.jsonl")
     with data.open("rb") as f:
         r = httpx.post(
