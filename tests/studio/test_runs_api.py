@@ -52,6 +52,24 @@ def test_create_validates_against_the_engine_config(client, settings):
     assert r.status_code == 201 and r.json()["config"]["beta"] == 0.2
 
 
+def test_an_expert_parallel_degree_that_does_not_divide_the_experts_is_refused_and_nothing_is_queued(
+    client, settings
+):
+    from engine.models.initialize import init_model
+
+    init_model("tiny-moe", settings.models_dir / "tiny-moe", seed=0)  # 8 routed experts per MoE layer
+    ds = upload(client, DEMO_SFT).json()
+    body = {"dataset_ids": [ds["id"]], "base_model": "tiny-moe",
+            "hyperparameters": {"max_steps": 5, "expert_parallel_degree": 3}}  # fmt: skip
+    r = client.post("/api/v1/runs", json=body)
+    assert r.status_code == 422, r.text
+    assert "expert_parallel_degree: 3 does not divide the model's 8 experts" in r.json()["message"], r.text
+    assert client.get("/api/v1/runs").json() == []
+    # the same run without expert parallelism is accepted
+    body["hyperparameters"]["expert_parallel_degree"] = 1
+    assert client.post("/api/v1/runs", json=body).status_code == 201
+
+
 def test_sharding_on_one_device_is_refused_and_nothing_is_queued(client):
     ds = upload(client, DEMO_SFT).json()
     body = {"dataset_ids": [ds["id"]], "hyperparameters": {"max_steps": 5, "sharding": "stage1"}}
