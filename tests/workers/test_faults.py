@@ -1,6 +1,7 @@
 """Faults on Redis + PostgreSQL with real processes: a worker SIGKILLed mid-run (the run resumes on a new
 worker from its checkpoint with no duplicated metric steps), the API restarted mid-run (nothing lost),
-Redis stopped with runs queued (none lost), and 8 runs queued on one worker run in order."""
+Redis stopped with runs queued (none lost), and the 5 runs queued around the outage (4 before, 1 during) run
+in order on one worker."""
 
 from __future__ import annotations
 
