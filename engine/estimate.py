@@ -21,7 +21,10 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
   weights, stage 2 the gradients too; expert parallelism gives each rank 1 / degree of the routed experts
   (their weights, gradients, state and adapters); offload moves masters and moments to host RAM (GPU).
 - DPO: LoRA's reference is the base with its adapters off (no copy); Full keeps a frozen reference in the
-  run's storage precision.
+  run's storage precision, every expert in each process.
+- The planner's what-ifs, which this engine does not run (tensor parallelism, recompute replaying the MoE
+  exchange), are weighed as ERNIEKit runs them: whole layers replayed under recompute, the MoE exchange
+  included, and under tensor parallelism a Full DPO reference split like the model (``recompute_plan``).
 - Saving a checkpoint serialises a copy of what it writes (trainable weights and optimizer state);
   saving a Full run's final model copies the weights again (fp32).
 """
@@ -397,13 +400,21 @@ class Layout:
     parallel, which the planner only uses to say a run needs it). Sharding shards the optimizer state (stage
     1; stage 2 the gradients too) over the ranks holding the same weights; expert parallelism gives each rank
     1 / ``expert_parallel`` of every MoE layer's routed experts; offload keeps the optimizer state in host
-    RAM (GPU)."""
+    RAM (GPU). ``replay_exchange``, like ``tensor_parallel`` > 1, is only a what-if of the planner's:
+    recompute replaying the split MoE blocks' exchange as ERNIEKit's does (``recompute_plan``)."""
 
     devices: int = 1
     expert_parallel: int = 1
     sharding_stage: int = 0
     offload: bool = False
     tensor_parallel: int = 1
+    replay_exchange: bool = False
+
+    @property
+    def replays_exchange(self) -> bool:
+        """Whether recompute rebuilds a split MoE block whole, its exchange included: never in this engine;
+        in the planner's what-ifs, with ``replay_exchange`` or tensor parallelism (``recompute_plan``)."""
+        return self.replay_exchange or self.tensor_parallel > 1
 
     @property
     def sharding_degree(self) -> int:
@@ -424,6 +435,8 @@ class Layout:
             parts.append(f"sharding stage {self.sharding_stage} ({what} split over {self.sharding_degree})")
         if self.offload:
             parts.append("optimizer state offloaded to host RAM")
+        if self.replay_exchange:
+            parts.append("MoE exchange replayed under recompute")
         return ", ".join(parts) or "data-parallel, each holding the whole model and optimizer"
 
 
@@ -488,14 +501,17 @@ def device_memory(
     if layout.offload and gpu:
         offloaded, masters, moments = masters + moments, 0.0, 0.0
     adapters = 4 * local.lora if lora else 0  # fp32 adapter weights beside the frozen base
-    recompute, moe_recompute = recompute_plan(cfg, layout.expert_parallel)
+    recompute, moe_recompute = recompute_plan(cfg, layout.expert_parallel, layout.replays_exchange)
     act = _activation_bytes(model, recompute, rows, row_len, gpu, mode, layout.tensor_parallel, moe_recompute)
     # DPO's reference: LoRA switches its adapters off (the base is the reference); Full keeps a frozen copy
     # of the base in the run's storage precision
     reference = 0.0
     if cfg.stage == "DPO" and not lora and not cfg.reference_free:
-        # held as dpo_reference_dtype says, with every expert in each process (never split)
-        reference = _reference_bytes(counts, cfg, mode, gpu)
+        # held as dpo_reference_dtype says, with every expert in each process (the trainer never splits it,
+        # engine/train/trainer.py build_reference). Under tensor parallelism, which only the planner's
+        # what-if has, it is split like the model, as ERNIEKit builds it (erniekit/train/dpo/workflow.py:
+        # ref_model = model_class.from_config(ref_config) with the run's tensor_parallel_degree and moe_group)
+        reference = _reference_bytes(local if layout.tensor_parallel > 1 else counts, cfg, mode, gpu)
     baseline = GPU_CONTEXT_BYTES if gpu else CPU_PROCESS_BASELINE_BYTES
     steady = baseline + held + adapters + masters + moments + reference
     # gradients fill up while backward frees activations, but Paddle's allocator keeps what it freed for
@@ -588,17 +604,26 @@ def _steps(
     return max(1, round(per_epoch * cfg.num_train_epochs)), per_epoch
 
 
-def recompute_plan(cfg: TrainConfig, expert_parallel: int) -> tuple[str | None, str | None]:
+def recompute_plan(
+    cfg: TrainConfig, expert_parallel: int, replay_exchange: bool = False
+) -> tuple[str | None, str | None]:
     """(granularity or None, what of the MoE blocks is recomputed) as the trainer sets them
     (engine/train/trainer.py ``set_recompute``, engine/models/ernie.py ``DecoderLayer.forward``): with
     ``use_recompute_moe`` the whole ``block``, or only its ``experts`` when expert parallelism splits them
-    (the exchange is never replayed); None keeps every MoE activation."""
+    (the exchange is never replayed); None keeps every MoE activation.
+
+    ``replay_exchange`` (``Layout.replays_exchange``: the planner's what-ifs, tensor parallelism among them)
+    rebuilds the MoE blocks whole as ERNIEKit does, which this engine does not: ERNIEKit recomputes each
+    decoder layer whole, its MoE block and the block's exchange included (PaddlePaddle/ERNIE
+    ernie/modeling_moe.py: ``Ernie4_5_Model.recompute_training`` wraps the layer in fleet's ``recompute``),
+    and under tensor parallelism the mp layers' sequence-parallel gathers are replayed in every rebuild
+    anyway."""
     if not cfg.recompute:
         return None, None
     granularity = getattr(cfg, "recompute_granularity", "full")
     if not getattr(cfg, "use_recompute_moe", True):
         return granularity, None
-    return granularity, "block" if expert_parallel <= 1 else "experts"
+    return granularity, "block" if expert_parallel <= 1 or replay_exchange else "experts"
 
 
 def _activation_bytes(
@@ -1064,24 +1089,75 @@ def plan_run(
         plan.reason += (
             f"; with the experts split over {closest.candidate.layout.expert_parallel}: {closest.reason}"
         )
-    # would tensor parallelism (fleet's mp layers with sequence parallel) make it fit? Say how much.
-    d = counts_to_try[-1]
+    plan.reason += _replay_what_if(split, weigh)
+    _tensor_parallel_what_if(plan, model, base, kind, counts_to_try[-1], pool, stage_pin, weigh)
+    return plan
+
+
+def _replay_what_if(split: list[Verdict], weigh) -> str:
+    """Would recompute replaying the split MoE blocks' exchange (ERNIEKit's recompute does, this engine's
+    does not) make one of the expert-parallel settings ``split`` fit, without tensor parallelism? The
+    clause that says so, or nothing."""
+    replayed = [
+        weigh(replace(v.candidate, layout=replace(v.candidate.layout, replay_exchange=True)))
+        for v in split
+        if v.candidate.recompute
+    ]
+    fit = sorted((v for v in replayed if v.fits), key=_preference)
+    if not fit:
+        return ""
+    return (
+        "; recompute replaying the MoE exchange, as ERNIEKit's does and this engine's does not, would "
+        f"bring it to {fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()})"
+    )
+
+
+def _tensor_parallel_what_if(
+    plan: Plan,
+    model: ErnieConfig,
+    base: TrainConfig,
+    kind: str,
+    devices: int,
+    pool: list[NodeFacts],
+    stage_pin: int | None,
+    weigh,
+) -> None:
+    """Would tensor parallelism make it fit on ``devices``? Weighed as ERNIEKit's recipes run it (fleet's
+    mp layers with sequence parallel, experts split, whole layers replayed under recompute, a Full DPO
+    reference split like the model: ``recompute_plan``, ``device_memory``). Sets ``needs_tensor_parallel``
+    to the smallest degree that would, or says what the largest one would still leave per device."""
     per_node = max(n.devices for n in pool)
+    closest: Verdict | None = None
     for tp in PLAN_TENSOR_PARALLEL:
-        if tp > per_node or d % tp:
+        if tp > per_node or devices % tp:
             continue
-        cands = _candidates(model, kind, fine_tuning, d, pool, None, stage_pin, tp=tp)
-        fit = sorted((v for v in (weigh(c) for c in cands) if v.fits), key=_preference)
+        cands = _candidates(model, kind, base.fine_tuning, devices, pool, None, stage_pin, tp=tp)
+        weighed = [
+            weigh(c) for c in _with_references(cands, base.stage, base.fine_tuning, base.reference_free)
+        ]
+        fit = sorted((v for v in weighed if v.fits), key=_preference)
         if fit:
             plan.needs_tensor_parallel = tp
             plan.tensor_parallel_option = fit[0]
             plan.reason += (
-                f"; it needs tensor parallelism: with tensor_parallel_degree {tp} (sequence parallel) it "
-                f"would take {fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()}), "
+                f"; it needs tensor parallelism: with tensor_parallel_degree {tp} "
+                f"({_tensor_parallel_terms(base, fit[0].candidate)}) it would take "
+                f"{fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()}), "
                 "and this engine has no tensor parallelism (fleet's mp layers are not implemented)"
             )
-            break
-    return plan
+            return
+        closest = _leanest(weighed) if weighed else closest
+    if closest is None:
+        return
+    held = (
+        "weights, gradients and reference" if closest.memory["reference_model"] else "weights and gradients"
+    )
+    plan.reason += (
+        f"; even with tensor_parallel_degree {closest.candidate.layout.tensor_parallel} "
+        f"({_tensor_parallel_terms(base, closest.candidate)}): {closest.reason}; what would split the "
+        f"{held} further, pipeline parallelism (ERNIEKit's pipeline_parallel_degree) or sharding combined "
+        "with expert parallelism, is not in this engine either"
+    )
 
 
 def check_settings(
@@ -1284,6 +1360,19 @@ def _preference(v: Verdict) -> tuple:
 def _leanest(verdicts: list[Verdict]) -> Verdict:
     """The setting that needs the least memory per device (what comes closest to fitting)."""
     return min(verdicts, key=lambda v: v.memory["peak"])
+
+
+def _tensor_parallel_terms(cfg: TrainConfig, cand: Candidate) -> str:
+    """What the planner's tensor-parallel what-if assumes beyond the degree, as ERNIEKit's recipes run it
+    (``recompute_plan``, ``device_memory``)."""
+    terms = ["sequence parallel"]
+    if cand.layout.expert_parallel > 1:
+        terms.append(f"experts split over {cand.layout.expert_parallel}")
+        if cand.recompute:
+            terms.append("recompute replaying whole layers, the MoE exchange included, as ERNIEKit's does")
+    if cfg.stage == "DPO" and not cfg.lora and not cfg.reference_free:
+        terms.append("the frozen reference split like the model, as ERNIEKit builds it")
+    return ", ".join(terms)
 
 
 def _alternatives(best: Verdict, verdicts: list[Verdict]) -> list[Verdict]:

@@ -61,13 +61,19 @@ def test_each_row_on_its_gpus_and_on_half_as_many(row):
         assert got.verdict == "does not fit" and got.fits == []
         assert f"does not fit on {gpus} device(s)" in got.reason and "GiB per device" in got.reason
         if row["expected"] == "needs tensor parallelism":
+            # weighed as ERNIEKit's recipes run it (sequence parallel, whole layers replayed under recompute)
             assert got.needs_tensor_parallel in (2, 4, 8)
             assert "needs tensor parallelism" in got.reason and "tensor_parallel_degree" in got.reason
+            assert "sequence parallel" in got.reason
+            assert got.tensor_parallel_option.memory["peak"] <= 0.92 * 80 * GIB
         else:  # what keeps it off these GPUs here: the MoE blocks' activations that recompute keeps
             # under expert parallelism (the dispatch and combine), or the whole weights without it
             assert got.needs_tensor_parallel is None
             # (a Full DPO run's frozen reference holds every expert in each process)
             assert "MoE blocks" in got.reason or "reference model" in got.reason
+            # and even tensor parallelism 8 leaves more than a device holds: ERNIEKit's recipes for these
+            # rows also split the layers over pipeline stages
+            assert "even with tensor_parallel_degree 8" in got.reason and "pipeline parallelism" in got.reason
     if row["half"]:
         half = plan(row, gpus // 2)
         assert half.verdict == row["half"], half.reason
@@ -139,6 +145,49 @@ def test_memory_by_part_follows_sharding_expert_parallel_offload_and_the_dpo_ref
         Candidate("bf16", False, Layout(1), 1), pool, "gpu",
     ).memory  # fmt: skip
     assert lora["reference_model"] == 0  # LoRA-DPO's reference is the base with its adapters off
+
+
+def test_the_tensor_parallel_what_if_runs_as_erniekit_runs_it():
+    """The planner's tensor parallelism (which this engine does not have) is weighed as ERNIEKit's recipes
+    run it: whole layers replayed under recompute, the MoE exchange included (this engine keeps the split
+    MoE blocks' router, dispatch and combine activations instead), and a Full DPO reference split like the
+    model; the engine's own layouts keep their figures."""
+    model = ErnieConfig(**preset_fields("ernie-4.5-21b-a3b"))
+    cfg = config_from_dict(
+        TrainConfig,
+        {
+            "model_name_or_path": "m",
+            "train_dataset_path": "d",
+            "output_dir": "o",
+            "compute_type": "bf16",
+            "fine_tuning": "Full",
+            "recompute": True,
+        },
+    )
+    counts = count_parameters(model)
+    pool = gpu_nodes(8)
+
+    def mem(layout: Layout, stage: str = "SFT") -> dict:
+        c = Candidate("bf16", True, layout, 1)
+        return _weigh(model, counts, replace(cfg, stage=stage), counts.total, 1, 4096, c, pool, "gpu").memory
+
+    split = mem(Layout(8, expert_parallel=8))
+    replayed = mem(Layout(8, expert_parallel=8, replay_exchange=True))
+    assert split["moe_activations"] > 0 and replayed["moe_activations"] == 0
+    # a rebuilt MoE block keeps its bf16 input alone, in place of its router, dispatch and combine values
+    inputs = 2 * model.hidden_size * 4096 * sum(model.is_moe_layer(i) for i in range(model.num_hidden_layers))
+    assert replayed["activations"] == pytest.approx(split["activations"] - split["moe_activations"] + inputs)
+    assert replayed["weights"] == split["weights"]
+    assert mem(Layout(8))["activations"] == pytest.approx(replayed["activations"])  # one expert group
+    # sequence parallel splits the activations over the tensor-parallel group
+    tp = mem(Layout(8, expert_parallel=4, tensor_parallel=2))
+    assert tp["moe_activations"] == 0
+    assert tp["activations"] == pytest.approx(replayed["activations"] / 2)
+    # Full DPO: the engine's reference keeps every expert; under the tensor-parallel what-if it is split
+    whole_ref = mem(Layout(8), "DPO")["reference_model"]
+    assert mem(Layout(8, expert_parallel=4), "DPO")["reference_model"] == pytest.approx(whole_ref)
+    dpo_tp = mem(Layout(8, expert_parallel=4, tensor_parallel=2), "DPO")
+    assert dpo_tp["reference_model"] == pytest.approx(dpo_tp["weights"]) and dpo_tp["weights"] < whole_ref / 3
 
 
 @pytest.mark.parametrize(
