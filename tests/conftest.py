@@ -46,53 +46,28 @@ def tiny_vl_model_dir(models_dir) -> Path:
     return _init(models_dir, "tiny-vl")
 
 
-# `make test` runs the suite on pytest-xdist processes. Each file's tests stay in one process, so module
-# fixtures (a trained model, a server) are built once; a process that runs browser tests starts its own
-# studio (a session fixture), so browser files spread over the processes like the others; and the files that
-# start real workers, servers and browsers go first, so the long ones do not end up last on one process while
-# the others are idle. (xdist's own `loadgroup` marks did not group anything with this pytest: the scheduler
-# below says what a unit is instead.)
-SLOW_FIRST = ("tests/e2e/", "tests/workers/")
-# The longest files, longest first (seconds of one full run on 2 cores, 2026-11-27): given out first, so no
-# process is left with one of them at the end while the others are idle.
-LONGEST = (
-    "tests/e2e/test_studio.py",  # 176
-    "tests/e2e/test_run_actions.py",  # 88
-    "tests/workers/test_faults.py",  # 83
-    "tests/e2e/test_vl_chat.py",  # 77
-    "tests/workers/test_embedded_up.py",  # 56
-    "tests/e2e/test_evaluate.py",  # 52
-    "tests/workers/test_multi_node.py",  # 51
-    "tests/e2e/test_gguf_deploy.py",  # 42
-    "tests/engine/test_distributed.py",  # 40
-    "tests/workers/test_queue_redis_restart.py",  # 39
-    "tests/workers/test_multi_device.py",  # 37
-    "tests/engine/test_train.py",  # 35
-)
-
-
-def _order(nodeid: str) -> tuple[int, int]:
-    path = nodeid.split("::", 1)[0]
-    if path in LONGEST:
-        return (0, LONGEST.index(path))
-    return (1 if path.startswith(SLOW_FIRST) else 2, 0)
+# `make test` runs the suite on two pytest-xdist processes. Each file's tests stay in one process, so module
+# fixtures (a trained model, a server) are built once, and the browser tests, which share one studio, form one
+# unit. (xdist's own `loadgroup` marks did not group anything with this pytest: the scheduler below says what
+# a unit is instead.) xdist hands the units out by their number of tests, most first; among units of one
+# size, the files that start real workers, servers and browsers go first. Measured on the quiet 2-core
+# machine, 2026-11-27: this took 742 s; the longest files first, with the browser files spread over both
+# processes (one studio each), took 863 s: the long tests then overlap each other and each waits longer.
+SLOW_FIRST = ("tests/workers/", "tests/e2e/")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: _order(item.nodeid))
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    # xdist would otherwise reorder the files by their number of tests, which puts the long one-test files
-    # last; they go out in the order above.
-    config.option.loadscopereorder = False
-
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            return "tests/e2e/" if path.startswith("tests/e2e/") else path
 
     return FileScheduling(config, log)
 
