@@ -84,7 +84,8 @@ def test_two_ranks_match_one_process_with_double_batch(tiny_model_dir, tmp_path)
     with paddle.no_grad():
         a = engine.load_model(tmp_path / "dp1")(ids).logits.numpy()
         b = engine.load_model(tmp_path / "dp2")(ids).logits.numpy()
-    np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+    print(f"final models' logits: max |diff| = {np.abs(b - a).max():.2e}")
+    np.testing.assert_allclose(b, a, atol=5e-5, rtol=0)  # measured 7.2e-6 (AMD EPYC): 7x
 
 
 def test_the_launcher_flags_we_use_are_those_of_the_installed_paddle():

@@ -285,6 +285,8 @@ def test_members_of_an_elastic_run_lose_less_than_members_cut_from_a_plain_run(t
     # loses clearly, at half the lowest gap seen so that no CPU's rounding sits at the bound.
     assert plain_gap > 0.025
     assert elastic_gap < 0.5 * plain_gap
-    # the full model trains on half the steps; early on it stays within 20 % of the plain run's (at batch 4 and
-    # 120 steps seed 1 gave +16 %); bench_elastic measures the margin over 3 seeds after 300 steps
+    # the full model trains on half the steps; early on it stays within 20 % of the plain run's. Measured at
+    # this budget (AMD EPYC, 2026-11-27): seed 0 +6.2 % (1 thread), +2.5 % (2 threads); seeds 1-4 +14.7,
+    # +10.8, +7.6 and -12.4 %. The docs' 10 % is bench_elastic's margin (3-seed mean after 300 steps, +6.7 %);
+    # one seed at 150 steps spans -12 to +15 %, so 20 % (1.36x the largest) is as tight as any CPU allows.
     assert losses["elastic"]["full"] < 1.20 * losses["plain"]["full"]

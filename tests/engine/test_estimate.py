@@ -36,8 +36,15 @@ def official(name: str, tmp_path) -> ErnieConfig:
     return ErnieConfig.from_file(tmp_path / name / "config.json")
 
 
-def close(value: float, expected: float, tolerance: float = 0.15) -> bool:
+def close(value: float, expected: float, tolerance: float) -> bool:
     return abs(value / expected - 1) <= tolerance
+
+
+# The estimate against the hand counts below (deterministic arithmetic, the same on every CPU). Measured:
+# parameters within 0.27 % (VL-28B active, +0.269 %; the vision tower +0.075 %, the rest <= 0.14 %, LoRA
+# exact); bytes held within 0.96 % (21B wint4/8 LoRA, +0.962 %; the rest <= 0.41 %). Bounds about 2x those.
+COUNTS = 0.005
+BYTES = 0.02
 
 
 # ---- hand computations (REFERENCE.md shapes) ------------------------------------------------------------
@@ -102,15 +109,19 @@ DATA = [DatasetTokens(num_samples=1000, mean_length=250, p95_length=600, max_len
     [("ernie-4.5-0.3b", hand_03b), ("ernie-4.5-21b-a3b", hand_21b), ("ernie-4.5-vl-28b-a3b", hand_vl28b)],
 )
 def test_parameters_total_and_active_match_a_hand_count(tmp_path, name, hand):
+    """Within COUNTS (0.5 %) of the hand count; measured: total +0.011 / +0.021 / +0.033 %, active +0.011 /
+    +0.137 / +0.269 % (0.3B / 21B / VL-28B: the hand counts leave out the norms and the router gates, 27 x
+    2560 x 64 per modality group), LoRA +0.000 %, vision +0.075 %."""
     counts = count_parameters(official(name, tmp_path), 8, list(LORA_TARGETS))
     expected = hand()
-    assert close(counts.total, expected["total"]), (counts.total, expected["total"])
-    assert close(counts.active, expected["active"]), (counts.active, expected["active"])
+    assert close(counts.total, expected["total"], COUNTS), (counts.total, expected["total"])
+    assert close(counts.active, expected["active"], COUNTS), (counts.active, expected["active"])
     if "lora" in expected:
-        assert close(counts.lora, expected["lora"]), (counts.lora, expected["lora"])
+        assert close(counts.lora, expected["lora"], COUNTS), (counts.lora, expected["lora"])
     if "vision" in expected:
-        assert close(counts.vision, expected["vision"]), (counts.vision, expected["vision"])
-    # the published names: 0.36B, 21B total / 3B active, 28B total / 3B active
+        assert close(counts.vision, expected["vision"], COUNTS), (counts.vision, expected["vision"])
+    # the published names, rounded: 0.36B, 21B total / 3B active, 28B total / 3B active (measured 0.361,
+    # 21.83 / 3.35 and 29.40 / 3.36: the names leave out the 0.26B embedding and round the VL total down)
     billions = {
         "ernie-4.5-0.3b": (0.36, 0.36),
         "ernie-4.5-21b-a3b": (21.8, 3.0),
@@ -143,6 +154,8 @@ def held(est) -> float:
 
 @pytest.mark.parametrize("name", ["ernie-4.5-0.3b", "ernie-4.5-21b-a3b", "ernie-4.5-vl-28b-a3b"])
 def test_weight_and_optimizer_bytes_match_a_hand_count(tmp_path, name):
+    """Within BYTES (2 %) of the hand count; measured at most +0.962 % (wint4/8 LoRA: the scales), +0.413 %
+    (VL Full bf16 on a CPU), the rest <= 0.06 %."""
     model = official(name, tmp_path)
     hand = {"ernie-4.5-0.3b": hand_03b, "ernie-4.5-21b-a3b": hand_21b, "ernie-4.5-vl-28b-a3b": hand_vl28b}[
         name
@@ -152,25 +165,25 @@ def test_weight_and_optimizer_bytes_match_a_hand_count(tmp_path, name):
 
     # Full bf16 on a GPU (AMP O2): bf16 weights, fp32 masters, two fp32 moments = 14 bytes a weight
     full_gpu = estimate_run(model, train(fine_tuning="Full", compute_type="bf16"), DATA, node=GPU)
-    assert close(held(full_gpu), 14 * n)
-    assert close(full_gpu.memory["gradients"], 2 * n)
+    assert close(held(full_gpu), 14 * n, BYTES)
+    assert close(full_gpu.memory["gradients"], 2 * n, BYTES)
     # Full bf16 on a CPU (emulated): the same, and the gradient lands on an fp32 master too
     full_cpu = estimate_run(model, train(fine_tuning="Full", compute_type="bf16"), DATA, node=CPU)
-    assert close(held(full_cpu), 14 * n) and full_cpu.precision == "bf16-emulated"
+    assert close(held(full_cpu), 14 * n, BYTES) and full_cpu.precision == "bf16-emulated"
     # Full fp32: 4 + 8 bytes, fp32 gradients
     full_fp32 = estimate_run(model, train(fine_tuning="Full"), DATA, node=CPU)
-    assert close(held(full_fp32), 12 * n) and close(full_fp32.memory["gradients"], 4 * n)
+    assert close(held(full_fp32), 12 * n, BYTES) and close(full_fp32.memory["gradients"], 4 * n, BYTES)
     # LoRA bf16 on a CPU: the base in bf16 (the vision tower stays fp32), fp32 adapters + moments
     lora_bf16 = estimate_run(model, train(fine_tuning="LoRA", compute_type="bf16"), DATA, node=CPU)
     vision = hand.get("vision", 0)
-    assert close(held(lora_bf16), 2 * (n - vision) + 4 * vision + 12 * lora)
+    assert close(held(lora_bf16), 2 * (n - vision) + 4 * vision + 12 * lora, BYTES)
     assert lora_bf16.trainable == lora
     # wint4/8 LoRA: decoder linears in int8 memory (int4 values too) + scales, embedding and rest fp32
     wint = estimate_run(model, train(fine_tuning="LoRA", compute_type="wint4/8"), DATA, node=CPU)
     linears = hand["linears"] if "linears" in hand else hand_21b()["linears"]
     if name == "ernie-4.5-vl-28b-a3b":
         linears += 27 * 64 * 3 * 2560 * 512
-    assert close(held(wint), linears + 4 * (n - linears) + 12 * lora)
+    assert close(held(wint), linears + 4 * (n - linears) + 12 * lora, BYTES)
     assert held(wint) < held(lora_bf16) < held(full_fp32)
 
 
@@ -213,7 +226,7 @@ def test_flops_use_active_parameters(tmp_path):
     est = estimate_run(moe, train(fine_tuning="Full"), DATA, node=GPU)
     counts = est.parameters
     assert counts.matmul_per_token < 0.2 * counts.total
-    assert close(est.flops_per_step, 3 * 2 * counts.matmul_per_token * 250, 0.1)
+    assert close(est.flops_per_step, 3 * 2 * counts.matmul_per_token * 250, 0.01)  # measured +0.535 %
 
 
 def test_saves_and_disk(tmp_path):
@@ -221,7 +234,7 @@ def test_saves_and_disk(tmp_path):
     n = hand_03b()["total"]
     est = estimate_run(model, train(fine_tuning="Full", max_steps=1000, save_steps=300), DATA, node=CPU)
     assert est.time["checkpoints"] == 4  # 300, 600, 900 and the last step
-    assert close(est.disk["checkpoint_bytes"], 12 * n) and close(est.disk["final_bytes"], 4 * n)
+    assert close(est.disk["checkpoint_bytes"], 12 * n, BYTES) and close(est.disk["final_bytes"], 4 * n, BYTES)
     assert est.time["final_save_s"] > est.time["checkpoint_s"] > 0
     assert est.memory["save_peak"] > est.memory["training"]
     # the load streams into the storage precision: a bf16 run never holds the fp32 weights (4 bytes each)
@@ -334,8 +347,8 @@ def test_full_dpo_counts_its_reference_as_dpo_reference_dtype_holds_it(tmp_path)
         for ref in ("run", "fp32", "wint8")
     }
     # a bf16 run's reference in bf16 is half of the fp32 one; wint8 holds its linears in int8
-    assert close(est["fp32"], 4 * n) and close(est["run"], 2 * n)
-    assert close(est["run"] - est["wint8"], hand_03b()["linears"] * (2 - 1.01))
+    assert close(est["fp32"], 4 * n, BYTES) and close(est["run"], 2 * n, BYTES)
+    assert close(est["run"] - est["wint8"], hand_03b()["linears"] * (2 - 1.01), BYTES)
 
 
 # ---- against the runs recorded in docs/benchmarks.md ("Pre-flight estimate ... 2026-11-26 evening") -----

@@ -22,7 +22,7 @@ from engine.train.config import ConfigError, load_config
 from engine.train.parallel import launch_command
 from engine.train.trainer import build_model
 from tests.engine.expert_parallel_ranks import ROOT, overrides
-from tests.engine.test_models_parity import assert_logits_match_transformers
+from tests.engine.test_models_parity import PARITY_ATOL, assert_logits_match_transformers
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,10 @@ def test_checkpoints_are_written_un_split_and_resume_in_one_process(ranks, tiny_
         with paddle.no_grad():
             a = engine.load_model(out / f"one-{kind}")(ids).logits.numpy()
             b = engine.load_model(out / f"ep-{kind}")(ids).logits.numpy()
-        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+        print(
+            f"{kind}: final models' logits, split against one process: max |diff| {np.abs(b - a).max():.2e}"
+        )
+        np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)  # measured 1.9e-6 (moe), 3.5e-6 (vl): 5.7x
     # checkpoint-10 holds the same tensors (weights and AdamW state) as one process's
     for name in ("model.pdparams", "optimizer.pdopt"):
         split = paddle.load(str(out / "ep-moe/checkpoint-10" / name))
@@ -119,7 +122,9 @@ def test_checkpoints_are_written_un_split_and_resume_in_one_process(ranks, tiny_
 
 def test_a_golden_model_split_and_written_back_keeps_transformers_parity(ranks):
     out, results = ranks
-    assert max(r["golden_logits_diff"] for r in results) <= 1e-4  # the split model itself
+    gap = max(r["golden_logits_diff"] for r in results)
+    print(f"golden moe split over 2 ranks: max |logit diff| against transformers {gap:.2e}")
+    assert gap <= PARITY_ATOL  # the split model itself; measured 1.31e-6, as unsplit
     assert_logits_match_transformers("moe", out / "golden-unsplit")
     # gathered back bit for bit: every expert from the rank that held it
     back = load_file(out / "golden-unsplit/model.safetensors")

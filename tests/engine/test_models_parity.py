@@ -11,6 +11,11 @@ import pytest
 import engine
 
 GOLDEN = Path(__file__).parent / "golden"
+# Largest |logit difference| from transformers allowed on the goldens (logits of magnitude ~2.4), shared by
+# the VL parity and the expert-parallel write-back. Measured on AMD EPYC (AVX-512), two runs: 1.07e-6 to
+# 1.43e-6 on the text goldens (every layout alike), 1.13e-6 to 2.26e-6 on the VL ones (the most: two_images).
+# Bound: 7x the text and 4.4x the VL figure; another CPU's fp32 kernels move them by about 1e-6.
+PARITY_ATOL = 1e-5
 CASES = [
     ("dense_tied", "paddle"),
     ("dense_tied", "hf"),
@@ -29,6 +34,7 @@ def _expected(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize(("name", "layout"), CASES, ids=[f"{n}-{lay}" for n, lay in CASES])
 def test_logits_match_transformers(name: str, layout: str) -> None:
+    """Within PARITY_ATOL = 1e-5; measured 1.07e-6 to 1.43e-6 (AMD EPYC, AVX-512, two runs)."""
     assert_logits_match_transformers(name, GOLDEN / name / layout)
 
 
@@ -41,7 +47,9 @@ def assert_logits_match_transformers(name: str, model_dir: Path) -> None:
     with paddle.no_grad():
         logits = model(paddle.to_tensor(input_ids)).logits.numpy()
     assert logits.shape == expected.shape
-    assert np.abs(logits - expected).max() <= 1e-4
+    gap = float(np.abs(logits - expected).max())
+    print(f"{name} from {model_dir.name}: max |logit diff| against transformers {gap:.2e}")
+    assert gap <= PARITY_ATOL
 
 
 def test_golden_models_are_what_they_claim() -> None:

@@ -42,9 +42,13 @@ HAS_GPU = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() >
 # node takes paddle.amp instead, tested by test_amp_o2_on_a_gpu_trains_low_precision_weights.
 cpu_only = pytest.mark.skipif(HAS_GPU, reason="checks the emulated path, which a GPU node does not take")
 
-# bf16 against fp32 on the same batches (seed 7, 30 steps, lr 3e-3). Measured on this CPU: the mean loss
-# of the last 10 steps differs by 0.01 (tiny) and 0.02 (tiny-moe); both fall by about 3.3 from the first 3.
-CLOSE_TO_FP32 = 0.15
+# bf16 against fp32 on the same batches (seed 7, 30 steps, lr 3e-3): the mean loss of the last 10 steps.
+# Measured on AMD EPYC (AVX-512), 2026-11-27, 1 thread (2 threads): tiny +0.014 (+0.015), seeds 1-4 -0.013
+# to +0.002; tiny-moe +0.049 (+0.051), seeds 1-4 -0.081 to +0.014 (-0.090 with 2 threads): the MoE router's
+# top-k flips with the rounding, and where it flips moves with the CPU's arithmetic as much as with the seed.
+# Bounds: 2.7x tiny's largest gap; tiny-moe's stays at 0.15, 1.7x its largest gap over five seeds, since any
+# one seed's figure on another CPU can land anywhere in that range. Both fall by 2.6 to 3.2 from the first 3.
+CLOSE_TO_FP32 = {"tiny": 0.04, "tiny-moe": 0.15}
 MIN_DROP = 2.5
 
 
@@ -95,6 +99,8 @@ def test_this_node_emulates_bf16_and_refuses_fp16_with_the_reason():
 @cpu_only
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
 def test_bf16_training_follows_fp32_and_holds_bf16_weights(preset, request, tmp_path):
+    """bf16's last-10 mean loss within CLOSE_TO_FP32 of fp32's: measured 0.014 (tiny, bound 0.04) and 0.049
+    (tiny-moe, bound 0.15; 0.006 to 0.090 over seeds 1-4)."""
     model_dir = request.getfixturevalue({"tiny": "tiny_model_dir", "tiny-moe": "tiny_moe_model_dir"}[preset])
     _, fp32 = train_in_process(config(model_dir, tmp_path / "fp32", max_steps=30))
     run, bf16 = train_in_process(config(model_dir, tmp_path / "bf16", max_steps=30, compute_type="bf16"))
@@ -104,7 +110,7 @@ def test_bf16_training_follows_fp32_and_holds_bf16_weights(preset, request, tmp_
     print(
         f"{preset}: last-10 mean bf16 {bf16[-10:].mean():.3f} fp32 {fp32[-10:].mean():.3f}, drop {drop:.2f}"
     )
-    assert gap <= CLOSE_TO_FP32 and drop >= MIN_DROP
+    assert gap <= CLOSE_TO_FP32[preset] and drop >= MIN_DROP
 
     # the model object, not the config: linears and embedding bf16, norms / router / bias fp32
     model = run.model

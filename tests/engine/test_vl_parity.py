@@ -20,6 +20,7 @@ from engine.models.checkpoint import load_state
 from engine.models.config import ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
 from engine.models.positions import batch_positions, moe_token_types
+from tests.engine.test_models_parity import PARITY_ATOL
 
 GOLDEN = Path(__file__).parent / "golden" / "vl_moe"
 CASES = ["text", "image", "two_images", "image_video"]
@@ -55,13 +56,16 @@ def pt_model(models):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_transformers(models, golden, case: str, layout: str) -> None:
+    """Within PARITY_ATOL = 1e-5; measured 1.13e-6 (text) to 2.26e-6 (two_images), AMD EPYC AVX-512."""
     ids, pix, grids = _case(golden, case)
     kwargs = {"pixel_values": paddle.to_tensor(pix), "grid_thw": grids} if pix is not None else {}
     with paddle.no_grad():
         logits = models[layout](paddle.to_tensor(ids), **kwargs).logits.numpy()
     expected = golden[f"{case}/logits"]
     assert logits.shape == expected.shape
-    assert np.abs(logits - expected).max() <= 1e-4
+    gap = float(np.abs(logits - expected).max())
+    print(f"{case} ({layout}): max |logit diff| against transformers {gap:.2e}")
+    assert gap <= PARITY_ATOL
 
 
 @pytest.mark.parametrize("case", CASES[1:])
