@@ -6,6 +6,8 @@ than a worker of the node owns is refused by name."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,16 @@ HYPER = {
 }
 
 
+def sigterm_pending(pid: int) -> bool:
+    """Whether SIGTERM waits for the (stopped) process `pid` (/proc/<pid>/status: SigPnd, ShdPnd)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(m & (1 << (signal.SIGTERM - 1)) for m in masks)
+
+
 def test_routing_names_the_devices_queue():
     assert devices_queue(1) == "train" and devices_queue(4) == "train.devices.4"
     assert [devices_of(q) for q in ("train", "gpu.n.0", "train.devices.4")] == [1, 1, 4]
@@ -36,6 +48,7 @@ def test_routing_names_the_devices_queue():
 def test_two_device_run_by_a_worker_matches_one_process_and_resumes_as_a_group(
     studio_factory, pg_url, shared_redis_url, tmp_path
 ):
+    """The 24-step loss curve within 2e-6 of one process's (measured 6.0e-7 with a cancel and resume)."""
     studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
     # A CPU node whose training worker may run two gloo processes for one run; the API knows it too.
     studio.env["ERNIE_STUDIO_WORKER_DEVICES"] = "2"
@@ -60,8 +73,18 @@ def test_two_device_run_by_a_worker_matches_one_process_and_resumes_as_a_group(
 
     # Cancel mid-run: every rank stops, rank 0 having saved a checkpoint at the step they agreed on.
     wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= 2, 120, "two logged steps")
-    assert len(processes_naming(marker)) >= 3  # the launcher and two ranks
-    api.post(f"/runs/{rid}/cancel")
+    ranks = [pid for pid, cmd in processes_naming(marker).items() if "paddle.distributed.launch" not in cmd]
+    assert len(ranks) == 2 and len(processes_naming(marker)) == 3  # the launcher and two ranks
+    # However fast the machine, the cancel lands mid-run: both ranks are paused until its SIGTERM (sent by
+    # the launcher to each rank's group) is pending in both; on a quiet machine the 24 steps had ended first.
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        api.post(f"/runs/{rid}/cancel")
+        wait_for(lambda: all(sigterm_pending(p) for p in ranks), 30, "the cancel's SIGTERM at both ranks")
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
     cancelled = studio.wait_status(api, rid, {"cancelled", "succeeded", "failed"}, 30)
     assert cancelled["status"] == "cancelled", cancelled["error"]
     wait_for(lambda: not processes_naming(marker), 10, "the launcher and every rank to exit")
@@ -104,4 +127,5 @@ def test_two_device_run_by_a_worker_matches_one_process_and_resumes_as_a_group(
     two = [m["loss"] for m in stored]
     print(f"2 ranks x batch 2 (cancelled at step {stopped_at}, resumed) vs 1 process x batch 4: "
           f"max |loss diff| = {np.abs(np.subtract(one, two)).max():.2e}")  # fmt: skip
-    np.testing.assert_allclose(two, one, atol=1e-4, rtol=0)
+    # measured 6.0e-7 (AMD EPYC, cancelled at step 4 and resumed); test_distributed.py holds 6 steps to 2e-6
+    np.testing.assert_allclose(two, one, atol=2e-6, rtol=0)
