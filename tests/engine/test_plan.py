@@ -103,20 +103,16 @@ def test_a_fitting_plan_says_why_the_cheaper_choices_do_not_fit():
     assert any(not v.candidate.recompute for v in at_four)
 
 
-def test_memory_by_part_follows_sharding_expert_parallel_offload_and_the_dpo_reference():
+def _full_bf16_21b_on_8_gpus(**keys):
+    """ERNIE-4.5-21B-A3B, a Full bf16 run with `keys`, its parameter counts, and one node of 8 GPUs."""
     model = ErnieConfig(**preset_fields("ernie-4.5-21b-a3b"))
-    cfg = config_from_dict(
-        TrainConfig,
-        {
-            "model_name_or_path": "m",
-            "train_dataset_path": "d",
-            "output_dir": "o",
-            "compute_type": "bf16",
-            "fine_tuning": "Full",
-        },
-    )
-    counts = count_parameters(model)
-    pool = gpu_nodes(8)
+    base = {"model_name_or_path": "m", "train_dataset_path": "d", "output_dir": "o", "compute_type": "bf16"}
+    cfg = config_from_dict(TrainConfig, {**base, "fine_tuning": "Full", **keys})
+    return model, cfg, count_parameters(model), gpu_nodes(8)
+
+
+def test_memory_by_part_follows_sharding_expert_parallel_offload_and_the_dpo_reference():
+    model, cfg, counts, pool = _full_bf16_21b_on_8_gpus()
 
     def mem(layout: Layout, stage: str = "SFT") -> dict:
         c = Candidate("bf16", False, layout, 1)
@@ -152,20 +148,7 @@ def test_the_tensor_parallel_what_if_runs_as_erniekit_runs_it():
     run it: whole layers replayed under recompute, the MoE exchange included (this engine keeps the split
     MoE blocks' router, dispatch and combine activations instead), and a Full DPO reference split like the
     model; the engine's own layouts keep their figures."""
-    model = ErnieConfig(**preset_fields("ernie-4.5-21b-a3b"))
-    cfg = config_from_dict(
-        TrainConfig,
-        {
-            "model_name_or_path": "m",
-            "train_dataset_path": "d",
-            "output_dir": "o",
-            "compute_type": "bf16",
-            "fine_tuning": "Full",
-            "recompute": True,
-        },
-    )
-    counts = count_parameters(model)
-    pool = gpu_nodes(8)
+    model, cfg, counts, pool = _full_bf16_21b_on_8_gpus(recompute=True)
 
     def mem(layout: Layout, stage: str = "SFT") -> dict:
         c = Candidate("bf16", True, layout, 1)
