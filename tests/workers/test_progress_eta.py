@@ -5,8 +5,11 @@ records its measured peak memory beside the estimate it was queued with."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
@@ -14,6 +17,7 @@ from studio.app import create_app
 from studio.config import Settings
 from studio.db import session_factory
 from studio.migrate import upgrade
+from studio.models import Run
 from studio.services import datasets as datasets_svc
 from studio.services import runs as runs_svc
 from workers.training import execute_run
@@ -40,10 +44,31 @@ def test_an_epoch_run_reports_progress_and_eta_through_rest(tmp_path, tiny_model
     seen: list[dict] = []
     done = threading.Event()
 
+    held: list[int] = []  # the trainer's pid while it is held
+
+    def hold_after_first_step() -> None:
+        """Hold the trainer (SIGSTOP) as soon as it has written its first step, until GET /runs/{id} shows
+        it training: a tiny 12-step run can end between two polls, and the check must not depend on a poll
+        landing inside it."""
+        with session_factory(settings)() as s:
+            row = s.get(Run, run.id)
+            pid, metrics = row.pid, Path(row.output_dir) / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while pid and time.monotonic() < deadline and not done.is_set():
+            if metrics.exists() and metrics.read_text().strip():
+                os.kill(pid, signal.SIGSTOP)
+                held.append(pid)
+                return
+            time.sleep(0.001)
+
     def poll(client: TestClient) -> None:
         while not done.is_set():
             out = client.get(f"/api/v1/runs/{run.id}").json()
             seen.append({"status": out["status"], **(out["progress"] or {}), "eta": out["eta_seconds"]})
+            if seen[-1]["status"] == "running" and not seen[-1].get("step") and not held:
+                hold_after_first_step()
+            elif held and seen[-1].get("step"):
+                os.kill(held.pop(), signal.SIGCONT)
             time.sleep(0.05)
 
     with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as client:
@@ -54,6 +79,8 @@ def test_an_epoch_run_reports_progress_and_eta_through_rest(tmp_path, tiny_model
         finally:
             done.set()
             watcher.join(5)
+            for pid in held:
+                os.kill(pid, signal.SIGCONT)
         final = client.get(f"/api/v1/runs/{run.id}").json()
     training = [o for o in seen if o["status"] == "running" and o.get("step")]
     assert training, "no poll saw the run training"
