@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
-from worker_helpers import processes_naming, wait_for
+from worker_helpers import processes_naming, sigterm_pending, wait_for
 
 from engine.train import run_training
 from engine.train.config import TrainConfig, config_from_dict
@@ -28,16 +28,6 @@ HYPER = {
     "seed": 5,
     "batch_size": 2,
 }
-
-
-def sigterm_pending(pid: int) -> bool:
-    """Whether SIGTERM waits for the (stopped) process `pid` (/proc/<pid>/status: SigPnd, ShdPnd)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return False
-    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
-    return any(m & (1 << (signal.SIGTERM - 1)) for m in masks)
 
 
 def test_routing_names_the_devices_queue():
