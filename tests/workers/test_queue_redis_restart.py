@@ -4,28 +4,26 @@ exactly once: one claim each, every metrics step once, nothing left on the queue
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from datetime import datetime
+from pathlib import Path
 
 import redis
-from worker_helpers import wait_for
+from worker_helpers import hold_after_steps, wait_for
 
-# A trains long enough (a tiny step takes milliseconds) to still be running across the Redis restart.
-STEPS = {"A": 300, "B": 5, "C": 5, "D": 5}
+from studio.db import session_factory
+from studio.models import Run
+
+# Run A is held (SIGSTOP) at its second step while Redis restarts, so it is mid-run however fast the machine
+# (300 steps used to stand in for that).
+STEPS = {"A": 20, "B": 5, "C": 5, "D": 5}
 
 
-def test_queued_runs_survive_a_redis_restart_without_persistence(studio_factory, pg_url, volatile_redis):
-    studio = studio_factory(database_url=pg_url, broker_url=volatile_redis.url)
-    studio.start_api()
-    studio.start_worker("train@testnode")
-    api = studio.client()
-    ds = studio.upload_demo(api)
-    runs = {
-        name: studio.create_run(api, ds["id"], max_steps=STEPS[name], save_steps=100, logging_steps=1)
-        for name in "ABC"
-    }
-    rid = {name: run["id"] for name, run in runs.items()}
+def _restart_redis_under_run_a(studio, api, ds, rid: dict, volatile_redis) -> tuple[float, redis.Redis]:
+    """With run A held mid-run and B, C queued: Redis killed (its messages gone), D created while it is down,
+    Redis started again empty. Returns when it came back, and a client of it."""
     wait_for(lambda: len(api.get(f"/runs/{rid['A']}/metrics").json()) >= 2, 120, "run A to be training")
     waiting = [api.get(f"/runs/{rid[n]}").json() for n in "BC"]
     assert [r["status"] for r in waiting] == ["queued", "queued"]
@@ -40,6 +38,31 @@ def test_queued_runs_survive_a_redis_restart_without_persistence(studio_factory,
     restarted = time.time()
     client = redis.Redis.from_url(volatile_redis.url)
     assert client.llen("train") == 0  # B's and C's messages are gone with the old Redis
+    return restarted, client
+
+
+def test_queued_runs_survive_a_redis_restart_without_persistence(studio_factory, pg_url, volatile_redis):
+    studio = studio_factory(database_url=pg_url, broker_url=volatile_redis.url)
+    studio.start_api()
+    studio.start_worker("train@testnode")
+    api = studio.client()
+    ds = studio.upload_demo(api)
+    runs = {
+        name: studio.create_run(api, ds["id"], max_steps=STEPS[name], save_steps=100, logging_steps=1)
+        for name in "ABC"
+    }
+    rid = {name: run["id"] for name, run in runs.items()}
+
+    def trainer_pid() -> int | None:
+        with session_factory(studio.settings)() as s:
+            return s.get(Run, rid["A"]).pid
+
+    trainer = wait_for(trainer_pid, 120, "run A's trainer")
+    hold_after_steps(trainer, Path(runs["A"]["output_dir"]) / "metrics.jsonl", 2)
+    try:
+        restarted, client = _restart_redis_under_run_a(studio, api, ds, rid, volatile_redis)
+    finally:
+        os.kill(trainer, signal.SIGCONT)
 
     def all_finished() -> bool:
         statuses = [api.get(f"/runs/{i}").json()["status"] for i in rid.values()]
