@@ -12,10 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
-from worker_helpers import hold_after_steps, pid_alive, sigterm_pending, wait_for
-
-from studio.db import session_factory
-from studio.models import Run
+from worker_helpers import hold_after_steps, pid_alive, sigterm_pending, trainer_pid, wait_for
 
 # The trainer is held (SIGSTOP) at its third step until the cancel's SIGTERM is pending, so the cancel lands
 # mid-run however fast the machine; 300 steps used to stand in for that, and the resumed attempt trained
@@ -42,11 +39,7 @@ def test_cancel_within_five_seconds_then_resume(studio_factory):
     )
     rid = run["id"]
 
-    def trainer_pid() -> int | None:
-        with session_factory(studio.settings)() as s:
-            return s.get(Run, rid).pid
-
-    trainer = wait_for(trainer_pid, 120, "the trainer's pid")
+    trainer = wait_for(lambda: trainer_pid(studio, rid), 120, "the trainer's pid")
     hold_after_steps(trainer, Path(run["output_dir"]) / "metrics.jsonl", 3)
     try:
         wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= 3, 120, "three logged steps")

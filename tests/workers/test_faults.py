@@ -9,15 +9,7 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
-from worker_helpers import pid_alive, wait_for
-
-from studio.db import session_factory
-from studio.models import Run
-
-
-def _trainer_pid(studio, run_id: int) -> int | None:
-    with session_factory(studio.settings)() as s:
-        return s.get(Run, run_id).pid
+from worker_helpers import pid_alive, trainer_pid, wait_for
 
 
 def test_worker_sigkill_and_api_restart_mid_run(studio_factory, pg_url, redis_server):
@@ -35,7 +27,7 @@ def test_worker_sigkill_and_api_restart_mid_run(studio_factory, pg_url, redis_se
     wait_for(
         lambda: any(c["step"] >= 10 for c in api.get(f"/runs/{rid}/checkpoints").json()), 120, "checkpoint-10"
     )
-    trainer = _trainer_pid(studio, rid)
+    trainer = trainer_pid(studio, rid)
     assert trainer and pid_alive(trainer), repr((trainer, api.get(f"/runs/{rid}").json()))
     studio.stop("train@testnode", signal.SIGKILL)
     # The trainer dies with its worker (PR_SET_PDEATHSIG), so it cannot keep writing the run directory.

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from worker_helpers import hold_after_steps
 
 from studio.app import create_app
 from studio.config import Settings
@@ -53,13 +54,9 @@ def test_an_epoch_run_reports_progress_and_eta_through_rest(tmp_path, tiny_model
         with session_factory(settings)() as s:
             row = s.get(Run, run.id)
             pid, metrics = row.pid, Path(row.output_dir) / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while pid and time.monotonic() < deadline and not done.is_set():
-            if metrics.exists() and metrics.read_text().strip():
-                os.kill(pid, signal.SIGSTOP)
-                held.append(pid)
-                return
-            time.sleep(0.001)
+        if pid:
+            hold_after_steps(pid, metrics, 1)
+            held.append(pid)
 
     def poll(client: TestClient) -> None:
         while not done.is_set():

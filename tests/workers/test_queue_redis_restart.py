@@ -11,10 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import redis
-from worker_helpers import hold_after_steps, wait_for
-
-from studio.db import session_factory
-from studio.models import Run
+from worker_helpers import hold_after_steps, trainer_pid, wait_for
 
 # Run A is held (SIGSTOP) at its second step while Redis restarts, so it is mid-run however fast the machine
 # (300 steps used to stand in for that).
@@ -53,11 +50,7 @@ def test_queued_runs_survive_a_redis_restart_without_persistence(studio_factory,
     }
     rid = {name: run["id"] for name, run in runs.items()}
 
-    def trainer_pid() -> int | None:
-        with session_factory(studio.settings)() as s:
-            return s.get(Run, rid["A"]).pid
-
-    trainer = wait_for(trainer_pid, 120, "run A's trainer")
+    trainer = wait_for(lambda: trainer_pid(studio, rid["A"]), 120, "run A's trainer")
     hold_after_steps(trainer, Path(runs["A"]["output_dir"]) / "metrics.jsonl", 2)
     try:
         restarted, client = _restart_redis_under_run_a(studio, api, ds, rid, volatile_redis)

@@ -20,8 +20,9 @@ import httpx
 
 from studio.cli import worker_command
 from studio.config import Settings
-from studio.db import dispose_engines
+from studio.db import dispose_engines, session_factory
 from studio.migrate import upgrade
+from studio.models import Run
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SFT = REPO / "examples" / "data" / "sft_demo.jsonl"
@@ -262,6 +263,12 @@ def processes_naming(marker: str) -> dict[int, str]:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def trainer_pid(studio: Any, run_id: int) -> int | None:
+    """The pid of run `run_id`'s trainer as the worker recorded it in `studio`'s store (None before it)."""
+    with session_factory(studio.settings)() as s:
+        return s.get(Run, run_id).pid
 
 
 def sigterm_pending(pid: int) -> bool:
