@@ -47,9 +47,7 @@ def studio(tmp_path_factory, artifacts) -> Iterator[str]:
     env = {**os.environ, "ERNIE_STUDIO_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("ERNIE_STUDIO_DATABASE_URL", None)
     env.pop("ERNIE_STUDIO_BROKER_URL", None)
-    # one studio per pytest-xdist process that runs browser tests, each with its own log
-    log_path = artifacts / f"studio-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed after the process ends
+    log = open(artifacts / "studio.log", "w")  # noqa: SIM115 - closed after the process ends
     cmd = [
         str(Path(sys.executable).parent / "ernie-studio"),
         "up",
@@ -66,14 +64,18 @@ def studio(tmp_path_factory, artifacts) -> Iterator[str]:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"ernie-studio up exited with {proc.returncode}; see {log_path}")
+                raise RuntimeError(
+                    f"ernie-studio up exited with {proc.returncode}; see {artifacts / 'studio.log'}"
+                )
             try:
                 if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"studio did not answer on {url} within 120 s; see {log_path}")
+                raise RuntimeError(
+                    f"studio did not answer on {url} within 120 s; see {artifacts / 'studio.log'}"
+                )
             time.sleep(0.5)
         yield url
     finally:
