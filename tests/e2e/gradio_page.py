@@ -97,22 +97,37 @@ def reply_lengths(page: Page) -> list[int]:
     return page.evaluate("() => window.__replyLengths")
 
 
-def streamed_lengths(page: Page, timeout_s: float = 120.0, settle_s: float = 1.0) -> list[int]:
-    """The positive reply lengths `watch_reply_lengths` recorded, once at least two different ones were seen
-    and none was added for ``settle_s`` (the reply is done), or whatever was recorded at ``timeout_s``.
+# Tokens asked for when a test watches a reply stream: the reply must outlast a few of the chat's update pauses
+# (0.2 s) on the fastest machine. 48 and then 96 tokens were once each delivered whole, in one render, on a
+# fast CI machine; the long-reply test in test_vl_chat streams 1,000 on every machine seen.
+STREAMED_REPLY_TOKENS = 1000
 
-    Gradio's idle state is not a sign that a streamed reply is on the page: the chat shows no progress
-    overlay, so waiting for `StudioPage.idle` and reading once can see only the first update."""
+
+def reply_streams(ui: StudioPage, prompt: str, timeout_s: float = 120.0) -> list[int]:
+    """Send ``prompt`` in the Deploy & Chat tab, asking for a reply of `STREAMED_REPLY_TOKENS` with
+    end-of-sentence ignored, and return the reply's lengths as the page showed them once it showed two different
+    ones (it streams); Stop then ends the reply and the chat is idle again. Fails when the reply never showed two
+    lengths within ``timeout_s``.
+
+    Gradio's idle state is not a sign that a streamed reply is on the page (the chat shows no progress overlay),
+    so the lengths are recorded by a MutationObserver (`watch_reply_lengths`)."""
+    page = ui.page
+    ui.fill("dep-max-tokens", str(STREAMED_REPLY_TOKENS))
+    advanced = page.get_by_text("Advanced", exact=True)
+    if not page.locator("#dep-ignore-eos input[type=checkbox]").is_visible():
+        advanced.click()
+    page.locator("#dep-ignore-eos input[type=checkbox]").check()
+    watch_reply_lengths(page, "dep-chat")
+    ui.el("dep-message").locator("textarea, input").first.fill(prompt)
+    ui.click("dep-send")
     stop_at = time.monotonic() + timeout_s
     seen: list[int] = []
-    changed_at = time.monotonic()
-    while time.monotonic() < stop_at:
-        now = [n for n in reply_lengths(page) if n > 0]
-        if now != seen:
-            seen, changed_at = now, time.monotonic()
-        elif len(set(seen)) >= 2 and time.monotonic() - changed_at >= settle_s:
-            break
+    while time.monotonic() < stop_at and len(set(seen)) < 2:
         time.sleep(0.1)
+        seen = [n for n in reply_lengths(page) if n > 0]
+    assert len(set(seen)) >= 2, f"the reply did not stream (lengths seen: {seen})"
+    ui.el("dep-stop-gen").click(no_wait_after=True)
+    ui.idle(timeout=60_000)
     return seen
 
 
