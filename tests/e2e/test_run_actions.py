@@ -5,7 +5,9 @@ Also checks that the Runs table's column headers follow the 中文 switch and ke
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 
 import httpx
@@ -13,13 +15,14 @@ import pytest
 from gradio_page import StudioPage
 from playwright.sync_api import expect
 from test_studio import api, wait_until
+from trainer_hold import hold_after_steps, sigterm_pending, trainer_in
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "data" / "sft_demo.jsonl"
 RUN_NAME = "cancel-me"
-MAX_STEPS = 200  # far more than the test lets it train: it is cancelled twice on the way
+MAX_STEPS = 200  # far more than the test lets it train: it is held and cancelled twice on the way
 SAVE_STEPS = 3
 # The trainer's own log line when it picks up a checkpoint, e.g. "resuming from …/checkpoint-6 (step 6)".
 RESUMED = re.compile(r"resuming from \S*checkpoint-(\d+) \(step (\d+)\)")
@@ -54,67 +57,86 @@ def test_cancel_resume_delete_from_the_runs_tab(page, studio, artifacts):
         ui.click("ds-upload-btn")
         ui.expect_text("ds-upload-result", "detected format erniekit", timeout=60_000)
 
-    # A tiny LoRA run that would take far longer than the test: it checkpoints every few steps.
+    # A tiny LoRA run far longer than the test lets it train: it checkpoints every few steps, and its trainer
+    # is held (SIGSTOP) until each cancel's SIGTERM is pending, so both cancels land mid-run however fast the
+    # machine. (Packed 2048-token rows, four a step, stood in for that before: they kept a core busy for the
+    # whole test, beside the rest of the suite.)
     ui.tab("train")
     ui.choose("tr-datasets", "sft_demo")
     ui.fill("tr-run-name", RUN_NAME)
     ui.fill("tr-max-steps", str(MAX_STEPS))
     ui.fill("tr-save-steps", str(SAVE_STEPS))
     ui.fill("tr-logging-steps", "1")
-    # Packed 2048-token sequences, four per step: slow enough that the run is still going when it is
-    # cancelled and resumed, however idle the machine is (a tiny model otherwise does 200 steps in seconds).
-    ui.fill("tr-max-seq-len", "2048")
-    ui.fill("tr-per-device-train-batch-size", "4")
-    page.locator("#tr-packing input[type=checkbox]").check()
     ui.expect_text("tr-yaml", f"max_steps: {MAX_STEPS}")
     ui.click("tr-launch")
     ui.expect_text("tr-launch-status", "queued")
     run = wait_until(lambda: run_by_name(studio, RUN_NAME), 10, "the launched run in GET /runs")
     rid = run["id"]
     assert run["fine_tuning"] == "LoRA" and run["config"]["max_steps"] == MAX_STEPS
+    output = Path(run["output_dir"])
+    metrics = output / "metrics.jsonl"
+    trainer = wait_until(lambda: trainer_in(output.parent), 120, "the trainer's process", interval=0.05)
+    hold_after_steps(trainer, metrics, SAVE_STEPS + 1)  # checkpoint-3 is written before step 4 is logged
 
     # 1. Cancel once a checkpoint exists: the UI and the API both say cancelled.
     ui.tab("runs")
     ui.expect_text("runs-status", f"#{rid} {RUN_NAME}", timeout=15_000)
-    ui.expect_text("runs-status", "running", timeout=120_000)
-    wait_until(lambda: newest_checkpoint_step(studio, rid) >= SAVE_STEPS, 120, "a first checkpoint")
-    expect(ui.el("runs-cancel")).to_be_enabled(timeout=15_000)
-    ui.click("runs-cancel")
-    ui.expect_text("runs-action", f"Cancelling run #{rid}")
+    try:
+        ui.expect_text("runs-status", "running", timeout=120_000)
+        wait_until(lambda: newest_checkpoint_step(studio, rid) >= SAVE_STEPS, 120, "a first checkpoint")
+        expect(ui.el("runs-cancel")).to_be_enabled(timeout=15_000)
+        ui.click("runs-cancel")
+        ui.expect_text("runs-action", f"Cancelling run #{rid}")
+        wait_until(lambda: sigterm_pending(trainer), 30, "the cancel's SIGTERM at the trainer", interval=0.05)
+    finally:
+        os.kill(trainer, signal.SIGCONT)
     ui.expect_text("runs-status", f"#{rid} {RUN_NAME} — cancelled", timeout=30_000)
     assert api(studio, f"/runs/{rid}")["status"] == "cancelled"
     ui.expect_text("runs-table", re.compile(rf"{rid}\s+{RUN_NAME}.*cancelled", re.S))
     saved_before = newest_checkpoint_step(studio, rid)
     step_at_cancel = shown_step(ui)
-    assert saved_before >= SAVE_STEPS
+    assert saved_before >= SAVE_STEPS and step_at_cancel < MAX_STEPS
     ui.shot("cancelled")
 
     # 2. Resume: running again, continuing from the newest checkpoint rather than from step 1. (Cancelling
     # may itself save one more checkpoint, so the step resumed from is read from what the run reports.)
+    logged = metrics.read_text().count("\n")
     expect(ui.el("runs-resume")).to_be_enabled(timeout=15_000)
     ui.click("runs-resume")
-    ui.expect_text("runs-action", f"Resumed run #{rid}")
-    ui.expect_text("runs-status", f"#{rid} {RUN_NAME} — running", timeout=120_000)
-    assert api(studio, f"/runs/{rid}")["status"] == "running"
-    marker = wait_until(lambda: RESUMED.search(log_tail(ui)), 60, "the trainer's resume line in the log tail")
-    tail = log_tail(ui)
-    resume_from = int(marker.group(1))
-    assert int(marker.group(2)) == resume_from and resume_from >= saved_before, tail
-    events = [e["message"] for e in api(studio, f"/runs/{rid}/events")]
-    assert f"resumed from checkpoint-{resume_from}" in events, events
-    # Training restarts at the step after the checkpoint: the attempt's first logged step, never step 1.
-    after = tail.split(marker.group(0))[-1]
-    wait_until(lambda: shown_step(ui) > step_at_cancel, 120, "steps past the cancelled one")
-    first = re.search(rf"^step (\d+)/{MAX_STEPS}", after, re.M)
-    if first is None:  # the tail was read before the first step of the new attempt was logged
+    resumed = wait_until(
+        lambda: (pid := trainer_in(output.parent)) != trainer and pid,
+        120,
+        "the resumed trainer",
+        interval=0.05,
+    )
+    hold_after_steps(resumed, metrics, logged + 2)  # metrics.jsonl never repeats a step: two new ones
+    try:
+        ui.expect_text("runs-action", f"Resumed run #{rid}")
+        ui.expect_text("runs-status", f"#{rid} {RUN_NAME} — running", timeout=120_000)
+        assert api(studio, f"/runs/{rid}")["status"] == "running"
+        marker = wait_until(
+            lambda: RESUMED.search(log_tail(ui)), 60, "the trainer's resume line in the log tail"
+        )
+        tail = log_tail(ui)
+        resume_from = int(marker.group(1))
+        assert int(marker.group(2)) == resume_from and resume_from >= saved_before, tail
+        events = [e["message"] for e in api(studio, f"/runs/{rid}/events")]
+        assert f"resumed from checkpoint-{resume_from}" in events, events
+        # Training restarts at the step after the checkpoint: the attempt's first logged step, never step 1.
+        wait_until(lambda: shown_step(ui) > step_at_cancel, 120, "steps past the cancelled one")
         after = log_tail(ui).split(marker.group(0))[-1]
         first = re.search(rf"^step (\d+)/{MAX_STEPS}", after, re.M)
-    assert first is not None and int(first.group(1)) == resume_from + 1, after
-    ui.shot("resumed")
+        assert first is not None and int(first.group(1)) == resume_from + 1, after
+        ui.shot("resumed")
 
-    # 3. Cancel again, then delete: gone from the Runs table and from GET /runs.
-    expect(ui.el("runs-cancel")).to_be_enabled(timeout=15_000)
-    ui.click("runs-cancel")
+        # 3. Cancel again, then delete: gone from the Runs table and from GET /runs.
+        expect(ui.el("runs-cancel")).to_be_enabled(timeout=15_000)
+        ui.click("runs-cancel")
+        wait_until(
+            lambda: sigterm_pending(resumed), 30, "the second cancel's SIGTERM at the trainer", interval=0.05
+        )
+    finally:
+        os.kill(resumed, signal.SIGCONT)
     ui.expect_text("runs-status", f"#{rid} {RUN_NAME} — cancelled", timeout=30_000)
     assert api(studio, f"/runs/{rid}")["status"] == "cancelled"
     ui.click("runs-delete")

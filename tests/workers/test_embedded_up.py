@@ -12,7 +12,8 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
-from worker_helpers import hold_after_steps, pid_alive, sigterm_pending, trainer_pid, wait_for
+from trainer_hold import hold_after_steps, sigterm_pending
+from worker_helpers import pid_alive, trainer_pid, wait_for
 
 # The trainer is held (SIGSTOP) at its third step until the cancel's SIGTERM is pending, so the cancel lands
 # mid-run however fast the machine; 300 steps used to stand in for that, and the resumed attempt trained

@@ -11,7 +11,8 @@ import signal
 from pathlib import Path
 
 import numpy as np
-from worker_helpers import processes_naming, sigterm_pending, wait_for
+from trainer_hold import sigterm_pending
+from worker_helpers import processes_naming, wait_for
 
 from engine.train import run_training
 from engine.train.config import TrainConfig, config_from_dict

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from worker_helpers import hold_after_steps
+from trainer_hold import hold_after_steps
 
 from studio.app import create_app
 from studio.config import Settings

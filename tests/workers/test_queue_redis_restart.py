@@ -11,7 +11,8 @@ from datetime import datetime
 from pathlib import Path
 
 import redis
-from worker_helpers import hold_after_steps, trainer_pid, wait_for
+from trainer_hold import hold_after_steps
+from worker_helpers import trainer_pid, wait_for
 
 # Run A is held (SIGSTOP) at its second step while Redis restarts, so it is mid-run however fast the machine
 # (300 steps used to stand in for that).

@@ -269,25 +269,3 @@ def trainer_pid(studio: Any, run_id: int) -> int | None:
     """The pid of run `run_id`'s trainer as the worker recorded it in `studio`'s store (None before it)."""
     with session_factory(studio.settings)() as s:
         return s.get(Run, run_id).pid
-
-
-def sigterm_pending(pid: int) -> bool:
-    """Whether SIGTERM waits for the (stopped) process `pid` (/proc/<pid>/status: SigPnd, ShdPnd)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return False
-    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
-    return any(m & (1 << (signal.SIGTERM - 1)) for m in masks)
-
-
-def hold_after_steps(pid: int, metrics: Path, steps: int, timeout: float = 120) -> None:
-    """SIGSTOP the trainer `pid` as soon as its metrics.jsonl holds `steps` steps (a tight poll, so a tiny
-    model's run is held within a step or two of that, however fast the machine)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if metrics.exists() and metrics.read_text().count("\n") >= steps:
-            os.kill(pid, signal.SIGSTOP)
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {steps} steps in {metrics}")

@@ -1,0 +1,46 @@
+"""Holding a trainer where a test needs it: SIGSTOP at a given step, and the check that a cancel's SIGTERM is
+pending at the stopped process, so a cancel or a restart lands mid-run however fast the machine is. Used by the
+worker tests and the browser tests (both start real trainers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def trainer_in(run_dir: Path) -> int | None:
+    """The pid of the trainer working in ``run_dir`` (the worker starts it there), found in /proc: for tests
+    that see the studio only through its API and pages."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if Path(os.readlink(proc / "cwd")) == run_dir and b"train" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def sigterm_pending(pid: int) -> bool:
+    """Whether SIGTERM waits for the (stopped) process `pid` (/proc/<pid>/status: SigPnd, ShdPnd)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(m & (1 << (signal.SIGTERM - 1)) for m in masks)
+
+
+def hold_after_steps(pid: int, metrics: Path, steps: int, timeout: float = 120) -> None:
+    """SIGSTOP the trainer `pid` as soon as its metrics.jsonl holds `steps` steps (a tight poll, so a tiny
+    model's run is held within a step or two of that, however fast the machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count("\n") >= steps:
+            os.kill(pid, signal.SIGSTOP)
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {steps} steps in {metrics}")
