@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,69 @@ def tiny_vl_model_dir(models_dir) -> Path:
 SLOW_FIRST = ("tests/workers/", "tests/e2e/")
 
 
+# ---- random order: the files, and the tests inside each file, run in an order drawn from a seed ---------
+# A test that passes only after another one (shared data, a server a previous test started) shows up as a
+# failure under some seed. `make test` draws a new seed each run and prints it; `--order-seed N` repeats an
+# order, `--order-seed none` keeps the files' own. Every xdist process must collect the same order, so the
+# controller draws the seed and hands it to its workers.
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--order-seed",
+        default=None,
+        help="seed of the test order (random files, random tests inside each file); 'none' keeps the files' "
+        "order; default: a new seed each run, printed at the start and the end",
+    )
+
+
+def order_seed(config) -> int | None:
+    """The run's order seed: the controller's (given or drawn once), which xdist workers receive."""
+    if hasattr(config, "workerinput"):
+        return config.workerinput.get("order_seed")
+    if not hasattr(config, "_order_seed"):
+        given = config.getoption("--order-seed", default=None)  # None too where the option is not added
+        if given is None:
+            config._order_seed = random.SystemRandom().randrange(1, 1_000_000)
+        elif given.lower() == "none":
+            config._order_seed = None
+        else:
+            config._order_seed = int(given)
+    return config._order_seed
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["order_seed"] = order_seed(node.config)
+
+
+def pytest_report_header(config):
+    seed = order_seed(config)
+    return f"test order: {'the files own' if seed is None else f'--order-seed {seed}'}"
+
+
+def shuffled(items: list, seed: int) -> list:
+    """``items`` with their files in a random order and each file's tests in a random order."""
+    rng = random.Random(seed)
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = list(files)
+    rng.shuffle(order)
+    out = []
+    for name in order:
+        group = files[name]
+        rng.shuffle(group)
+        out.extend(group)
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own reordering, which groups parametrized fixtures' setups
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))
+    seed = order_seed(config)
+    if seed is not None:
+        items[:] = shuffled(items, seed)
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: random within each part
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -98,6 +160,12 @@ def unexpected_skips(reports) -> list[tuple[str, str]]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not hasattr(config, "workerinput"):
+        seed = order_seed(config)
+        if seed is not None:
+            terminalreporter.write_line(
+                f"test order: --order-seed {seed} (PYTEST_ARGS='--order-seed {seed}' repeats it)"
+            )
     skipped = terminalreporter.stats.get("skipped", [])
     if not skipped or hasattr(config, "workerinput"):
         return

@@ -59,3 +59,71 @@ def test_gpu_skips_alone_keep_the_run_green(pytester, monkeypatch):
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
     assert result.ret == 0, result.stdout.str()
+
+
+ORDER_CONFTEST = (
+    "from tests.conftest import (order_seed, pytest_addoption, pytest_collection_modifyitems,  # noqa: F401\n"
+    "    pytest_configure_node, pytest_report_header, pytest_terminal_summary)\n"
+)
+ORDER_TESTS = {
+    f"test_file{f}": "\n".join(f"def test_{t}():\n    pass\n" for t in "abcdefgh") for f in range(4)
+}
+
+
+def _order(result) -> list[str]:
+    return [line.split(" ")[0] for line in result.stdout.lines if "::test_" in line and "PASSED" in line]
+
+
+def test_the_order_is_drawn_from_a_printed_seed_and_a_seed_repeats_it(pytester, monkeypatch):
+    """Files and the tests inside each file run in a random order; the seed is printed, and `--order-seed`
+    repeats the order, so an order-dependent failure can be rerun."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makeconftest(ORDER_CONFTEST)
+    pytester.makepyfile(**ORDER_TESTS)
+    args = ("-p", "no:cacheprovider", "-p", "no:xdist", "-v")
+    drawn = pytester.runpytest(*args)
+    assert drawn.ret == 0
+    seed = int(
+        next(line for line in drawn.stdout.lines if "--order-seed" in line)
+        .split("--order-seed ")[1]
+        .split()[0]
+    )
+    again = pytester.runpytest(*args, "--order-seed", str(seed))
+    assert _order(again) == _order(drawn) and len(_order(drawn)) == 32
+    files = [nodeid.split("::")[0] for nodeid in _order(drawn)]
+    assert all(len(set(files[i : i + 8])) == 1 for i in range(0, 32, 8)), "a file's tests run together"
+    kept = _order(pytester.runpytest(*args, "--order-seed", "none"))
+    assert kept == sorted(kept)  # the files' own order
+    others = {tuple(_order(pytester.runpytest(*args, "--order-seed", str(s)))) for s in (1, 2, 3)}
+    assert len(others | {tuple(kept)}) == 4, "three seeds, three orders, none the files' own"
+
+
+def test_xdist_processes_run_the_controllers_order(pytester, monkeypatch):
+    """Each xdist process collects on its own: they take the controller's seed (else xdist stops the run on
+    differing collections, or each process shuffles its own way), so each process's tests run in the order
+    one process runs under that seed."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # this suite's own xdist process sets it
+    pytester.makeconftest(
+        ORDER_CONFTEST
+        + "import os, pytest\n"
+        + "@pytest.fixture(autouse=True)\n"
+        + "def _record(request):\n"
+        + "    with open(f'ran-{os.environ.get(\"PYTEST_XDIST_WORKER\", \"main\")}.txt', 'a') as f:\n"
+        + "        f.write(request.node.nodeid + '\\n')\n"
+    )
+    pytester.makepyfile(**ORDER_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*test order: --order-seed *", "*32 passed*"])
+    seed = (
+        next(line for line in result.stdout.lines if "--order-seed" in line)
+        .split("--order-seed ")[1]
+        .split()[0]
+    )
+    assert pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "--order-seed", seed).ret == 0
+    one = (pytester.path / "ran-main.txt").read_text().split()
+    assert one != sorted(one)
+    for worker in ("gw0", "gw1"):
+        ran = (pytester.path / f"ran-{worker}.txt").read_text().split()
+        assert ran == [nodeid for nodeid in one if nodeid in ran], worker
