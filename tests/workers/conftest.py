@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -52,13 +53,16 @@ def volatile_redis(tmp_path) -> Iterator[RedisServer]:
 @pytest.fixture
 def shared_redis_url(worker_id: str) -> str:
     """A database of the shared Redis on 6379 (11, or 11 + n for pytest-xdist's worker gw<n>, so parallel
-    test processes never read each other's messages), emptied first so no message of an earlier run is left."""
+    test processes never read each other's messages), emptied first so no message of an earlier run is left.
+    A second suite on the same machine sets ERNIE_STUDIO_TEST_REDIS_DB to another first database."""
     reason = redis_reachable()
     if reason:
         pytest.skip(reason)
     import redis
 
-    db = 11 + (int(worker_id[2:]) if worker_id.startswith("gw") else 0)
+    db = int(os.environ.get("ERNIE_STUDIO_TEST_REDIS_DB", "11")) + (
+        int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    )
     client = redis.Redis(host="127.0.0.1", port=6379, db=db)
     client.flushdb()
     client.close()
