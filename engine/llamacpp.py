@@ -19,6 +19,31 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")
 BUILD_HINT = "build it with `make llamacpp` (tools/build_llamacpp.sh), or set ERNIE_STUDIO_LLAMACPP_BIN"
 
+# On a CPU with AMX-INT8 (Intel Sapphire Rapids and later) llama.cpp repacks quantized weights into its "AMX"
+# buffer type, and its AMX matmul segfaults: ggml-org/llama.cpp#20824 (ggml_backend_amx_mul_mat, closed stale
+# without a fix). Reproduced with the pinned build (0c1e570) on an Intel Xeon with AMX_INT8: llama-perplexity
+# and llama-server die with SIGSEGV on q8_0 and q4_K_M files, f16 runs, and `--no-repack` (plain CPU buffers
+# instead of the extra AMX / repack ones) runs all three. Every tool we start gets it on such a CPU.
+AMX_FLAG = "amx_int8"
+NO_REPACK = "--no-repack"
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags as the kernel lists them (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def repack_args(flags: set[str] | None = None) -> list[str]:
+    """Extra arguments for llama-server / llama-perplexity on this CPU: `--no-repack` where AMX would crash."""
+    return [NO_REPACK] if AMX_FLAG in (cpu_flags() if flags is None else flags) else []
+
 
 def cache_bin_dir() -> Path:
     home = os.environ.get("ERNIE_STUDIO_LLAMACPP_HOME") or str(

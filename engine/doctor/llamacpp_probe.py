@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.doctor.report import Check
-from engine.llamacpp import LLAMA_CPP_PYTHON_VERSION, find_tool
+from engine.llamacpp import LLAMA_CPP_PYTHON_VERSION, find_tool, repack_args
 from engine.serve.llamacpp import check_installed
 
 
@@ -19,9 +19,11 @@ def llamacpp_checks() -> list[Check]:
         "version": flags.version,
         "pinned": LLAMA_CPP_PYTHON_VERSION,
         "missing": flags.missing,
+        "no_repack": bool(repack_args()),
     }
     if not flags.ok:
         return [
             Check("llamacpp", False, f"{flags.message}; llama.cpp deployments are refused", values=values)
         ]
-    return [Check("llamacpp", True, f"{flags.message} the launcher passes", values=values)]
+    amx = "; weight repacking is off on this AMX CPU (llama.cpp#20824)" if values["no_repack"] else ""
+    return [Check("llamacpp", True, f"{flags.message} the launcher passes{amx}", values=values)]

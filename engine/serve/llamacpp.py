@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.llamacpp import BUILD_HINT, find_tool, tool_version
+from engine.llamacpp import BUILD_HINT, find_tool, repack_args, tool_version
 from engine.serve.fastdeploy import FlagCheck, PortReservation, help_flags, plan_flags, port_is_free
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ class LlamaCppArgs:
 
 def build_argv(server: str | Path, args: LlamaCppArgs) -> list[str]:
     """The llama-server command line: every slot gets ``max_model_len`` tokens of the KV cache, continuous
-    batching across slots, the GGUF's own chat template through Jinja, Prometheus /metrics, no web UI."""
+    batching across slots, the GGUF's own chat template through Jinja, Prometheus /metrics, no web UI; on an
+    AMX CPU no weight repacking (engine.llamacpp.repack_args: llama.cpp's AMX matmul crashes)."""
     argv = [
         str(server),
         "--model", str(args.gguf),
@@ -168,7 +169,7 @@ def build_argv(server: str | Path, args: LlamaCppArgs) -> list[str]:
     ]  # fmt: skip
     if args.threads:
         argv += ["--threads", str(args.threads)]
-    return argv
+    return argv + repack_args()
 
 
 def launcher_flags() -> list[str]:

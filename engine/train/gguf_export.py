@@ -351,11 +351,11 @@ def perplexity_series(
     chunk count. Its output has been seen to end early with exit code 0, in a studio worker and in the e2e
     suite (the last chunk's estimate and the final figure missing, twice in a row on one file): the
     estimates it printed stand, and a caller compares files over the chunks all of them reached."""
-    from engine.llamacpp import require_tool
+    from engine.llamacpp import repack_args, require_tool
 
     tool = require_tool("llama-perplexity")
     cmd = [str(tool), "-m", str(path), "-f", str(text_file), "-c", str(n_ctx), "-b", str(n_ctx)]
-    cmd += ["-t", str(threads), "--no-warmup"]
+    cmd += ["-t", str(threads), "--no-warmup", *repack_args()]
     best: tuple[list[float], int] = ([], 0)
     for _ in range(2):  # once more when its output ended early
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -14,6 +14,7 @@ import json
 import random
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -425,6 +426,32 @@ def test_launcher_flags_are_in_llama_server_help(monkeypatch):
     assert tool_version(SERVER).startswith("version")
     refused = llamacpp.check_flags("usage: llama-server --model FNAME --port PORT", "x")
     assert not refused.ok and "--parallel" in refused.missing and "--jinja" in refused.missing
+
+
+def test_an_amx_cpu_gets_no_weight_repacking(tmp_path):
+    """llama.cpp's AMX matmul segfaults (llama.cpp#20824; q8_0 and q4_K_M died with SIGSEGV on an Intel Xeon
+    with AMX-INT8, f16 ran): on such a CPU every tool we start keeps its weights in plain CPU buffers."""
+    from engine.llamacpp import cpu_flags, repack_args
+    from engine.serve import llamacpp
+
+    sapphire = tmp_path / "cpuinfo"
+    sapphire.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_tile amx_int8 amx_bf16\n")
+    zen = tmp_path / "cpuinfo-zen"
+    zen.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert repack_args(cpu_flags(sapphire)) == ["--no-repack"]
+    assert repack_args(cpu_flags(zen)) == [] and cpu_flags(tmp_path / "absent") == set()
+    here = "amx_int8" in cpu_flags()
+    argv = llamacpp.build_argv("llama-server", llamacpp.LlamaCppArgs(Path("m.gguf"), 1))
+    assert ("--no-repack" in argv) == here and ("--no-repack" in llamacpp.launcher_flags()) == here
+
+
+@needs_llamacpp
+def test_the_installed_tools_take_no_repack():
+    for tool in ("llama-server", "llama-perplexity"):
+        out = subprocess.run(
+            [str(SERVER.parent / tool), "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert "--no-repack" in out.stdout + out.stderr, tool
 
 
 @needs_llamacpp
