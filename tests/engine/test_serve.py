@@ -429,10 +429,12 @@ def test_concurrency_limit_answers_429_and_custom_name(sharp_dir):
         thread.join(timeout=20)
 
 
-def test_sigterm_shuts_down_cleanly(server):
-    _, proc = server
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 0
+def test_sigterm_shuts_down_cleanly(sharp_dir):
+    # a server of its own: the module's serves the other tests in whatever order they run
+    with running_server(sharp_dir, "--max-model-len", "512") as (base, proc):
+        assert openai.OpenAI(base_url=base, api_key="unused").models.list().data
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
 
 
 def test_vl_model_answers_about_an_inline_image(tiny_vl_model_dir, tmp_path):
