@@ -27,7 +27,9 @@ from tests.engine.serve_support import free_port, running_server
 PIECES = 100_000
 CORPUS_WORDS = 60_000
 HIGH_ID = 65_536  # ids at or past it do not fit 16 bits
-TRAIN_STEPS = 16  # enough for the model to answer every prompt with the records' one answer
+# Steps (of 2 samples) after which the model answers every prompt with the records' one answer: from each of six
+# inits tried (3 seeds, 2 vocabulary sizes); 16 steps of 4 at twice the learning rate missed one.
+TRAIN_STEPS = 24
 SERVER = find_tool("llama-server")
 needs_llamacpp = pytest.mark.skipif(
     SERVER is None, reason="llama.cpp tools not built: run `make llamacpp` (make test builds them)"
@@ -132,8 +134,8 @@ def big(big_tokenizer, tmp_path_factory) -> Pipeline:
         TrainConfig,
         dict(
             model_name_or_path=str(base), output_dir=str(d / "run"), fine_tuning="Full",
-            train_dataset_path=str(data), max_seq_len=64, batch_size=4, max_steps=TRAIN_STEPS,
-            learning_rate=1e-2, save_steps=10_000, logging_steps=1, disable_tqdm=True, report_to="none",
+            train_dataset_path=str(data), max_seq_len=64, batch_size=2, max_steps=TRAIN_STEPS,
+            learning_rate=5e-3, save_steps=10_000, logging_steps=1, disable_tqdm=True, report_to="none",
         ),
     )  # fmt: skip
     summary = run_training(cfg, on_event=on_event)
@@ -193,7 +195,7 @@ def test_training_steps_learn_over_the_whole_vocabulary(big):
     assert len(big.losses) == TRAIN_STEPS
     # uniform logits over 100,032 classes give ln(100,032) = 11.5: the loss spans the whole vocabulary
     assert abs(big.losses[0] - math.log(100_032)) < 0.3, big.losses
-    assert big.losses[-1] < 1.5, big.losses  # measured: 11.54 down to 0.52
+    assert big.losses[-1] < 1.0, big.losses  # measured: 11.5 down to 0.27-0.38 over six inits
     assert load_file(big.run / "model.safetensors")["ernie.embed_tokens.weight"].shape == (100_032, 128)
     assert (big.run / "tokenizer.model").read_bytes() == (big.base / "tokenizer.model").read_bytes()
 
@@ -208,13 +210,10 @@ def test_served_reply_decodes_with_the_big_vocabulary(big):
     with the big tokenizer, and the reply is the trained answer, three ids past 65,535, decoded."""
     import openai
 
-    from engine.serve.generate import generate_without_cache
-
     tok = engine.load_tokenizer(str(big.run))
     asked = messages(big.rows[0], with_answer=False)
     prompt = tok.apply_chat_template(asked, tokenize=True)
-    ids = generate_without_cache(engine.load_model(str(big.run)), prompt, 8, set(tok.stop_token_ids))
-    assert ids == trained_reply(big, tok)
+    ids = trained_reply(big, tok)
     with running_server(big.run, "--max-model-len", "128") as (url, _):
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
         r = client.chat.completions.create(model="default", messages=asked, max_tokens=8, temperature=0)
