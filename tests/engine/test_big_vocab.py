@@ -4,9 +4,10 @@ and GGUF export read by llama.cpp.
 
 The tokenizer is trained in the test, by the route `ernie-studio init-model` uses (engine.tokenizer's
 train_tokenizer: BPE with ERNIE's special tokens at REFERENCE's places), on a synthetic corpus of 60,000
-made-up words that takes it to exactly 100,000 pieces in about a second. The dataset is written in words
-the tokenizer holds as single pieces with ids past 65,535, so an id squeezed through 16 bits, a vocabulary
-cut to the 1,024 pieces of the tiny tokenizer, or a table sized by the wrong count shows up at each stage.
+made-up words that takes it to exactly 100,000 pieces in about two seconds. The dataset is written in words
+the tokenizer holds as single pieces with ids past 65,535, so a stage that squeezes ids through 16 bits, cuts
+the vocabulary to the 1,024 pieces of the tiny tokenizer, or sizes a table by the wrong count gets them wrong.
+One module fixture trains the model once; the tokenizer is trained once per session.
 """
 
 from __future__ import annotations
