@@ -212,19 +212,26 @@ class SampleEncoder:
         numbers = np.cumsum(counts, axis=0).tolist()
         prompts = [self.tok.encode(self.prompt_text(t, *numbers[i])) for i, t in enumerate(conv.turns)]
         answers = [self.tok.encode(self.reply_text(t)) for t in conv.turns]
-        head = len(self.tok.encode(self.head_text(conv.system)))
         sizes = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
-        full = head + sum(sizes)
+
+        def lead(first: int) -> list[int]:
+            # The head shares its piece of text with the first kept prompt (no special token between them),
+            # so the two are tokenized together: apart, they may take a token more or less.
+            return self.tok.encode(
+                self.head_text(conv.system) + self.prompt_text(conv.turns[first], *numbers[first])
+            )
+
+        def kept_length(first: int) -> int:
+            return len(lead(first)) + len(answers[first]) + sum(sizes[first + 1 :])
+
+        full = kept_length(0)
         first = 0
         # Keep dropping while too long and a later turn that trains is left.
-        while first < n - 1 and head + sum(sizes[first:]) > self.max_seq_len:
+        while first < n - 1 and kept_length(first) > self.max_seq_len:
             if not any(t.trained for t in conv.turns[first + 1 :]):
                 break
             first += 1
-        # The head shares its piece with the first kept prompt (no special token between them).
-        ids: list[int] = self.tok.encode(
-            self.head_text(conv.system) + self.prompt_text(conv.turns[first], *numbers[first])
-        )
+        ids: list[int] = lead(first)
         trained: list[bool] = [False] * len(ids)
         for i in range(first, n):
             if i > first:

@@ -227,6 +227,7 @@ def test_any_conversation_trains_exactly_its_labelled_answers(tok, turns, system
     if system:
         rec["system"] = system
     s = encode(tok, rec, max_seq_len=4096)
+    assert s.full_length == len(s)  # the length before truncation, with nothing truncated (dataset stats)
     expected = [i for _, a, t in turns if t for i in [*tok.encode(a), tok.sep_token_id]]
     assert [int(x) for x in s.labels if x != IGNORE_INDEX] == expected
     pos = np.nonzero(s.labels != IGNORE_INDEX)[0]
