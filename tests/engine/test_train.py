@@ -248,6 +248,39 @@ def test_lora_run_dir_and_merged_export_match_adapter_model(lora_run, sft_run):
     np.testing.assert_allclose(logits(engine.load_model(export), batch), want, atol=1e-5, rtol=0)
 
 
+def test_an_export_appears_whole_or_not_at_all(tiny_model_dir, tmp_path):
+    """export_dir is renamed into place once complete: a re-export replaces the earlier one whole (no shard
+    of it left), one that fails after writing its weights leaves the earlier one as it was, and a directory
+    holding other files is refused untouched."""
+    import shutil
+
+    out = tmp_path / "models" / "exported"
+
+    def export(source: Path = tiny_model_dir, **values) -> None:
+        run_export(ExportConfig(model_name_or_path=str(source), export_dir=str(out), **values))
+
+    export(max_shard_size="200KB")
+    assert len(list(out.glob("model-*.safetensors"))) > 2
+    export()  # one file now: the earlier shards and their index go with the earlier export
+    assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # a source whose tokenizer cannot be copied: the export fails after its weights are written
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "tokenizer_config.json").unlink()
+    (broken / "tokenizer_config.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        export(broken, max_shard_size="200KB")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in out.parent.iterdir()] == ["exported"]  # no hidden work directory left
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not an earlier export"):
+        run_export(ExportConfig(model_name_or_path=str(tiny_model_dir), export_dir=str(foreign)))
+    assert [p.name for p in foreign.iterdir()] == ["todo.txt"]
+
+
 def test_hf_layout_export_with_shards_reloads_identically(sft_run, tiny_model_dir, tmp_path):
     model_dir, _, _ = sft_run
     out = tmp_path / "hf"
