@@ -37,16 +37,22 @@ from workers.process import kill_stale_group
 log = logging.getLogger(__name__)
 
 
-def reconcile(settings: Settings, worker: str | None, lost: LostMessages | None = None) -> dict[str, int]:
-    """One pass. `worker` is this worker's name at start-up (its own leftovers are orphans for sure);
-    None for the periodic pass, which only trusts stale heartbeats. `lost` remembers, from one pass to the
-    next, which messages the broker was missing (a fresh one resends nothing in its first pass)."""
+def reconcile(
+    settings: Settings,
+    worker: str | None,
+    lost: LostMessages | None = None,
+    worker_started: datetime | None = None,
+) -> dict[str, int]:
+    """One pass. `worker` is this worker's name at start-up (its own leftovers are orphans for sure, those
+    of its jobs claimed before `worker_started`); None for the periodic pass, which only trusts stale
+    heartbeats. `lost` remembers, from one pass to the next, which messages the broker was missing (a fresh
+    one resends nothing in its first pass)."""
     with session_factory(settings)() as session:
         requeued = requeue_orphaned_runs(session, settings, worker)
         dispatched = dispatch_lost_runs(session, settings)
         stopped = stop_orphaned_deployments(session, settings, worker)
         for kind in jobs_svc.KINDS:  # exports, downloads, evaluations
-            jobs_svc.reconcile(session, settings, kind, worker)
+            jobs_svc.reconcile(session, settings, kind, worker, worker_started)
         evals_svc.evaluate_finished_runs(session, settings)
         exports_svc.deploy_finished_exports(session, settings)
         resent = (lost or LostMessages()).resend(session, settings)
@@ -181,10 +187,11 @@ def _send_deployment(settings: Settings, deployment_id: int) -> bool:
 class Reconciler(threading.Thread):
     """Runs `reconcile` at start-up and then every `reconcile_interval_s` in the worker process."""
 
-    def __init__(self, settings: Settings, worker: str) -> None:
+    def __init__(self, settings: Settings, worker: str, started: datetime | None = None) -> None:
         super().__init__(name="ernie-reconciler", daemon=True)
         self.settings = settings
         self.worker = worker
+        self.started = started or utcnow()  # when the worker started (before its consumer took anything)
         self.stopped = threading.Event()
         self.lost = LostMessages()
 
@@ -192,7 +199,7 @@ class Reconciler(threading.Thread):
         first = True
         while not self.stopped.is_set():
             try:
-                result = reconcile(self.settings, self.worker if first else None, self.lost)
+                result = reconcile(self.settings, self.worker if first else None, self.lost, self.started)
                 if any(result.values()):
                     log.info("reconciled: %s", result)
                 first = False

@@ -4,11 +4,13 @@ They are registered under the names `studio.queue` publishes."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
 from studio.config import Settings, get_settings
+from studio.models import utcnow
 from studio.processes import quiet_paddle_signal_handlers
 from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EVAL_TASK, EXPORT_TASK, MEDIA_TASK, RUN_TASK
 from workers.downloading import execute_download
@@ -25,6 +27,9 @@ _reconcilers: list[Reconciler] = []
 _agents: list[NodeAgent] = []
 # The queues each worker of this process was started for (`-Q`), its work queues held until its doctor passed.
 _started_queues: dict[str, list[str]] = {}
+# When each worker of this process was set up, before its consumer took a message: the jobs it claimed
+# since are not the leftovers its first reconcile pass recovers.
+_set_up_at: dict[str, datetime] = {}
 
 # The tasks use engine helpers that import Paddle; do it before Celery installs its signal handlers.
 quiet_paddle_signal_handlers()
@@ -73,13 +78,14 @@ def run_eval(self, eval_id: int) -> str | None:
 @celeryd_after_setup.connect
 def _hold_work_queues(sender=None, instance=None, **_) -> None:
     # Before the consumer starts: no run or deployment is taken until this node's doctor has passed.
+    _set_up_at[sender] = utcnow()
     _started_queues[sender] = hold_work_queues(instance.app)
 
 
 @worker_ready.connect
 def _start_reconciler(sender=None, **_) -> None:
     settings = _settings(sender.app)
-    reconciler = Reconciler(settings, sender.hostname)
+    reconciler = Reconciler(settings, sender.hostname, _set_up_at.get(sender.hostname))
     reconciler.start()
     _reconcilers.append(reconciler)
     agent = NodeAgent(settings, sender.app, sender.hostname, _started_queues.get(sender.hostname, []))

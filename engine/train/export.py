@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -115,7 +117,56 @@ def eval_batches(cfg: ExportConfig, tokenizer) -> list[dict]:
 
 
 def run_export(cfg: ExportConfig) -> ExportSummary:
-    """Write the exported model to ``cfg.export_dir`` and return what was written."""
+    """Write the exported model to ``cfg.export_dir`` and return what was written.
+
+    The export is written into a hidden directory beside it and renamed into place once complete, so
+    export_dir never holds a partial export: readers (the studio's model list, a deployment of the run) take
+    a directory with a config.json for a whole model, and an exporter killed mid-write leaves only the hidden
+    directory, which the next export of the same name removes first."""
+    final = Path(cfg.export_dir)
+    check_export_dir(final)
+    staging = _beside(final, "partial")
+    shutil.rmtree(staging, ignore_errors=True)  # a killed attempt's leftovers
+    staging.mkdir(parents=True)
+    try:
+        summary = _write_export(cfg, staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _move_into_place(staging, final)
+    return summary
+
+
+def check_export_dir(final: Path) -> None:
+    """export_dir may be new, empty, or an earlier export (which the new one replaces whole); anything else
+    is refused before any work, since replacing it would delete files that are not an export's."""
+    if final.exists() and not final.is_dir():
+        raise NotADirectoryError(f"export_dir {final} is a file; name a directory for the export")
+    if final.is_dir() and any(final.iterdir()) and not (final / "export_summary.json").exists():
+        raise FileExistsError(
+            f"export_dir {final} holds files that are not an earlier export (no export_summary.json); name a "
+            "new or empty directory, or remove it"
+        )
+
+
+def _beside(final: Path, what: str) -> Path:
+    resolved = final.resolve()
+    return resolved.parent / f".{resolved.name}.{what}"
+
+
+def _move_into_place(staging: Path, final: Path) -> None:
+    """``staging`` becomes ``final``; an earlier export there is moved aside first (a rename cannot replace
+    a non-empty directory) and removed after, so ``final`` is at every moment absent or a whole export."""
+    old = _beside(final, "old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.rename(final, old)
+    os.rename(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_export(cfg: ExportConfig, out: Path, final: Path) -> ExportSummary:
+    """``run_export``'s work: the export written into ``out``, its summary naming ``final``."""
     from engine.models.checkpoint import save_model, write_tensors_streamed
     from engine.models.loading import TensorSource, load_model
     from engine.tokenizer import load_tokenizer
@@ -125,9 +176,7 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         print(n.line(), flush=True)
     tokenizer_src, merged = source_dir(cfg)
     source = TensorSource(tokenizer_src)
-    out = Path(cfg.export_dir)
     if streams(cfg, source) and cfg.export_format != "gguf":  # checkpoint -> file, tensor by tensor
-        out.mkdir(parents=True, exist_ok=True)
         if cfg.quantization:
             quant.save_quantized_streamed(
                 source, out, cfg.quantization, cfg.weight_quant_group_size, cfg.max_shard_size
@@ -135,7 +184,7 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         else:
             source.config.replace(dtype=cfg.dtype).save(out)
             write_tensors_streamed(source, source.shapes, out, cfg.dtype, cfg.max_shard_size)
-        return _finish_export(cfg, out, tokenizer_src, merged, notices, {}, None, ("", None))
+        return _finish_export(cfg, out, final, tokenizer_src, merged, notices, {}, None, ("", None))
     # GGUF writes from the source as well; the rest rewrites or measures the whole model
     model = source if streams(cfg, source) else load_model(tokenizer_src, "float32")
     member = elastic_member(cfg, model.config)
@@ -146,12 +195,11 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         log.info("elastic member %s: %d layers", member.name, model.config.num_hidden_layers)
     gpas_action, deviation = gpas_for_export(cfg, model)
     if cfg.export_format == "gguf":
-        summary = _export_gguf(cfg, model, tokenizer_src, merged, notices)
+        summary = _export_gguf(cfg, model, tokenizer_src, merged, notices, out, final)
         summary.elastic_member = member.name if member is not None else ""
         summary.gpas, summary.gpas_fold_deviation = gpas_action, deviation
         (out / "export_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
         return summary
-    out.mkdir(parents=True, exist_ok=True)
     ppl: dict[str, float] = {}
     if cfg.quantization:
         batches = eval_batches(cfg, load_tokenizer(tokenizer_src)) if cfg.eval_dataset_path else []
@@ -174,19 +222,21 @@ def run_export(cfg: ExportConfig) -> ExportSummary:
         quant.save_quantized(model, out, cfg.quantization, cfg.weight_quant_group_size, cfg.max_shard_size)
     else:
         save_model(model, out, dtype=cfg.dtype, max_shard_size=cfg.max_shard_size, layout=cfg.layout)
-    return _finish_export(cfg, out, tokenizer_src, merged, notices, ppl, member, (gpas_action, deviation))
+    return _finish_export(
+        cfg, out, final, tokenizer_src, merged, notices, ppl, member, (gpas_action, deviation)
+    )
 
 
 def _finish_export(
-    cfg: ExportConfig, out: Path, tokenizer_src, merged, notices, ppl, member, gpas
+    cfg: ExportConfig, out: Path, final: Path, tokenizer_src, merged, notices, ppl, member, gpas
 ) -> ExportSummary:
-    """Copy the tokenizer and write export_summary.json."""
+    """Copy the tokenizer and write export_summary.json (into ``out``, naming ``final``)."""
     from engine.tokenizer import copy_tokenizer_files
 
     if cfg.copy_tokenizer:
         copy_tokenizer_files(tokenizer_src, out)
     summary = ExportSummary(
-        export_dir=str(out),
+        export_dir=str(final),
         layout=cfg.layout,
         files=sorted(p.name for p in out.iterdir()),
         merged_lora=merged,
@@ -201,9 +251,12 @@ def _finish_export(
     return summary
 
 
-def _export_gguf(cfg: ExportConfig, model, tokenizer_src: Path, merged: bool, notices: list) -> ExportSummary:
-    """One GGUF per ``cfg.gguf_types`` plus an Ollama Modelfile each; with an eval set, the perplexity of
-    every file measured by llama.cpp on its text (the quality figure of each type)."""
+def _export_gguf(
+    cfg: ExportConfig, model, tokenizer_src: Path, merged: bool, notices: list, out: Path, final: Path
+) -> ExportSummary:
+    """One GGUF per ``cfg.gguf_types`` plus an Ollama Modelfile each, written into ``out`` and named as in
+    ``final``; with an eval set, the perplexity of every file measured by llama.cpp on its text (the quality
+    figure of each type)."""
     from engine.tokenizer import load_tokenizer
     from engine.train import gguf_export as G
 
@@ -211,8 +264,6 @@ def _export_gguf(cfg: ExportConfig, model, tokenizer_src: Path, merged: bool, no
     if problems:  # before anything is written
         raise G.GGUFExportError("cannot export to GGUF: " + "; ".join(problems))
     tokenizer = load_tokenizer(_tokenizer_source(tokenizer_src))
-    out = Path(cfg.export_dir)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "model"
     written: dict[str, Path] = {}
     for t in ("f32", "f16", "q8_0"):
@@ -226,7 +277,12 @@ def _export_gguf(cfg: ExportConfig, model, tokenizer_src: Path, merged: bool, no
     for t in cfg.gguf_types:
         path = written[t]
         (out / f"{path.name}.Modelfile").write_text(G.modelfile(path.name, tokenizer))
-        entry = {"type": t, "path": str(path), "size_bytes": path.stat().st_size, "perplexity": ppl.get(t)}
+        entry = {
+            "type": t,
+            "path": str(final / path.name),
+            "size_bytes": path.stat().st_size,
+            "perplexity": ppl.get(t),
+        }
         if t in ppl and "f16" in ppl:
             entry["relative_to_f16"] = ppl[t] / ppl["f16"] - 1
         files.append(entry)
@@ -235,7 +291,7 @@ def _export_gguf(cfg: ExportConfig, model, tokenizer_src: Path, merged: bool, no
     # `ollama create NAME` reads ./Modelfile: the first listed type
     (out / "Modelfile").write_text(G.modelfile(written[cfg.gguf_types[0]].name, tokenizer))
     summary = ExportSummary(
-        export_dir=str(out),
+        export_dir=str(final),
         layout="gguf",
         files=sorted(p.name for p in out.iterdir()),
         merged_lora=merged,

@@ -127,10 +127,17 @@ def requeue_stale(session: Session, settings: Settings, kind: JobKind, stale_aft
     return sum(requeue(session, settings, kind, i, "its worker is gone") for i in stale)
 
 
-def recover_worker(session: Session, settings: Settings, kind: JobKind, worker: str) -> int:
-    """At a worker's start: the jobs it was running when it died are failed or requeued, as the kind says."""
+def recover_worker(
+    session: Session, settings: Settings, kind: JobKind, worker: str, started_before: datetime | None = None
+) -> int:
+    """At a worker's start: the jobs it was running when it died are failed or requeued, as the kind says.
+    ``started_before`` is when this worker started: a job it claimed since (its queue is consumed from the
+    start, and this very pass may have requeued the job) is its own work, not a leftover."""
     m = kind.model
-    ids = session.scalars(select(m.id).where(m.status == RunStatus.RUNNING, m.worker == worker)).all()
+    where = [m.status == RunStatus.RUNNING, m.worker == worker]
+    if started_before is not None:
+        where.append(m.started_at < started_before)
+    ids = session.scalars(select(m.id).where(*where)).all()
     if kind.when_worker_died == "requeue":
         return sum(requeue(session, settings, kind, i, f"worker {worker} restarted") for i in ids)
     message = f"its worker stopped; {kind.name} again"
@@ -178,10 +185,16 @@ def redispatch(session: Session, settings: Settings, kind: JobKind, job: Any) ->
     return False
 
 
-def reconcile(session: Session, settings: Settings, kind: JobKind, worker: str | None) -> None:
+def reconcile(
+    session: Session,
+    settings: Settings,
+    kind: JobKind,
+    worker: str | None,
+    worker_started: datetime | None = None,
+) -> None:
     """One reconciler pass over a kind: stale jobs requeued, (at start-up) this worker's own leftovers
-    failed or requeued, undelivered jobs sent."""
+    (claimed before ``worker_started``) failed or requeued, undelivered jobs sent."""
     requeue_stale(session, settings, kind, settings.stale_after_s)
     if worker is not None:
-        recover_worker(session, settings, kind, worker)
+        recover_worker(session, settings, kind, worker, worker_started)
     dispatch_undispatched(session, settings, kind)

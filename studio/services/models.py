@@ -96,15 +96,17 @@ def model_roots(settings: Settings) -> list[Path]:
 
 
 def local_models(settings: Settings) -> dict[str, Path]:
-    """{name: dir} of the model directories in the model roots (presets and official sizes aside). The name
-    is the folder's; a folder whose name an earlier root already has is named by its full path."""
+    """{name: dir} of the model directories in the model roots (presets, official sizes and hidden folders
+    aside). The name is the folder's; a folder whose name an earlier root already has is named by its full
+    path."""
     reserved = {settings.models_dir / p for p in (*BUILDABLE_PRESETS, *OFFICIAL)}
     found: dict[str, Path] = {}
     for root in model_roots(settings):
         if not root.is_dir():
             continue
         for d in sorted(root.iterdir()):
-            if d in reserved or not (d / "config.json").is_file():
+            # hidden folders are work in progress (an export being written, a preset being built)
+            if d in reserved or d.name.startswith(".") or not (d / "config.json").is_file():
                 continue
             name = d.name if d.name not in found and d.name not in (*BUILDABLE_PRESETS, *OFFICIAL) else str(d)
             found[name] = d

@@ -111,6 +111,28 @@ def test_reconciler_requeues_orphans_and_sends_undelivered_runs(settings):
     assert len(broker_messages) == 4  # one per requeued or undelivered run, and the requeued export
 
 
+def test_a_restarted_worker_fails_only_the_exports_it_left_not_those_it_took_since(settings):
+    """A worker consumes the export queue from its start, so by its first reconcile pass it may already have
+    claimed an export (even one that pass requeued from a stale heartbeat): only the exports it was running
+    before it started are leftovers to fail."""
+    started = utcnow()
+    with session_factory(settings)() as s:
+        done = _run(s, status=RunStatus.SUCCEEDED)
+        before, since = (
+            Export(run_id=done.id, status=RunStatus.RUNNING, export_dir="/e", worker="me@n", started_at=at,
+                   heartbeat_at=started)
+            for at in (started - timedelta(seconds=30), started + timedelta(seconds=1))
+        )  # fmt: skip
+        s.add_all([before, since])
+        s.commit()
+        ids = before.id, since.id
+    reconcile(settings, "me@n", worker_started=started)
+    with session_factory(settings)() as s:
+        left, taken = (s.get(Export, i) for i in ids)
+        assert (left.status, left.error) == ("failed", "its worker stopped; export again")
+        assert (taken.status, taken.worker) == ("running", "me@n")
+
+
 def test_orphaned_deployments_stay_stopped_when_a_later_step_rolls_back(settings):
     """The reconciler's steps share one session; a later one that loses a race (e.g. evaluate_after's
     duplicate evals) rolls it back, which must not undo the deployments already marked stopped."""
