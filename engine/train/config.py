@@ -144,6 +144,10 @@ _VL_DATA = (
     "ERNIEKit's VL data pipeline option; this engine's VL-SFT reads erniekit_vl records with its own "
     "image handling and chat template"
 )
+_OCR_DATA = (
+    "ERNIEKit's OCR-SFT image preprocessing (stage OCR-SFT); this engine's stages are SFT, DPO, PT and VL-SFT, "
+    "whose images its own VL processor prepares"
+)
 _LOADER = "data loading runs in the training process here; there are no loader workers to configure"
 _DPO_VARIANT = "a DPO loss variant this engine does not implement (loss_type: sigmoid, ipo, hinge)"
 
@@ -245,6 +249,10 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "trigger_data_prob": _VL_DATA,
     "drop_history_with_k": _VL_DATA,
     "modality_ratio": _VL_DATA,
+    "sft_replace_ids": _OCR_DATA,
+    "sft_image_normalize": _OCR_DATA,
+    "sft_image_rescale": _OCR_DATA,
+    "image_dtype": _OCR_DATA,
     "chat_template": "the chat template comes from the model directory's tokenizer files",
     # optimisation details not implemented
     "attention_probs_dropout_prob": (
