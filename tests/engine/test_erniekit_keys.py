@@ -359,7 +359,8 @@ EFFECTS: dict[str, Effect] = {
     "max_seq_len": Effect(32, 64, batch_shape),
     "batch_size": Effect(1, 2, batch_shape),
     "seed": Effect(1, 2, first_batches),
-    "stage": Effect("SFT", "PT", outcome(first_batches)),
+    # packing fixed: PT packs by default, which alone would tell the two apart
+    "stage": Effect("SFT", "PT", outcome(first_batches), _with(packing=False)),
     "model_name_or_path": Effect("@tiny", "@moe", trainable_shapes),
     # how long the run is
     "max_steps": Effect(2, 3, total_steps),
