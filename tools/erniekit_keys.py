@@ -7,8 +7,8 @@
 names) at a git checkout's HEAD and names each file's last commit and ERNIEKit's version
 (``erniekit/version/env.py``). ``tree`` reads every ``examples/configs/**/*.yaml`` under DIR, files saved
 one by one from a source that stores each at its own commit (COMMITS: one ``path commit`` line per file).
-Both record every top-level key with the files that use it, by the command that reads the file:
-``run_export.yaml`` (`ernie-studio export`), ``run_chat.yaml``, ``run_eval.yaml`` (`ernie-studio eval`),
+Both record each file's commit, its top-level keys and the command that reads it: ``run_export.yaml``
+(`ernie-studio export`), ``run_eval.yaml`` (`ernie-studio eval`), ``run_chat.yaml`` (`serve` / `chat` flags)
 and the rest (`ernie-studio train`). The test suite reads only the committed file.
 """
 
@@ -24,7 +24,7 @@ import yaml
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "tests" / "engine" / "data" / "erniekit_keys.json"
 SOURCE = "https://github.com/PaddlePaddle/ERNIE"
-KINDS = {"run_export.yaml": "export_keys", "run_chat.yaml": "chat_keys", "run_eval.yaml": "eval_keys"}
+COMMANDS = {"run_export.yaml": "export", "run_chat.yaml": "chat", "run_eval.yaml": "eval"}
 
 
 def config_keys(text: str) -> list[str]:
@@ -33,22 +33,25 @@ def config_keys(text: str) -> list[str]:
     return [str(k) for k in data]
 
 
-def kind(path: str) -> str:
-    """Which snapshot section a config's keys go to: the command that reads that file."""
-    return KINDS.get(Path(path).name, "train_keys")
+def command(path: str) -> str:
+    """The ernie-studio command that reads a config like this one (run_chat.yaml: serve / chat flags)."""
+    return COMMANDS.get(Path(path).name, "train")
 
 
 def snapshot(texts: dict[str, str], commits: dict[str, str], header: dict[str, str]) -> dict:
-    """The snapshot's JSON: the header, files with their commits, and key -> files for each kind."""
-    keys: dict[str, dict[str, list[str]]] = {k: {} for k in ("train_keys", *KINDS.values())}
-    for path in sorted(texts):
-        for key in config_keys(texts[path]):
-            keys[kind(path)].setdefault(key, []).append(path)
-    return {
-        **header,
-        "files": {path: commits[path] for path in sorted(texts)},
-        **{section: dict(sorted(found.items())) for section, found in keys.items()},
+    """The snapshot's JSON: the header, then each file with its commit, its command and its keys."""
+    files = {
+        path: {"commit": commits[path], "command": command(path), "keys": config_keys(texts[path])}
+        for path in sorted(texts)
     }
+    return {**header, "files": files}
+
+
+def dumps(data: dict) -> str:
+    """The snapshot as JSON with one line per file, so a changed config is a one-line diff."""
+    header = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in data.items() if k != "files"]
+    files = [f"  {json.dumps(path)}: {json.dumps(entry)}" for path, entry in data["files"].items()]
+    return "{\n" + "\n".join(header) + '\n "files": {\n' + ",\n".join(files) + "\n }\n}\n"
 
 
 def _git(checkout: Path, *args: str) -> str:
@@ -101,7 +104,7 @@ def main() -> None:
     else:
         header = {"head": args.head, "erniekit_version": args.version, "version_file": args.version_file}
         data = from_tree(args.root, args.commits, header)
-    SNAPSHOT.write_text(json.dumps(data, indent=1) + "\n")
+    SNAPSHOT.write_text(dumps(data))
     print(f"wrote {SNAPSHOT}")
 
 

@@ -1,7 +1,9 @@
 """Every key of ERNIEKit's example configs (tests/engine/data/erniekit_keys.json, a snapshot that names its
-source, ERNIEKit's version and each file's commit; tools/erniekit_keys.py rewrites it from a checkout) is
+source, ERNIEKit's version and each file's commit and keys; tools/erniekit_keys.py rewrites it) is
 honoured by the engine, announced with a reason, or refused by name; and each honoured key changes what the
-trainer builds or does.
+trainer builds or does. Train, export and eval configs are loaded as their commands load them; run_chat.yaml
+has no loader (`serve` / `chat` take flags), so each of its keys names the flag that takes its value or the
+reason there is none.
 
 An effect is seen downstream of the config: in the objects the trainer builds from it (``setup_run``: model,
 optimizer, data, notices) or in what a tiny run writes (metrics rows, checkpoints, logs, files). Each key is
@@ -23,7 +25,10 @@ import numpy as np
 import pytest
 import yaml
 
+from engine.cli import build_parser
+from engine.eval import EvalConfig, load_eval_config, run_eval
 from engine.models.lora import LoRALinear
+from engine.serve.cli import ERNIEKIT_CHAT_FLAGS, ERNIEKIT_CHAT_REASONS
 from engine.train.config import (
     ERNIEKIT_ALIASES,
     ConfigError,
@@ -41,8 +46,22 @@ from engine.train.trainer import run_training, set_dropout, setup_run
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data"
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "erniekit_keys.json").read_text())
-TRAIN_KEYS: dict[str, list[str]] = SNAPSHOT["train_keys"]
-EXPORT_KEYS: dict[str, list[str]] = SNAPSHOT["export_keys"]
+
+
+def keys_read_by(command: str) -> dict[str, list[str]]:
+    """Key -> the snapshot's files read by ``command`` (train, export, eval, chat) that use it."""
+    found: dict[str, list[str]] = {}
+    for path, entry in SNAPSHOT["files"].items():
+        if entry["command"] == command:
+            for key in entry["keys"]:
+                found.setdefault(key, []).append(path)
+    return found
+
+
+TRAIN_KEYS = keys_read_by("train")
+EXPORT_KEYS = keys_read_by("export")
+EVAL_KEYS = keys_read_by("eval")
+CHAT_KEYS = keys_read_by("chat")
 
 
 def honoured(cls: type, key: str) -> bool:
@@ -56,26 +75,25 @@ def honoured(cls: type, key: str) -> bool:
 def test_snapshot_names_its_source_and_every_file():
     assert SNAPSHOT["source"] == "https://github.com/PaddlePaddle/ERNIE"
     assert SNAPSHOT["erniekit_version"] and "erniekit/version/env.py" in SNAPSHOT["version_file"]
-    files = SNAPSHOT["files"]
-    assert all(len(commit) == 40 for commit in files.values())
-    used = {f for keys in (TRAIN_KEYS, EXPORT_KEYS) for fs in keys.values() for f in fs}
-    assert used == set(files)
-    assert {f for fs in EXPORT_KEYS.values() for f in fs} == {
-        f for f in files if f.endswith("run_export.yaml")
-    }
+    commands = {"run_export.yaml": "export", "run_eval.yaml": "eval", "run_chat.yaml": "chat"}
+    for path, entry in SNAPSHOT["files"].items():
+        assert path.startswith("examples/configs/") and len(entry["commit"]) == 40 and entry["keys"], path
+        assert entry["command"] == commands.get(Path(path).name, "train"), path
 
 
-def _announced(tmp_path: Path, key: str, value: Any, export: bool = False) -> dict[str, str]:
+LOADERS = {
+    "train": (load_config, {"model_name_or_path": "m", "train_dataset_path": "d.jsonl"}),
+    "export": (load_export_config, {"model_name_or_path": "m"}),
+    "eval": (load_eval_config, {"model_name_or_path": "m", "eval_dataset_path": "d.jsonl"}),
+}
+
+
+def _announced(tmp_path: Path, key: str, value: Any, command: str = "train") -> dict[str, str]:
     """The notices loading a config with ``key: value`` produces (key -> reason)."""
+    load, base = LOADERS[command]
     path = tmp_path / "c.yaml"
-    base = (
-        {"model_name_or_path": "m"}
-        if export
-        else {"model_name_or_path": "m", "train_dataset_path": "d.jsonl"}
-    )
     path.write_text(yaml.safe_dump({**base, key: value}))
-    cfg = load_export_config(path) if export else load_config(path)
-    return {n.key: n.message for n in cfg.notices}
+    return {n.key: n.message for n in load(path).notices}
 
 
 @pytest.mark.parametrize("key", sorted(TRAIN_KEYS))
@@ -93,7 +111,47 @@ def test_every_erniekit_export_key_is_honoured_or_announced(tmp_path, key):
     if honoured(ExportConfig, key):
         assert f"export:{key}" in EFFECTS, f"export key {key} is honoured, but no test shows what it does"
         return
-    assert _announced(tmp_path, key, None, export=True).get(key), f"export key {key} is not announced"
+    assert _announced(tmp_path, key, None, "export").get(key), f"export key {key} is not announced"
+
+
+@pytest.mark.parametrize("key", sorted(EVAL_KEYS))
+def test_every_erniekit_eval_key_is_honoured_or_announced(tmp_path, key):
+    if honoured(EvalConfig, key):
+        assert f"eval:{key}" in EFFECTS, f"eval key {key} is honoured, but no test shows what it does"
+        return
+    assert _announced(tmp_path, key, 1, "eval").get(key), f"eval key {key} is not announced"
+
+
+# Two values of each run_chat.yaml key's flag; parsing shows the flag takes the value (what serve and chat
+# then do with it is tests/engine/test_serve.py's and test_chat_cli.py's).
+FLAG_VALUES = {
+    "--model": ("a", "b"),
+    "--tensor-parallel-size": ("1", "2"),
+    "--port": ("8188", "8189"),
+    "--max-model-len": ("4096", "8192"),
+    "--max-num-seqs": ("8", "32"),
+    "--quantization": ("wint4", "wint8"),
+    "--max-tokens": ("64", "128"),
+    "--temperature": ("0.7", "0.9"),
+    "--top-p": ("0.7", "0.9"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CHAT_KEYS))
+def test_every_erniekit_chat_key_names_its_flag_or_why_there_is_none(key):
+    assert not (key in ERNIEKIT_CHAT_FLAGS and key in ERNIEKIT_CHAT_REASONS), key
+    if key not in ERNIEKIT_CHAT_FLAGS:
+        reason = ERNIEKIT_CHAT_REASONS.get(key, "")
+        assert len(reason) > 20, f"{key} (used by {CHAT_KEYS[key][0]}) has neither a flag nor a reason"
+        return
+    command, flag = ERNIEKIT_CHAT_FLAGS[key].split()
+    required = ["--model", "m"] if command == "serve" and flag != "--model" else []
+    seen = [vars(build_parser().parse_args([command, *required, flag, value])) for value in FLAG_VALUES[flag]]
+    assert seen[0] != seen[1], f"{command} {flag} does not take {key}'s value"
+
+
+def test_the_chat_tables_cover_only_snapshot_keys():
+    assert set(ERNIEKIT_CHAT_FLAGS) | set(ERNIEKIT_CHAT_REASONS) == set(CHAT_KEYS)
 
 
 def test_model_parallel_degrees_are_announced_at_one_and_refused_above(tmp_path):
@@ -107,6 +165,14 @@ def test_model_parallel_degrees_are_announced_at_one_and_refused_above(tmp_path)
             assert "set it to 1" in str(e)
             refused.append(key)
     assert sorted(refused) == ["pipeline_parallel_degree", "tensor_parallel_degree"]
+
+
+@pytest.mark.parametrize("stage", ["OCR-SFT", "OCR-VL-SFT"])
+def test_paddleocr_vl_stages_are_refused_by_name(tmp_path, stage):
+    with pytest.raises(
+        ConfigError, match=f"stage {stage} is ERNIEKit's OCR fine-tuning .* not supported yet"
+    ):
+        _announced(tmp_path, "stage", stage)
 
 
 # ---- what each honoured key does ----------------------------------------------------------------------
@@ -180,7 +246,7 @@ def outcome(observe: Callable) -> Callable:
     def wrapped(ctx: Context, values: dict[str, Any]) -> Any:
         try:
             return observe(ctx, values)
-        except (ConfigError, ValueError) as e:
+        except (ConfigError, ValueError) as e:  # EvalDataError is a ValueError
             return f"refused: {type(e).__name__}"
 
     return wrapped
@@ -292,6 +358,27 @@ def progress_lines(ctx, values):
     return "step 1/2 loss" in stdout.getvalue(), "it/s" in stderr.getvalue() or "step/s" in stderr.getvalue()
 
 
+def evaluated(ctx, values):
+    """What `ernie-studio eval` writes and scores: its files, the notices, the metrics, the predictions."""
+    out = ctx.fresh()
+    values = {
+        k: (str(ctx.models[v]) if v in ctx.models else str(out / v[1:])) if str(v).startswith("@") else v
+        for k, v in values.items()
+    }
+    path = out / "eval.yaml"
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    summary = run_eval(load_eval_config(path))
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p != path)
+    scores = json.loads(json.dumps([d["metrics"] for d in summary.datasets.values()]), parse_float=_round)
+    samples = out.rglob("eval_samples.jsonl")
+    predictions = [json.loads(line).get("prediction") for f in samples for line in f.read_text().splitlines()]
+    return files, sorted(n["key"] for n in summary.notices), scores, predictions
+
+
+def _round(text: str) -> float:
+    return round(float(text), 6)
+
+
 def exported(ctx, values):
     """The files an export writes and the model type it writes, for ExportConfig keys."""
     out = ctx.fresh()
@@ -325,6 +412,17 @@ def _with(*parts: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return out
 
 
+# a few records scored by loss only (no generation); a small bootstrap for the generated metrics
+EVAL_BASE = {
+    "model_name_or_path": "@tiny",
+    "output_dir": "@run",
+    "eval_dataset_path": str(DATA / "sft_demo.jsonl"),
+    "metrics": "loss",
+    "max_samples": 4,
+    "max_seq_len": 64,
+    "bootstrap_samples": 20,
+    "report_to": "none",
+}
 LORA = {"fine_tuning": "LoRA"}
 FULL = {"fine_tuning": "Full"}
 MOE_FULL = {"model_name_or_path": "@moe", **FULL}
@@ -418,6 +516,31 @@ EFFECTS: dict[str, Effect] = {
     "output_dir": Effect("@a", "@b", run_directories),
     "logging_dir": Effect("", "@logs", run_directories, _with(report_to="visualdl")),
     "disable_tqdm": Effect(True, False, progress_lines),
+    "mix_strategy": Effect(
+        "random", "concat", first_batches, _with(train_dataset_path=MIX, train_dataset_prob="0.5,0.5")
+    ),
+    "packing": Effect(False, True, first_batches),
+    # `ernie-studio eval` (run_eval.yaml)
+    "eval:model_name_or_path": Effect("@tiny", "@moe", evaluated, EVAL_BASE),
+    "eval:output_dir": Effect("@a", "@b", evaluated, EVAL_BASE),
+    "eval:logging_dir": Effect("", "@logs", evaluated, {**EVAL_BASE, "report_to": "visualdl"}),
+    "eval:do_eval": Effect(True, False, evaluated, EVAL_BASE),
+    "eval:eval_dataset_path": Effect(
+        str(DATA / "sft_demo.jsonl"), str(DATA / "chatml_demo.jsonl"), evaluated, EVAL_BASE
+    ),
+    "eval:eval_dataset_type": Effect(
+        "chatml",
+        "erniekit",
+        outcome(evaluated),
+        {**EVAL_BASE, "eval_dataset_path": str(DATA / "chatml_demo.jsonl")},
+    ),
+    "eval:eval_dataset_prob": Effect("1.0", "0.5", evaluated, EVAL_BASE),
+    "eval:max_seq_len": Effect(24, 64, evaluated, EVAL_BASE),
+    "eval:batch_size": Effect(1, 4, evaluated, {**EVAL_BASE, "max_evaluate_steps": 1}),
+    # sampled answers (temperature 1) draw from the seed
+    "eval:seed": Effect(
+        1, 2, evaluated, {**EVAL_BASE, "metrics": "rouge_l", "max_new_tokens": 4, "temperature": 1.0}
+    ),
     # `ernie-studio export` (run_export.yaml)
     "export:model_name_or_path": Effect("@tiny", "@moe", exported, {"output_dir": "@run"}),
     "export:output_dir": Effect("@a", "@b", exported, {"model_name_or_path": "@tiny"}),
@@ -430,7 +553,7 @@ EFFECTS: dict[str, Effect] = {
 @pytest.mark.parametrize("name", sorted(EFFECTS))
 def test_each_honoured_key_changes_what_the_engine_does(ctx, name):
     effect = EFFECTS[name]
-    key = name.removeprefix("export:")
+    key = name.split(":")[-1]
     seen = [effect.observe(ctx, {**effect.base, key: value}) for value in (effect.a, effect.b)]
     assert seen[0] != seen[1], f"{name}: {effect.a!r} and {effect.b!r} look the same: {seen[0]!r}"
     refusals = [s for s in seen if isinstance(s, str) and s.startswith("refused")]
@@ -438,5 +561,6 @@ def test_each_honoured_key_changes_what_the_engine_does(ctx, name):
 
 
 def test_the_effects_table_covers_only_snapshot_keys():
-    names = {n.removeprefix("export:") for n in EFFECTS}
-    assert names <= set(TRAIN_KEYS) | set(EXPORT_KEYS), names - set(TRAIN_KEYS) - set(EXPORT_KEYS)
+    known = {"train": TRAIN_KEYS, "export": EXPORT_KEYS, "eval": EVAL_KEYS}
+    strays = [n for n in EFFECTS if n.split(":")[-1] not in known[n.split(":")[0] if ":" in n else "train"]]
+    assert not strays, strays
