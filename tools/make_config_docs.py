@@ -1,5 +1,5 @@
 """Rewrite the key tables in docs/training.md and docs/evaluation.md from the config schemas
-(engine/train/config.py, engine/eval/config.py).
+(engine/train/config.py, engine/eval/config.py) and the run_chat.yaml table (engine/serve/cli.py).
 
     .venv/bin/python tools/make_config_docs.py
 
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.eval.config import EvalConfig  # noqa: E402
+from engine.serve.cli import erniekit_chat_table  # noqa: E402
 from engine.train.config import (  # noqa: E402
     ExportConfig,
     TrainConfig,
@@ -30,6 +31,7 @@ TABLES = {
         "stage": stage_defaults_table,
         "export": lambda: keys_table(ExportConfig),
         "erniekit": erniekit_keys_table,
+        "chat": erniekit_chat_table,
     },
     "evaluation.md": {"eval": lambda: keys_table(EvalConfig)},
 }

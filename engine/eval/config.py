@@ -71,7 +71,8 @@ class EvalConfig:
         "", "Eval files, comma-separated (JSONL, JSON array; CSV for benchmarks)."
     )
     eval_dataset_prob: str = option(
-        "1.0", "Accepted for ERNIEKit configs; every record of every file is scored."
+        "1.0",
+        "Accepted for ERNIEKit configs; every record of every file is scored (other values are announced).",
     )
     max_samples: int = option(0, "Score at most this many records per file; 0 scores all.", minimum=0)
     metrics: list[str] = option(  # noqa: RUF009 (a field with a default_factory)
@@ -192,6 +193,18 @@ class EvalConfig:
         if "judge" in self.metrics and not self.judge_url:
             problems.append("the judge metric needs judge_url (an OpenAI-compatible endpoint, .../v1)")
         return problems + report_to_problems(self.report_to)
+
+
+def run_notices(cfg: EvalConfig) -> list[Notice]:
+    """Values an ERNIEKit run_eval.yaml may give that change nothing here, announced when a run starts."""
+    try:
+        probs = [float(p) for p in _split(cfg.eval_dataset_prob)]
+    except ValueError:
+        probs = []
+    if any(p != 1.0 for p in probs):
+        message = "every record of every eval_dataset_path file is scored; probabilities draw no sample here"
+        return [Notice("eval_dataset_prob", message)]
+    return []
 
 
 def load_eval_config(path: str | Path | None, overrides: list[str] | None = None) -> EvalConfig:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engine.eval.config import CHAT_TYPES, EvalConfig
+from engine.eval.config import CHAT_TYPES, EvalConfig, run_notices
 from engine.eval.items import ChatItem, ChoiceItem, EvalDataError, EvalFile, NumberItem, read_eval_file
 from engine.eval.judge import Judge, JudgeSettings, api_key
 from engine.eval.results import RESULTS_FILE, SAMPLES_FILE, SampleLog, aggregate, headline
@@ -286,7 +286,7 @@ def run_eval(cfg: EvalConfig, on_event: Callable[[dict], None] | None = None) ->
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = EvalSummary("running", str(out), cfg.model_name_or_path, started_at=_now())
-    for n in getattr(cfg, "notices", []):
+    for n in [*getattr(cfg, "notices", []), *run_notices(cfg)]:
         summary.notices.append({"key": n.key, "message": n.message})
         print(n.line(), flush=True)
         emit({"type": "notice", "key": n.key, "message": n.message})

@@ -16,8 +16,49 @@ from typing import Protocol
 import uvicorn
 
 from engine.models.paths import tokenizer_dir
+from engine.serve.fastdeploy import BLOCK_SIZE, VL_LIMITS
 
 log = logging.getLogger(__name__)
+
+# ERNIEKit's run_chat.yaml, key by key. `serve` and `chat` read flags, not a YAML file: each value goes to the
+# flag named in the first table, and the second says why a key has none. tests/engine/test_erniekit_keys.py
+# holds both to every key of ERNIEKit's example run_chat.yaml files; docs/training.md shows them.
+ERNIEKIT_CHAT_FLAGS: dict[str, str] = {
+    "model_name_or_path": "serve --model",
+    "tensor_parallel_degree": "serve --tensor-parallel-size",
+    "port": "serve --port",
+    "max_model_len": "serve --max-model-len",
+    "max_num_seqs": "serve --max-num-seqs",
+    "quantization": "serve --quantization",
+    "max_new_tokens": "chat --max-tokens",
+    "temperature": "chat --temperature",
+    "top_p": "chat --top-p",
+}
+ERNIEKIT_CHAT_REASONS: dict[str, str] = {
+    "output_dir": "ERNIEKit's LoRA checkpoint to add to the model (None in its examples); serve --model "
+    "takes a LoRA run directory as it is",
+    "device": "serve --backend chooses the engine (auto: FastDeploy on a GPU node, else llama.cpp or Paddle)",
+    "fuse_rms_norm": "a fused-kernel switch of ERNIEKit's predictor; the served model computes the same result",
+    "load_choices": "FastDeploy's weight-loader choice; serve starts FastDeploy with its default loader",
+    "reasoning_parser": "FastDeploy's reasoning parser would send the text before `</think>` as "
+    "reasoning_content, which the studio's chats (reading content) do not show; serve passes none",
+    "tool_call_parser": "FastDeploy's tool-call parser; serve starts FastDeploy without one",
+    "enable_thinking": "a chat request's chat_template_kwargs decides thinking (a VL model answers without "
+    "thinking unless the request turns it on)",
+    "enable_mm": "FastDeploy recognises a VL model from its config.json (its --enable-mm is deprecated)",
+    "limit_mm_per_prompt": "serve gives FastDeploy a fixed limit for VL models: "
+    f"{VL_LIMITS['image']} images and {VL_LIMITS['video']} videos a prompt",
+    "max_num_batched_tokens": "FastDeploy's prefill token budget; serve leaves FastDeploy's default",
+    "block_size": f"serve gives FastDeploy its KV-cache block size, {BLOCK_SIZE}",
+}
+
+
+def erniekit_chat_table() -> str:
+    """ERNIEKit's run_chat.yaml keys and where their values go here, for the docs."""
+    rows = ["| run_chat.yaml key | here |", "|---|---|"]
+    rows += [f"| `{k}` | `ernie-studio {v}` |" for k, v in ERNIEKIT_CHAT_FLAGS.items()]
+    rows += [f"| `{k}` | not taken: {v} |" for k, v in ERNIEKIT_CHAT_REASONS.items()]
+    return "\n".join(rows)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -31,6 +31,8 @@ from engine.train.scalars import REPORT_TO, report_to_problems
 log = logging.getLogger(__name__)
 
 STAGES = ("SFT", "DPO", "PT", "VL-SFT")
+# ERNIEKit's OCR stages (PaddleOCR-VL): refused by name, not near-matched to VL-SFT, which reads other models.
+OCR_STAGES = ("OCR-SFT", "OCR-VL-SFT")
 FINE_TUNING = ("LoRA", "Full")
 COMPUTE_TYPES = ("fp32", "bf16", "fp16", "fp8", *WEIGHT_ONLY_COMPUTE_TYPES)
 SCHEDULERS = ("cosine", "linear", "constant")
@@ -144,7 +146,12 @@ _VL_DATA = (
     "ERNIEKit's VL data pipeline option; this engine's VL-SFT reads erniekit_vl records with its own "
     "image handling and chat template"
 )
+_OCR_DATA = (
+    "ERNIEKit's OCR-SFT image preprocessing (stage OCR-SFT); this engine's stages are SFT, DPO, PT and VL-SFT, "
+    "whose images its own VL processor prepares"
+)
 _LOADER = "data loading runs in the training process here; there are no loader workers to configure"
+_OCR_VL = "PaddleOCR-VL is not supported yet (only its configs set this)"
 _DPO_VARIANT = "a DPO loss variant this engine does not implement (loss_type: sigmoid, ipo, hinge)"
 
 # ERNIEKit keys that have no effect on this engine, each with the reason a run announces (one line, once,
@@ -169,6 +176,8 @@ ERNIEKIT_NOTICES: dict[str, str] = {
         "gloo (CPU), both modality groups in one exchange"
     ),
     "use_sp_callback": "a sequence-parallel gradient hook; there is no sequence parallelism here",
+    "tensor_parallel_output": "keeps the LM head's logits split across tensor-parallel ranks; "
+    "there is no tensor parallelism here",
     "distributed_dataloader": _LOADER,
     "save_sharding_stage1_model_include_freeze_params": _CHECKPOINT,
     "load_sharded_model": _CHECKPOINT,
@@ -180,6 +189,12 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "ignore_load_lr_and_optim": "checkpoints here always hold the optimizer state, so runs resume exactly",
     "save_to_aistudio": "uploading is not part of training here; the run directory is local",
     "device": "the device comes from the Paddle build (GPU when compiled with CUDA, else CPU)",
+    "FLAGS_use_stride_kernel": "a Paddle runtime flag (ERNIEKit's XPU configs set it); the config does not set "
+    "Paddle flags here: export FLAGS_use_stride_kernel in the environment instead",
+    "convert_from_hf": f"{_OCR_VL}; a model directory's layout (Paddle or Hugging Face) is recognised from "
+    "its weight names and read either way",
+    "save_to_hf": f"{_OCR_VL}; a run's final model is written in Paddle layout, and `ernie-studio export` "
+    "with layout: hf writes the Hugging Face one",
     # fused kernels
     "fuse_rope": _KERNEL,
     "fuse_linear": _KERNEL,
@@ -205,6 +220,10 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     ),
     "no_recompute_layers": "recompute here applies to every layer",
     "use_recompute_loss_fn": "the loss here is not recomputed",
+    "loss_subbatch_seqlen": "computes the loss in chunks of this many tokens to save GPU memory; the loss here "
+    "is computed over the whole sequence at once (the same value)",
+    "refined_recompute": "chooses ops ERNIEKit keeps instead of recomputing (a memory / speed trade); "
+    "recompute and recompute_granularity decide what is rebuilt here, with the same gradients",
     # mixed precision
     "bf16": _AMP,
     "fp16": _AMP,
@@ -228,6 +247,10 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "random_shuffle": "the training stream is always shuffled by seed",
     "greedy_intokens": "packing here is always first-fit-decreasing over a pool of samples",
     "buffer_size": "packing here draws from a pool of 8 batches' worth of samples",
+    "packing_size": f"{_OCR_VL}; packing: true fills each max_seq_len row first-fit-decreasing here instead of "
+    "packing a fixed number of samples",
+    "padding": f"{_OCR_VL}; a batch here is padded to its longest sample, or packed into max_seq_len rows "
+    "with packing: true",
     "split_multi_turn": "a multi-turn sample trains every assistant turn in one sequence here",
     "dataset_name": "the reader follows from each file's records here (erniekit, erniekit_vl, chatml, ...)",
     "dataset_name_or_path": "datasets are named by train_dataset_path here",
@@ -245,6 +268,10 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "trigger_data_prob": _VL_DATA,
     "drop_history_with_k": _VL_DATA,
     "modality_ratio": _VL_DATA,
+    "sft_replace_ids": _OCR_DATA,
+    "sft_image_normalize": _OCR_DATA,
+    "sft_image_rescale": _OCR_DATA,
+    "image_dtype": _OCR_DATA,
     "chat_template": "the chat template comes from the model directory's tokenizer files",
     # optimisation details not implemented
     "attention_probs_dropout_prob": (
@@ -617,7 +644,7 @@ class TrainConfig:
         return []
 
     def validate(self) -> list[str]:
-        problems = check_fields(self)
+        problems = _ocr_stage_named(check_fields(self), self.stage)
         if not self.model_name_or_path:
             problems.append(
                 "model_name_or_path is required: a model directory (e.g. from `ernie-studio init-model`)"
@@ -878,6 +905,16 @@ def check_fields(config: Any) -> list[str]:
         if hi is not None and value > hi:
             problems.append(f"{f.name} must be <= {_number(hi)}, got {value}")
     return problems
+
+
+def _ocr_stage_named(problems: list[str], stage: str) -> list[str]:
+    """ERNIEKit's OCR stages get their own message instead of the near match VL-SFT."""
+    if stage not in OCR_STAGES:
+        return problems
+    return [p for p in problems if not p.startswith("stage must be")] + [
+        f"stage {stage} is ERNIEKit's OCR fine-tuning (PaddleOCR-VL), which is not supported yet; "
+        f"the stages here are {', '.join(STAGES)}"
+    ]
 
 
 def _number(x: float) -> str:

@@ -454,7 +454,22 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
         out.append(
             Notice("tensorwise_offload_optimizer", "on CPU the optimizer state lives in host memory already")
         )
-    return out + vision_notices(cfg, model)
+    return out + eval_notices(cfg) + vision_notices(cfg, model)
+
+
+def eval_notices(cfg: TrainConfig) -> list[Notice]:
+    """Evaluation reads each eval file whole (one pass), so probabilities other than 1 change nothing."""
+    try:
+        probs = [float(p) for p in cfg.eval_dataset_prob.replace(",", " ").split()]
+    except ValueError:  # the eval loader names the value that is not a number
+        return []
+    if cfg.eval_dataset_path and any(p != 1.0 for p in probs):
+        message = (
+            "evaluation reads every record of each eval_dataset_path file once; probabilities weight the "
+            "training draws only"
+        )
+        return [Notice("eval_dataset_prob", message)]
+    return []
 
 
 def vision_notices(cfg: TrainConfig, model) -> list[Notice]:

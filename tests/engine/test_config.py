@@ -234,6 +234,7 @@ def test_docs_carry_the_schema_tables():
     """docs/training.md's key tables are the schema's, so the docs cannot drift from the defaults."""
     import re
 
+    from engine.serve.cli import erniekit_chat_table
     from engine.train.config import erniekit_keys_table, keys_table, stage_defaults_table
 
     doc = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
@@ -242,6 +243,7 @@ def test_docs_carry_the_schema_tables():
         ("stage", stage_defaults_table()),
         ("export", keys_table(ExportConfig)),
         ("erniekit", erniekit_keys_table()),
+        ("chat", erniekit_chat_table()),
     ]:
         found = re.search(rf"<!-- keys:{name} -->\n(.*?)\n<!-- /keys:{name} -->", doc, re.S)
         assert found, f"docs/training.md lacks the <!-- keys:{name} --> table"
