@@ -364,6 +364,32 @@ def test_bf16_lora_03b_peak_holds_the_measured_run(tmp_path):
     assert close(est.memory["peak"], 2.51 * GIB, 0.10)
 
 
+# Every one-process run of the 0.3B shape recorded in docs/benchmarks.md ("Pre-flight estimate against a real
+# run", 2026-11-24 runs A-C, 2026-11-26 runs D-E and the evening's bf16 / wint8 runs): (variant, steps, whole-run
+# peak RSS in GiB). The runs at 4 steps of LoRA stop before the data's long rows (their longest is 299 tokens,
+# the estimate sizes the p95 row, 387), so they are not held here.
+MEASURED_PEAKS = [
+    ("LoRA fp32", 8, 3.00), ("LoRA fp32", 8, 3.02), ("LoRA fp32", 8, 2.97), ("LoRA fp32", 8, 3.52),
+    ("LoRA fp32", 8, 3.52), ("Full fp32", 4, 10.39), ("Full fp32", 4, 10.38), ("Full fp32", 4, 10.32),
+    ("Full fp32", 4, 10.27), ("Full fp32", 4, 10.22), ("LoRA bf16", 8, 2.51), ("LoRA bf16", 8, 2.50),
+    ("LoRA wint8", 8, 2.41), ("LoRA wint8", 8, 2.26),
+]  # fmt: skip
+
+
+def test_every_measured_one_process_peak_is_within_its_bound_of_the_estimate(tmp_path):
+    """Issue 26: the per-device memory prediction within 15% of every case this machine measured. Measured:
+    the widest gaps are LoRA fp32 at 3.52 GiB (estimate 3.17, -9.8%) and wint8 LoRA at 2.26 (2.47, +9.1%);
+    the bound is 11%."""
+    model = official("ernie-4.5-0.3b", tmp_path)
+    gaps = []
+    for variant, steps, measured in MEASURED_PEAKS:
+        method, dtype = variant.split()
+        cfg = train(fine_tuning=method, compute_type=dtype, max_seq_len=1024, max_steps=steps)
+        peak = estimate_run(model, cfg, BENCH_DATA, node=CPU).memory["peak"] / GIB
+        gaps.append((variant, measured, round(peak / measured - 1, 3)))
+    assert max(abs(gap) for *_, gap in gaps) <= 0.11, gaps
+
+
 def test_stage1_save_peak_counts_the_optimizer_state_rank0_gathers(tmp_path):
     # measured: Full fp32, sharding stage1 on 2 gloo ranks, max_seq_len 512: rank 0 peaked at 10.30 GiB while
     # saving (it gathers rank 1's AdamW moments before writing the checkpoint), rank 1 at 5.44 GiB
