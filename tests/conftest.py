@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -159,8 +160,64 @@ def unexpected_skips(reports) -> list[tuple[str, str]]:
     return found
 
 
+# ---- the time budget: the whole suite within 10 minutes of pytest on a loaded 2-core machine (issue 28) ------
+# `make test` prints the suite's time against it and says loudly when a whole-suite run (no file, -k, -m or
+# --lf picked) went over. ERNIE_STUDIO_SUITE_BUDGET_FAIL=1 makes that a failure. It does not fail by default
+# yet: on 2026-11-28 the suite took 553-560 s on the quiet Intel Xeon but CI's machine has taken 630-750 s,
+# and a red CI refuses every change; the default flips once the suite fits there with room.
+# ERNIE_STUDIO_SUITE_BUDGET_S moves the budget (0: print nothing).
+SUITE_BUDGET_S = 600.0
+
+
+def suite_budget() -> float:
+    return float(os.environ.get("ERNIE_STUDIO_SUITE_BUDGET_S", SUITE_BUDGET_S))
+
+
+def budget_fails() -> bool:
+    return os.environ.get("ERNIE_STUDIO_SUITE_BUDGET_FAIL", "") == "1"
+
+
+def whole_suite(config) -> bool:
+    """Did this run collect the whole suite (the configured test paths, nothing picked out)?"""
+    picked = (
+        config.getoption("keyword", default="")
+        or config.getoption("markexpr", default="")
+        or config.getoption("lf", default=False)
+        or config.getoption("deselect", default=None)
+    )
+    paths = [(config.invocation_params.dir / a.split("::", 1)[0]).resolve() for a in config.args]
+    tests = (config.rootpath / "tests").resolve()
+    return not picked and all(p == tests for p in paths)
+
+
+def pytest_sessionstart(session):
+    session.config._suite_started = time.monotonic()
+
+
+def over_budget(config) -> tuple[float, float] | None:
+    """(seconds, budget) when a whole-suite run took longer than its budget."""
+    started = getattr(config, "_suite_started", None)
+    budget = suite_budget()
+    if started is None or hasattr(config, "workerinput") or not budget or not whole_suite(config):
+        return None
+    took = time.monotonic() - started
+    return (took, budget) if took > budget else None
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not hasattr(config, "workerinput"):
+        started = getattr(config, "_suite_started", None)
+        if started is not None and whole_suite(config):
+            terminalreporter.write_line(
+                f"suite time: {time.monotonic() - started:.0f} s of pytest (budget {suite_budget():.0f} s)"
+            )
+        late = over_budget(config)
+        if late:
+            terminalreporter.write_line(
+                f"{'FAILED' if budget_fails() else 'OVER BUDGET'}: the suite took {late[0]:.0f} s, over its "
+                f"{late[1]:.0f} s budget; `--durations=25` names the slowest tests",
+                red=True,
+            )
         seed = order_seed(config)
         if seed is not None:
             terminalreporter.write_line(
@@ -192,5 +249,6 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and unexpected_skips(reporter.stats.get("skipped", [])) and exitstatus == 0:
+    skips = reporter is not None and unexpected_skips(reporter.stats.get("skipped", []))
+    if (skips or (budget_fails() and over_budget(session.config))) and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

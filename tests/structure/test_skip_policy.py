@@ -127,3 +127,35 @@ def test_xdist_processes_run_the_controllers_order(pytester, monkeypatch):
     for worker in ("gw0", "gw1"):
         ran = (pytester.path / f"ran-{worker}.txt").read_text().split()
         assert ran == [nodeid for nodeid in one if nodeid in ran], worker
+
+
+def test_a_whole_suite_run_over_its_time_budget_fails(pytester, monkeypatch):
+    """`make test` prints the suite's time against its budget (10 minutes); a whole-suite run over it says so,
+    and fails where ERNIE_STUDIO_SUITE_BUDGET_FAIL=1; a run of picked tests (a file, -k) says nothing."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makeconftest(
+        ORDER_CONFTEST.replace(
+            "pytest_configure_node,", "pytest_configure_node, pytest_sessionstart, pytest_sessionfinish,"
+        )
+    )
+    pytester.makepyfile(test_one="def test_a():\n    pass\n", test_two="def test_b():\n    pass\n")
+    (pytester.path / "tests").mkdir()
+    for name in ("test_one.py", "test_two.py"):
+        (pytester.path / name).rename(pytester.path / "tests" / name)
+    args = ("-p", "no:cacheprovider", "-p", "no:xdist")
+    monkeypatch.setenv("ERNIE_STUDIO_SUITE_BUDGET_S", "600")
+    within = pytester.runpytest(*args, "tests")
+    assert within.ret == 0
+    within.stdout.fnmatch_lines(["suite time: * s of pytest (budget 600 s)"])
+    monkeypatch.setenv("ERNIE_STUDIO_SUITE_BUDGET_S", "0.0001")
+    monkeypatch.delenv("ERNIE_STUDIO_SUITE_BUDGET_FAIL", raising=False)
+    warned = pytester.runpytest(*args, "tests")
+    assert warned.ret == 0
+    warned.stdout.fnmatch_lines(["OVER BUDGET: the suite took * s, over its 0 s budget*"])
+    monkeypatch.setenv("ERNIE_STUDIO_SUITE_BUDGET_FAIL", "1")
+    late = pytester.runpytest(*args, "tests")
+    assert late.ret == 1
+    late.stdout.fnmatch_lines(["FAILED: the suite took * s, over its 0 s budget*", "*2 passed*"])
+    for picked in (["tests/test_one.py"], ["tests", "-k", "test_a"]):
+        result = pytester.runpytest(*args, *picked)
+        assert result.ret == 0 and "suite time" not in result.stdout.str(), picked
