@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -259,9 +260,12 @@ def test_cpu_time_scales_with_the_node_probe(tmp_path):
     model = official("ernie-4.5-0.3b", tmp_path)
     fast = estimate_run(model, train(), DATA, node=CPU)
     slow = estimate_run(model, train(), DATA, node=NodeFacts(probe_tokens_per_second=4300 / 4))
-    # a node whose probe runs at a quarter of the reference runs the matmuls at a quarter of the speed (the
-    # 0.3B step followed the probe in proportion across loads: docs/benchmarks.md)
-    assert close(slow.time["compute_s"], 4 * fast.time["compute_s"], 0.01)
+    quiet = estimate_run(model, train(), DATA, node=NodeFacts(probe_tokens_per_second=4300 * 2.5))
+    # a node whose probe runs at a quarter of the reference runs the matmuls at about a quarter of the speed
+    # (the 0.3B step followed the probe in proportion across loads: docs/benchmarks.md); at 2.5 times it, as a
+    # quiet box reads, at 2.2 times (p / (1 + p / 10), 1 at the reference: the big matmuls gain less)
+    assert close(slow.time["compute_s"], fast.time["compute_s"] / (0.25 / 1.025 * 1.1), 0.01)
+    assert close(quiet.time["compute_s"], fast.time["compute_s"] / (2.5 / 1.25 * 1.1), 0.01)
     assert slow.time["step_s"] > 3 * fast.time["step_s"]
     assert any("throughput probe against the reference (1,075" in a for a in slow.assumptions)
     lo, hi = fast.time["step_s_range"]
@@ -388,6 +392,34 @@ def test_every_measured_one_process_peak_is_within_its_bound_of_the_estimate(tmp
         peak = estimate_run(model, cfg, BENCH_DATA, node=CPU).memory["peak"] / GIB
         gaps.append((variant, measured, round(peak / measured - 1, 3)))
     assert max(abs(gap) for *_, gap in gaps) <= 0.11, gaps
+
+
+# The runs with a throughput probe docs/benchmarks.md records (AMD EPYC 2026-11-26 runs D-E at loads 7-16 and
+# the quiet evening runs; Intel Xeon quiet 2026-11-28): (variant, max_seq_len, steps, ranks, probe before,
+# probe after, measured s / step). Left out: run D's Full, whose load arrived mid-run (probe 4,843 -> 766).
+MEASURED_STEPS = [
+    ("LoRA fp32", 1024, 8, 1, 2461, 3066, 11.29), ("LoRA fp32", 1024, 8, 1, 887, 634, 40.95),
+    ("Full fp32", 1024, 4, 1, 727, 1212, 58.59), ("LoRA bf16", 1024, 8, 1, 12059, 10968, 4.35),
+    ("LoRA wint8", 1024, 8, 1, 4079, 10379, 6.39), ("Full fp32", 512, 2, 2, 11685, 11785, 12.80),
+    ("LoRA fp32", 1024, 8, 1, 10662, 10746, 3.77), ("LoRA bf16", 1024, 8, 1, 10773, 10874, 4.40),
+    ("LoRA wint8", 1024, 8, 1, 10853, 10417, 5.61),
+]  # fmt: skip
+
+
+def test_every_measured_step_time_is_within_its_bound_of_the_estimate(tmp_path):
+    """Issue 26: the time per step within 25% of the measured figure. With the node's probe (the mean of the
+    bench's before and after) the estimate is 0.84 to 1.18 of each run (widest: stage1 on 2 ranks, +18%;
+    Full fp32 at load 16, -16%); the bound is 20%."""
+    model = official("ernie-4.5-0.3b", tmp_path)
+    ratios = []
+    for variant, seq, steps, ranks, before, after, measured in MEASURED_STEPS:
+        method, dtype = variant.split()
+        values = dict(fine_tuning=method, compute_type=dtype, max_seq_len=seq, max_steps=steps)
+        cfg = train(**values, **({"sharding": "stage1"} if ranks > 1 else {}))
+        node = dataclasses.replace(CPU, probe_tokens_per_second=(before + after) / 2)
+        step = estimate_run(model, cfg, BENCH_DATA, node=node, num_devices=ranks).time["step_s"]
+        ratios.append((variant, ranks, measured, round(step / measured, 2)))
+    assert max(abs(ratio - 1) for *_, ratio in ratios) <= 0.20, ratios
 
 
 def test_stage1_save_peak_counts_the_optimizer_state_rank0_gathers(tmp_path):
