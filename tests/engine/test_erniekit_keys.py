@@ -358,15 +358,22 @@ def progress_lines(ctx, values):
     return "step 1/2 loss" in stdout.getvalue(), "it/s" in stderr.getvalue() or "step/s" in stderr.getvalue()
 
 
-def evaluated(ctx, values):
-    """What `ernie-studio eval` writes and scores: its files, the notices, the metrics, the predictions."""
+def _config_file(ctx, values: dict, name: str) -> tuple[Path, Path]:
+    """A fresh output directory and the config ``values`` written in it as ``name``; "@tiny"-style values
+    name a session model, other "@x" values a path ``x`` under the directory."""
     out = ctx.fresh()
     values = {
         k: (str(ctx.models[v]) if v in ctx.models else str(out / v[1:])) if str(v).startswith("@") else v
         for k, v in values.items()
     }
-    path = out / "eval.yaml"
+    path = out / name
     path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return out, path
+
+
+def evaluated(ctx, values):
+    """What `ernie-studio eval` writes and scores: its files, the notices, the metrics, the predictions."""
+    out, path = _config_file(ctx, values, "eval.yaml")
     summary = run_eval(load_eval_config(path))
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p != path)
     scores = json.loads(json.dumps([d["metrics"] for d in summary.datasets.values()]), parse_float=_round)
@@ -381,13 +388,7 @@ def _round(text: str) -> float:
 
 def exported(ctx, values):
     """The files an export writes and the model type it writes, for ExportConfig keys."""
-    out = ctx.fresh()
-    values = {
-        k: (str(ctx.models[v]) if v in ctx.models else str(out / v[1:])) if str(v).startswith("@") else v
-        for k, v in values.items()
-    }
-    path = out / "export.yaml"
-    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    out, path = _config_file(ctx, values, "export.yaml")
     summary = run_export(load_export_config(path))
     where = Path(summary.export_dir)
     config = json.loads((where / "config.json").read_text())
