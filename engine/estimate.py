@@ -19,7 +19,8 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
   load holds the stored weights plus the tensor being read, never a whole fp32 copy.
 - Across devices (``Layout``): sharding stage 1 splits masters and moments over the ranks holding the same
   weights, stage 2 the gradients too; expert parallelism gives each rank 1 / degree of the routed experts
-  (their weights, gradients, state and adapters); offload moves masters and moments to host RAM (GPU).
+  (their weights, gradients, state and adapters), and at a save every rank holds all ranks' expert
+  state, gathered for rank 0's un-split checkpoint; offload moves masters and moments to host RAM (GPU).
 - DPO: LoRA's reference is the base with its adapters off (no copy); Full keeps a frozen reference in the
   run's storage precision, every expert in each process.
 - The planner's what-ifs, which this engine does not run (tensor parallelism, recompute replaying the MoE
@@ -279,9 +280,12 @@ def estimate_run(
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
     # save: a serialised copy of the state beside what training holds (the allocator keeps its pool); with
-    # sharding, rank 0 first gathers the other ranks' optimizer state (trainer.gathered_states)
-    gathered = parts["optimizer"] * (layout.sharding_degree - 1) + (
-        parts["master_weights"] * (layout.sharding_degree - 1)
+    # sharding, rank 0 first gathers the other ranks' optimizer state (trainer.gathered_states); with expert
+    # parallelism, every rank gathers every rank's experts
+    gathered = (
+        parts["optimizer"] * (layout.sharding_degree - 1)
+        + (parts["master_weights"] * (layout.sharding_degree - 1))
+        + _gathered_expert_bytes(counts, layout, trainable, mode, lora)
     )
     save_peak = training + SAVE_COPY * ckpt_bytes + gathered
     final_peak = training + (0 if lora else FINAL_SAVE_COPY * final_bytes)
@@ -550,6 +554,22 @@ def device_memory(
         "training": training,
         "host_offload": offloaded,
     }
+
+
+def _gathered_expert_bytes(
+    counts: ParameterCounts, layout: Layout, trainable: int, mode: str, lora: bool
+) -> float:
+    """Expert parallelism's save: every rank sends its experts' checkpoint state (trainable weights and
+    moments) to all ranks (trainer.gathered_states, ``all_gather_object``), and each holds every part, its
+    own included, as new tensors beside the live ones while rank 0 writes. Measured on 2026-11-28 (Full
+    fp32, 2 ranks, docs/benchmarks.md): rank 0 peaked 1.76 GiB above the estimate's training state and
+    serialised checkpoint copy, twice its experts' 0.84 GiB of weights and moments."""
+    ep = layout.expert_parallel
+    if ep <= 1 or not trainable:
+        return 0.0
+    local = local_counts(counts, layout)
+    experts = local.expert_lora if lora else local.expert_linears
+    return ep * _checkpoint_bytes(counts, experts, mode, lora)
 
 
 def _checkpoint_bytes(counts: ParameterCounts, trainable: int, mode: str, lora: bool) -> float:
@@ -1329,7 +1349,7 @@ def _weigh(
     peak = parts["training"]
     if not gpu:  # a CPU rank also serialises a checkpoint beside what it holds
         ckpt = parts["master_weights"] + parts["optimizer"] + (parts["adapters"] or parts["weights"])
-        peak += SAVE_COPY * ckpt
+        peak += SAVE_COPY * ckpt + _gathered_expert_bytes(counts, cand.layout, trainable, mode, cfg.lora)
     memory = {k: v for k, v in parts.items() if k not in ("training", "host_offload")}
     memory["peak"] = peak
     nodes = _nodes_for(pool, cand.layout.devices)
