@@ -15,11 +15,12 @@ and ``sharded``: Full fp32 with ``sharding: stage1`` on 2 gloo ranks (``python -
 --nproc_per_node 2``), whose per-rank peak (each rank's own VmHWM, written by the rank's runner after the
 run) is held against the estimate's per-device peak for 2 devices. Expert parallelism needs a MoE model:
 ``MoE`` trains ``MOE_SHAPE`` (the ERNIE-4.5-21B-A3B layout made small, see there) Full fp32 on one process,
-``ep2`` the same on 2 gloo ranks with ``expert_parallel_degree: 2`` (each rank holds half the routed experts).
+``ep2`` the same on 2 gloo ranks with ``expert_parallel_degree: 2`` (each rank holds half the routed experts);
+``MoE-LoRA`` and ``ep2-LoRA`` the same with LoRA r8 (fp32).
 
     .venv/bin/python bench/bench_estimate.py [--lora-steps 8] [--full-steps 4] [--seq 1024] [--work DIR]
-        [--variants LoRA,LoRA-bf16,LoRA-wint8,Full,sharded,MoE,ep2] [--shard-steps 2] [--moe-steps 3]
-        [--no-probe]
+        [--variants LoRA,LoRA-bf16,LoRA-wint8,Full,sharded,MoE,ep2,MoE-LoRA,ep2-LoRA] [--shard-steps 2]
+        [--moe-steps 3] [--no-probe]
 """
 
 from __future__ import annotations
@@ -132,8 +133,10 @@ VARIANTS = {
     "sharded": ("Full", "fp32", {"sharding": "stage1"}),
     "MoE": ("Full", "fp32", {}),
     "ep2": ("Full", "fp32", {"expert_parallel_degree": 2}),
+    "MoE-LoRA": ("LoRA", "fp32", {}),
+    "ep2-LoRA": ("LoRA", "fp32", {"expert_parallel_degree": 2}),
 }
-MOE_VARIANTS = ("MoE", "ep2")  # trained on MOE_SHAPE, the others on the 0.3B
+MOE_VARIANTS = ("MoE", "ep2", "MoE-LoRA", "ep2-LoRA")  # trained on MOE_SHAPE, the others on the 0.3B
 SHARD_RANKS = 2
 # each rank's runner: run the trainer, then write this rank's own peak RSS (the trainer's metrics are rank 0's)
 RANK_RUNNER = """import json, os, sys

@@ -92,6 +92,13 @@ REFERENCE_SAVE_BYTES_S = 300e6
 # bytes), and save_model's fp32 numpy state plus the shard being written (share of the model's bytes).
 SAVE_COPY = 0.9
 FINAL_SAVE_COPY = 1.5
+# Expert parallelism on a CPU: while an all_gather_object of the experts runs (expert_parallel.gather_named,
+# unsplit_experts), every rank holds this many times what it sends: its numpy copy, the pickle, the pickle as
+# a tensor and its padded copy, both ranks' received tensors and unpickled parts. Measured on 2026-11-28
+# (2 ranks, docs/benchmarks.md): LoRA's final save, which gathers the experts' base weights, lifted both ranks
+# 1.98 GiB above training, 7.1x the 0.28 GiB each sends; a Full run's rank 1 (it gathers the moments, 0.56
+# GiB, and writes nothing) peaked 3.5-3.6 GiB above rank 0's training peak, 6.3x.
+EXPERT_GATHER_COPIES = 7.0
 # Eager fp32 activations kept for backward per token and decoder layer, in floats, beyond the shape-based
 # count below (allocator slack, dtype casts, norm statistics); calibrated against measured peaks.
 ACTIVATION_SLACK = 1.0
@@ -289,6 +296,12 @@ def estimate_run(
     )
     save_peak = training + SAVE_COPY * ckpt_bytes + gathered
     final_peak = training + (0 if lora else FINAL_SAVE_COPY * final_bytes)
+    if layout.expert_parallel > 1 and not gpu:
+        # while the experts are gathered: the checkpoint's moments (the largest part), the final model's
+        # weights (LoRA's final save too: unsplit_experts puts the base's experts back before it writes)
+        moments, weights = _expert_sends(counts, layout, cfg.compute_type, mode, lora)
+        save_peak = max(save_peak, training + EXPERT_GATHER_COPIES * moments)
+        final_peak = max(final_peak, training + EXPERT_GATHER_COPIES * weights)
     memory = {k: v for k, v in parts.items() if k != "host_offload"}
     memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))
     on_device = [training, memory["save_peak"]] + ([] if gpu else [load_peak])
@@ -570,6 +583,21 @@ def _gathered_expert_bytes(
     local = local_counts(counts, layout)
     experts = local.expert_lora if lora else local.expert_linears
     return ep * _checkpoint_bytes(counts, experts, mode, lora)
+
+
+def _expert_sends(
+    counts: ParameterCounts, layout: Layout, compute_type: str, mode: str, lora: bool
+) -> tuple[float, float]:
+    """Expert parallelism: what a rank sends when the experts are gathered, (the checkpoint's AdamW moments
+    of its trainable expert weights, the final save's expert weights as held with their adapters)."""
+    local = local_counts(counts, layout)
+    experts = local.expert_linears
+    moments = 8 * (local.expert_lora if lora else experts)
+    if mode in WEIGHT_ONLY_COMPUTE_TYPES:
+        held = experts * 1.01  # int8 values (int4 in int8 memory on a CPU) and fp32 scales
+    else:
+        held = experts * (2 if mode.endswith(("-emulated", "-amp")) else 4)
+    return moments, held + 4 * local.expert_lora
 
 
 def _checkpoint_bytes(counts: ParameterCounts, trainable: int, mode: str, lora: bool) -> float:

@@ -456,3 +456,18 @@ def test_expert_parallel_save_peak_counts_every_ranks_experts_each_rank_gathers(
     assert close(ep2.memory["peak"], 8.98 * GIB, 0.10)
     assert close(ep2.memory["training"], 4.75 * GIB, 0.10)
     assert close(one.memory["peak"], 8.18 * GIB, 0.10)
+
+
+def test_expert_parallel_lora_peak_is_the_final_saves_gather_of_the_base_experts():
+    # measured (docs/benchmarks.md, 2026-11-28): LoRA r8 fp32 of SMALL_21B, max_seq_len 1024, 8 steps. With
+    # expert_parallel_degree 2 on 2 gloo ranks both ranks peaked at 3.94 / 3.95 GiB, 1.96 before the saves:
+    # the final save's unsplit_experts all_gathers each rank's 0.28 GiB of fp32 base experts. One process: 2.20
+    model = ErnieConfig(**(preset_fields("ernie-4.5-21b-a3b") | SMALL_21B))
+    one = estimate_run(model, train(max_seq_len=1024, max_steps=8), BENCH_DATA, node=CPU)
+    cfg = train(max_seq_len=1024, max_steps=8, expert_parallel_degree=2)
+    ep2 = estimate_run(model, cfg, BENCH_DATA, node=CPU, num_devices=2)
+    sent = 4 * 3 * (3 * 1024 * 256 * 64) / 2  # this rank's half of the 3 MoE layers' routed experts, fp32
+    assert ep2.memory["save_peak"] - ep2.memory["training"] >= 6 * sent
+    assert close(ep2.memory["peak"], 3.95 * GIB, 0.10)
+    assert close(ep2.memory["training"], 1.96 * GIB, 0.10)
+    assert close(one.memory["peak"], 2.20 * GIB, 0.10)
