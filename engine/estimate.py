@@ -1378,6 +1378,9 @@ def _weigh(
     if not gpu:  # a CPU rank also serialises a checkpoint beside what it holds
         ckpt = parts["master_weights"] + parts["optimizer"] + (parts["adapters"] or parts["weights"])
         peak += SAVE_COPY * ckpt + _gathered_expert_bytes(counts, cand.layout, trainable, mode, cfg.lora)
+        if cand.layout.expert_parallel > 1:  # and while the experts are gathered (estimate_run says more)
+            sends = _expert_sends(counts, cand.layout, cand.compute_type, mode, cfg.lora)
+            peak = max(peak, parts["training"] + EXPERT_GATHER_COPIES * max(sends))
     memory = {k: v for k, v in parts.items() if k not in ("training", "host_offload")}
     memory["peak"] = peak
     nodes = _nodes_for(pool, cand.layout.devices)
