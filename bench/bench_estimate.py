@@ -13,10 +13,14 @@ value and its low / high range.
 The variants (``--variants``, default all): LoRA fp32, LoRA bf16, LoRA wint8 and Full fp32 on one process,
 and ``sharded``: Full fp32 with ``sharding: stage1`` on 2 gloo ranks (``python -m paddle.distributed.launch
 --nproc_per_node 2``), whose per-rank peak (each rank's own VmHWM, written by the rank's runner after the
-run) is held against the estimate's per-device peak for 2 devices.
+run) is held against the estimate's per-device peak for 2 devices. Expert parallelism needs a MoE model:
+``MoE`` trains ``MOE_SHAPE`` (the ERNIE-4.5-21B-A3B layout made small, see there) Full fp32 on one process,
+``ep2`` the same on 2 gloo ranks with ``expert_parallel_degree: 2`` (each rank holds half the routed experts);
+``MoE-LoRA`` and ``ep2-LoRA`` the same with LoRA r8 (fp32).
 
     .venv/bin/python bench/bench_estimate.py [--lora-steps 8] [--full-steps 4] [--seq 1024] [--work DIR]
-        [--variants LoRA,LoRA-bf16,LoRA-wint8,Full,sharded] [--shard-steps 2] [--no-probe]
+        [--variants LoRA,LoRA-bf16,LoRA-wint8,Full,sharded,MoE,ep2,MoE-LoRA,ep2-LoRA] [--shard-steps 2]
+        [--moe-steps 3] [--no-probe]
 """
 
 from __future__ import annotations
@@ -55,6 +59,32 @@ def make_model_dir(work: Path) -> Path:
     model = ErnieForCausalLM(preset_config(PRESET))
     init_weights(model, seed=0)
     save_model(model, d, dtype="bfloat16")
+    copy_tokenizer_files(tiny, d)
+    return d
+
+
+# The ERNIE-4.5-21B-A3B layout (64 routed experts, top-6, 2 shared, layer 0 dense, the official vocabulary)
+# made small enough for a 2-core, 24 GiB box: the 0.3B's attention (hidden 1024), 4 layers and experts of
+# width 256. Its routed experts are 151M of its 289M weights, so splitting them shows in a Full run's memory.
+MOE_SHAPE = dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16, num_key_value_heads=2,
+                 intermediate_size=3072, moe_intermediate_size=256, moe_layer_end_index=3)  # fmt: skip
+
+
+def make_moe_model_dir(work: Path) -> Path:
+    """``MOE_SHAPE`` with random weights (stored bf16, written tensor by tensor) and the tiny tokenizer."""
+    d = work / "ernie-moe-random"
+    if (d / "config.json").exists():
+        return d
+    from engine.models.initialize import init_model, write_random_checkpoint
+    from engine.models.presets import preset_config
+    from engine.tokenizer import copy_tokenizer_files
+
+    tiny = work / "tiny"
+    if not (tiny / "config.json").exists():
+        init_model("tiny", tiny)
+    config = preset_config("ernie-4.5-21b-a3b", **MOE_SHAPE, dtype="bfloat16")
+    write_random_checkpoint(config, d)
+    config.save(d)
     copy_tokenizer_files(tiny, d)
     return d
 
@@ -101,7 +131,12 @@ VARIANTS = {
     "LoRA-wint8": ("LoRA", "wint8", {}),
     "Full": ("Full", "fp32", {}),
     "sharded": ("Full", "fp32", {"sharding": "stage1"}),
+    "MoE": ("Full", "fp32", {}),
+    "ep2": ("Full", "fp32", {"expert_parallel_degree": 2}),
+    "MoE-LoRA": ("LoRA", "fp32", {}),
+    "ep2-LoRA": ("LoRA", "fp32", {"expert_parallel_degree": 2}),
 }
+MOE_VARIANTS = ("MoE", "ep2", "MoE-LoRA", "ep2-LoRA")  # trained on MOE_SHAPE, the others on the 0.3B
 SHARD_RANKS = 2
 # each rank's runner: run the trainer, then write this rank's own peak RSS (the trainer's metrics are rank 0's)
 RANK_RUNNER = """import json, os, sys
@@ -134,6 +169,11 @@ def variant_config(name: str, model_dir: Path, data: Path, out: Path, seq: int, 
     }
 
 
+def ranks_of(config: dict) -> int:
+    """The processes a variant runs on: 2 gloo ranks for sharding and expert parallelism, else 1."""
+    return SHARD_RANKS if config.get("sharding") or config.get("expert_parallel_degree", 1) > 1 else 1
+
+
 def measure(config: dict, work: Path, name: str) -> dict:
     """Train through `ernie-studio train` in a child; the trainer's own figures (metrics, run summary)."""
     out = Path(config["output_dir"])
@@ -141,7 +181,7 @@ def measure(config: dict, work: Path, name: str) -> dict:
     cfg_file = work / f"{name}.yaml"
     cfg_file.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ranks = SHARD_RANKS if config.get("sharding") else 1
+    ranks = ranks_of(config)
     cmd = [sys.executable, "-m", "engine", "train", str(cfg_file)]
     if ranks > 1:
         from engine.train.parallel import launch_command
@@ -214,6 +254,7 @@ def main() -> None:
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}"
     )
     ap.add_argument("--shard-steps", type=int, default=2, help="steps of the 2-rank sharded run")
+    ap.add_argument("--moe-steps", type=int, default=3, help="steps of the MoE and ep2 runs")
     ap.add_argument(
         "--no-probe", action="store_true", help="skip the throughput probes (memory only; time uses 4,300)"
     )
@@ -223,10 +264,17 @@ def main() -> None:
     if unknown:
         ap.error(f"--variants: {', '.join(unknown)} not among {', '.join(VARIANTS)}")
     args.work.mkdir(parents=True, exist_ok=True)
-    model_dir = make_model_dir(args.work)
+    dense = any(v not in MOE_VARIANTS for v in chosen)
+    models = {
+        "dense": make_model_dir(args.work) if dense else None,
+        "moe": make_moe_model_dir(args.work) if set(chosen) & set(MOE_VARIANTS) else None,
+    }
     data = make_dataset(args.work)
-    stats = token_stats(model_dir, data, args.seq)
+    # the same tiny tokenizer in both model directories: one set of token statistics
+    stats = token_stats(models["dense"] or models["moe"], data, args.seq)
     load = os.getloadavg()
+    if models["moe"]:
+        print(f"MoE variants: ernie-4.5-21b-a3b layout with {MOE_SHAPE}, random weights")
     print(
         f"{PRESET} shape, random weights; {data.name}: {stats['num_valid']} samples, mean "
         f"{stats['mean_length']:.0f} / p95 {stats['p95_length']:.0f} / max {stats['max_length']} tokens"
@@ -235,8 +283,10 @@ def main() -> None:
     figures, failures = {}, []
     for name in chosen:
         steps = {"Full": args.full_steps, "sharded": args.shard_steps}.get(name, args.lora_steps)
+        steps = args.moe_steps if name in MOE_VARIANTS else steps
+        model_dir = models["moe" if name in MOE_VARIANTS else "dense"]
         config = variant_config(name, model_dir, data, args.work / f"run-{name}", args.seq, steps)
-        devices = SHARD_RANKS if config.get("sharding") else 1
+        devices = ranks_of(config)
         # the node's speed while this variant ran: its probe just before and just after (the box is shared)
         before = 4300.0 if args.no_probe else probe_tokens_per_second(args.work)
         got = measure(config, args.work, name)

@@ -19,7 +19,8 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
   load holds the stored weights plus the tensor being read, never a whole fp32 copy.
 - Across devices (``Layout``): sharding stage 1 splits masters and moments over the ranks holding the same
   weights, stage 2 the gradients too; expert parallelism gives each rank 1 / degree of the routed experts
-  (their weights, gradients, state and adapters); offload moves masters and moments to host RAM (GPU).
+  (their weights, gradients, state and adapters), and at a save every rank holds all ranks' expert
+  state, gathered for rank 0's un-split checkpoint; offload moves masters and moments to host RAM (GPU).
 - DPO: LoRA's reference is the base with its adapters off (no copy); Full keeps a frozen reference in the
   run's storage precision, every expert in each process.
 - The planner's what-ifs, which this engine does not run (tensor parallelism, recompute replaying the MoE
@@ -91,6 +92,13 @@ REFERENCE_SAVE_BYTES_S = 300e6
 # bytes), and save_model's fp32 numpy state plus the shard being written (share of the model's bytes).
 SAVE_COPY = 0.9
 FINAL_SAVE_COPY = 1.5
+# Expert parallelism on a CPU: while an all_gather_object of the experts runs (expert_parallel.gather_named,
+# unsplit_experts), every rank holds this many times what it sends: its numpy copy, the pickle, the pickle as
+# a tensor and its padded copy, both ranks' received tensors and unpickled parts. Measured on 2026-11-28
+# (2 ranks, docs/benchmarks.md): LoRA's final save, which gathers the experts' base weights, lifted both ranks
+# 1.98 GiB above training, 7.1x the 0.28 GiB each sends; a Full run's rank 1 (it gathers the moments, 0.56
+# GiB, and writes nothing) peaked 3.5-3.6 GiB above rank 0's training peak, 6.3x.
+EXPERT_GATHER_COPIES = 7.0
 # Eager fp32 activations kept for backward per token and decoder layer, in floats, beyond the shape-based
 # count below (allocator slack, dtype casts, norm statistics); calibrated against measured peaks.
 ACTIVATION_SLACK = 1.0
@@ -279,12 +287,21 @@ def estimate_run(
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
     # save: a serialised copy of the state beside what training holds (the allocator keeps its pool); with
-    # sharding, rank 0 first gathers the other ranks' optimizer state (trainer.gathered_states)
-    gathered = parts["optimizer"] * (layout.sharding_degree - 1) + (
-        parts["master_weights"] * (layout.sharding_degree - 1)
+    # sharding, rank 0 first gathers the other ranks' optimizer state (trainer.gathered_states); with expert
+    # parallelism, every rank gathers every rank's experts
+    gathered = (
+        parts["optimizer"] * (layout.sharding_degree - 1)
+        + (parts["master_weights"] * (layout.sharding_degree - 1))
+        + _gathered_expert_bytes(counts, layout, trainable, mode, lora)
     )
     save_peak = training + SAVE_COPY * ckpt_bytes + gathered
     final_peak = training + (0 if lora else FINAL_SAVE_COPY * final_bytes)
+    if layout.expert_parallel > 1 and not gpu:
+        # while the experts are gathered: the checkpoint's moments (the largest part), the final model's
+        # weights (LoRA's final save too: unsplit_experts puts the base's experts back before it writes)
+        moments, weights = _expert_sends(counts, layout, cfg.compute_type, mode, lora)
+        save_peak = max(save_peak, training + EXPERT_GATHER_COPIES * moments)
+        final_peak = max(final_peak, training + EXPERT_GATHER_COPIES * weights)
     memory = {k: v for k, v in parts.items() if k != "host_offload"}
     memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))
     on_device = [training, memory["save_peak"]] + ([] if gpu else [load_peak])
@@ -550,6 +567,37 @@ def device_memory(
         "training": training,
         "host_offload": offloaded,
     }
+
+
+def _gathered_expert_bytes(
+    counts: ParameterCounts, layout: Layout, trainable: int, mode: str, lora: bool
+) -> float:
+    """Expert parallelism's save: every rank sends its experts' checkpoint state (trainable weights and
+    moments) to all ranks (trainer.gathered_states, ``all_gather_object``), and each holds every part, its
+    own included, as new tensors beside the live ones while rank 0 writes. Measured on 2026-11-28 (Full
+    fp32, 2 ranks, docs/benchmarks.md): rank 0 peaked 1.76 GiB above the estimate's training state and
+    serialised checkpoint copy, twice its experts' 0.84 GiB of weights and moments."""
+    ep = layout.expert_parallel
+    if ep <= 1 or not trainable:
+        return 0.0
+    local = local_counts(counts, layout)
+    experts = local.expert_lora if lora else local.expert_linears
+    return ep * _checkpoint_bytes(counts, experts, mode, lora)
+
+
+def _expert_sends(
+    counts: ParameterCounts, layout: Layout, compute_type: str, mode: str, lora: bool
+) -> tuple[float, float]:
+    """Expert parallelism: what a rank sends when the experts are gathered, (the checkpoint's AdamW moments
+    of its trainable expert weights, the final save's expert weights as held with their adapters)."""
+    local = local_counts(counts, layout)
+    experts = local.expert_linears
+    moments = 8 * (local.expert_lora if lora else experts)
+    if mode in WEIGHT_ONLY_COMPUTE_TYPES:
+        held = experts * 1.01  # int8 values (int4 in int8 memory on a CPU) and fp32 scales
+    else:
+        held = experts * (2 if mode.endswith(("-emulated", "-amp")) else 4)
+    return moments, held + 4 * local.expert_lora
 
 
 def _checkpoint_bytes(counts: ParameterCounts, trainable: int, mode: str, lora: bool) -> float:
@@ -1329,7 +1377,10 @@ def _weigh(
     peak = parts["training"]
     if not gpu:  # a CPU rank also serialises a checkpoint beside what it holds
         ckpt = parts["master_weights"] + parts["optimizer"] + (parts["adapters"] or parts["weights"])
-        peak += SAVE_COPY * ckpt
+        peak += SAVE_COPY * ckpt + _gathered_expert_bytes(counts, cand.layout, trainable, mode, cfg.lora)
+        if cand.layout.expert_parallel > 1:  # and while the experts are gathered (estimate_run says more)
+            sends = _expert_sends(counts, cand.layout, cand.compute_type, mode, cfg.lora)
+            peak = max(peak, parts["training"] + EXPERT_GATHER_COPIES * max(sends))
     memory = {k: v for k, v in parts.items() if k not in ("training", "host_offload")}
     memory["peak"] = peak
     nodes = _nodes_for(pool, cand.layout.devices)
