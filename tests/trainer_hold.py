@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -34,13 +35,23 @@ def sigterm_pending(pid: int) -> bool:
     return any(m & (1 << (signal.SIGTERM - 1)) for m in masks)
 
 
-def hold_after_steps(pid: int, metrics: Path, steps: int, timeout: float = 120) -> None:
-    """SIGSTOP the trainer `pid` as soon as its metrics.jsonl holds `steps` steps (a tight poll, so a tiny
-    model's run is held within a step or two of that, however fast the machine)."""
+def hold_when(pid: int, ready: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """SIGSTOP the process `pid` as soon as `ready()` holds (a tight poll, so a tiny model's trainer or
+    exporter is held within a step or a file of that, however fast the machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if metrics.exists() and metrics.read_text().count("\n") >= steps:
+        if ready():
             os.kill(pid, signal.SIGSTOP)
             return
         time.sleep(0.001)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {steps} steps in {metrics}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def hold_after_steps(pid: int, metrics: Path, steps: int, timeout: float = 120) -> None:
+    """SIGSTOP the trainer `pid` as soon as its metrics.jsonl holds `steps` steps."""
+    hold_when(
+        pid,
+        lambda: metrics.exists() and metrics.read_text().count("\n") >= steps,
+        f"{steps} steps in {metrics}",
+        timeout,
+    )

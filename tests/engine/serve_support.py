@@ -11,8 +11,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
+
+from engine.llamacpp import TOOLS, find_tool
 
 REPO = Path(__file__).resolve().parents[2]
+# llama.cpp's tools (llama-server, llama-quantize, llama-perplexity), built by `make llamacpp`; a skip here
+# fails the run (tests/conftest.py): CI builds them.
+needs_llamacpp = pytest.mark.skipif(
+    any(find_tool(t) is None for t in TOOLS),
+    reason="llama.cpp tools not built: run `make llamacpp` (make test builds them)",
+)
 
 
 def sharp_model(src: Path, dst: Path, std: float = 0.1, seed: int = 0) -> Path:
@@ -38,6 +47,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_llama(gguf_path: Path, log: Path, parallel: int = 2, threads: int = 2, max_model_len: int = 256):
+    """The installed llama-server on ``gguf_path`` with the launcher's own command line, healthy (the
+    started ``LlamaCppServer``; ``.port`` is its port, ``.stop()`` ends it)."""
+    from engine.llamacpp import require_tool
+    from engine.serve import llamacpp
+
+    port = free_port()
+    args = llamacpp.LlamaCppArgs(
+        gguf=gguf_path, port=port, parallel=parallel, max_model_len=max_model_len, threads=threads
+    )
+    argv = llamacpp.build_argv(require_tool("llama-server"), args)
+    return llamacpp.LlamaCppServer(argv, "127.0.0.1", port, log).start(120)
 
 
 @contextmanager

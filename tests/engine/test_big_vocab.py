@@ -22,8 +22,7 @@ import httpx
 import pytest
 
 import engine
-from engine.llamacpp import find_tool
-from tests.engine.serve_support import free_port, running_server
+from tests.engine.serve_support import needs_llamacpp, running_server, start_llama
 
 PIECES = 100_000
 CORPUS_WORDS = 60_000
@@ -31,10 +30,6 @@ HIGH_ID = 65_536  # ids at or past it do not fit 16 bits
 # Steps (of 2 samples) after which the model answers every prompt with the records' one answer: from each of six
 # inits tried (3 seeds, 2 vocabulary sizes); 16 steps of 4 at twice the learning rate missed one.
 TRAIN_STEPS = 24
-SERVER = find_tool("llama-server")
-needs_llamacpp = pytest.mark.skipif(
-    SERVER is None, reason="llama.cpp tools not built: run `make llamacpp` (make test builds them)"
-)
 
 
 def synthetic_corpus(path: Path, n_words: int, seed: int = 0) -> list[str]:
@@ -231,7 +226,6 @@ def test_gguf_vocabulary_reads_as_ours_in_llamacpp(big, tmp_path):
     one."""
     import gguf
 
-    from engine.serve import llamacpp
     from engine.train import run_export
     from engine.train.config import load_export_config
 
@@ -245,10 +239,8 @@ def test_gguf_vocabulary_reads_as_ours_in_llamacpp(big, tmp_path):
     special = [tok.apply_chat_template(messages(r)) for r in big.rows[:4]] + ["tab\there <mask:3> 7"]
     plain = [" ".join(r["src"][0] for r in big.rows), "say 12345 文心一言 ✓\nnew line  two spaces"]
     assert sum(i >= HIGH_ID for i in tok.encode(plain[0])) == 2 * len(big.rows)  # each prompt's two words
-    port = free_port()
-    args = llamacpp.LlamaCppArgs(gguf=path, port=port, parallel=1, max_model_len=256, threads=1)
-    server = llamacpp.LlamaCppServer(llamacpp.build_argv(SERVER, args), "127.0.0.1", port, tmp_path / "log")
-    server.start(120)
+    server = start_llama(path, tmp_path / "log", parallel=1, threads=1)
+    port = server.port
     try:
         for text in special + plain:
             r = httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"content": text, "parse_special": True})

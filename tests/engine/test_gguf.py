@@ -24,7 +24,7 @@ from safetensors.numpy import load_file, save_file
 
 from engine.llamacpp import LLAMA_CPP_PYTHON_VERSION, find_tool
 from engine.train.config import TrainConfig, config_from_dict, load_export_config
-from tests.engine.serve_support import REPO, free_port, running_server
+from tests.engine.serve_support import REPO, needs_llamacpp, running_server, start_llama
 
 PADDED_VOCAB = 1088  # the tiny tokenizer holds 1024 pieces
 N_TOKENS = 64
@@ -48,10 +48,6 @@ RUN = 24
 FINE_TUNE_STEPS = 80
 
 SERVER = find_tool("llama-server")
-needs_llamacpp = pytest.mark.skipif(
-    SERVER is None or find_tool("llama-perplexity") is None or find_tool("llama-quantize") is None,
-    reason="llama.cpp tools not built: run `make llamacpp` (make test builds them)",
-)
 
 
 def padded_model(src: Path, dst: Path, seed: int) -> Path:
@@ -240,14 +236,6 @@ def greedy_ours(model_dir: Path, prompts: list[list[int]]) -> list[tuple[list[in
                 seq.append(int(np.argmax(logits)))
         out.append((seq[len(ids) :], steps))
     return out
-
-
-def start_llama(gguf_path: Path, log: Path):
-    from engine.serve import llamacpp
-
-    port = free_port()
-    args = llamacpp.LlamaCppArgs(gguf=gguf_path, port=port, parallel=2, max_model_len=256, threads=2)
-    return llamacpp.LlamaCppServer(llamacpp.build_argv(SERVER, args), "127.0.0.1", port, log).start(120)
 
 
 def completion(port: int, ids: list[int], n: int) -> dict:

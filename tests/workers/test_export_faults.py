@@ -8,9 +8,9 @@ import json
 import os
 import signal
 import struct
-import time
 from pathlib import Path
 
+from trainer_hold import hold_when
 from worker_helpers import pid_alive, processes_naming, wait_for
 
 
@@ -22,18 +22,6 @@ def _export_files(models_dir: Path, name: str) -> list[Path]:
         if name in d.name and d.is_dir():
             found += [Path(f.path) for f in os.scandir(d.path)]
     return found
-
-
-def _hold_at_first_shard(pid: int, models_dir: Path, name: str, timeout: float = 120) -> None:
-    """SIGSTOP the exporter ``pid`` as soon as its first safetensors file exists (a tight poll: the tensors of a
-    tiny model in 64 KB shards take many times longer to write than one poll)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(p.name.endswith(".safetensors") for p in _export_files(models_dir, name)):
-            os.kill(pid, signal.SIGSTOP)
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for the first shard of {name}")
 
 
 def _whole_safetensors(path: Path) -> set[str]:
@@ -68,7 +56,12 @@ def test_a_worker_killed_mid_export_leaves_no_partial_export_and_the_export_is_r
     config_file = Path(run["output_dir"]).parent / "exports" / str(export["id"]) / "export.yaml"
     found = wait_for(lambda: list(processes_naming(str(config_file))), 60, "the exporter to start", 0.01)
     exporter = found[0]
-    _hold_at_first_shard(exporter, models_dir, final.name)
+    # held as soon as its first shard exists (a tiny model in 64 KB shards writes many more)
+    hold_when(
+        exporter,
+        lambda: any(p.name.endswith(".safetensors") for p in _export_files(models_dir, final.name)),
+        f"the first shard of {final.name}",
+    )
     # The worker that will retry it boots meanwhile (the export is claimed: it cannot take the first attempt).
     studio.start_worker("serve2@testnode", serve=True, wait=False)
 
