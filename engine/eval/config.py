@@ -26,6 +26,7 @@ from engine.train.config import (
     _split,
     check_fields,
     option,
+    weights_draws,
 )
 from engine.train.scalars import REPORT_TO, report_to_problems
 
@@ -197,11 +198,7 @@ class EvalConfig:
 
 def run_notices(cfg: EvalConfig) -> list[Notice]:
     """Values an ERNIEKit run_eval.yaml may give that change nothing here, announced when a run starts."""
-    try:
-        probs = [float(p) for p in _split(cfg.eval_dataset_prob)]
-    except ValueError:
-        probs = []
-    if any(p != 1.0 for p in probs):
+    if weights_draws(cfg.eval_dataset_prob):
         message = "every record of every eval_dataset_path file is scored; probabilities draw no sample here"
         return [Notice("eval_dataset_prob", message)]
     return []

@@ -1181,6 +1181,15 @@ def _split(s: str) -> list[str]:
     return [p.strip() for p in s.split(",") if p.strip()]
 
 
+def weights_draws(probabilities: str) -> bool:
+    """Whether a ``*_dataset_prob`` value (ERNIEKit's comma- or space-separated list) gives any probability
+    other than 1; a value that is not numbers gives none (the data loaders name it)."""
+    try:
+        return any(float(p) != 1.0 for p in _split_words(probabilities))
+    except ValueError:
+        return False
+
+
 def _base_types(tp: Any) -> tuple[type, ...]:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return tuple(t for t in typing.get_args(tp) if t is not type(None))

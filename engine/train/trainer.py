@@ -54,6 +54,7 @@ from engine.train.config import (
     TrainConfig,
     expert_parallel_problem,
     sharding_device_problems,
+    weights_draws,
 )
 from engine.train.dpo import DPOLoss, count_pairs, evaluate_dpo
 from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
@@ -459,11 +460,7 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
 
 def eval_notices(cfg: TrainConfig) -> list[Notice]:
     """Evaluation reads each eval file whole (one pass), so probabilities other than 1 change nothing."""
-    try:
-        probs = [float(p) for p in cfg.eval_dataset_prob.replace(",", " ").split()]
-    except ValueError:  # the eval loader names the value that is not a number
-        return []
-    if cfg.eval_dataset_path and any(p != 1.0 for p in probs):
+    if cfg.eval_dataset_path and weights_draws(cfg.eval_dataset_prob):
         message = (
             "evaluation reads every record of each eval_dataset_path file once; probabilities weight the "
             "training draws only"
