@@ -385,6 +385,11 @@ def _precision_mode(compute_type: str, gpu: bool, notes: list[str]) -> str:
     return "fp32" if compute_type != "fp8" else "fp8-qat"
 
 
+# A weight-only linear's bytes per weight: int8 values (int4 ones sit in int8 memory on a CPU) and fp32
+# per-output-channel scales (~1/in of the weights; 1% is ample).
+WEIGHT_ONLY_BYTES = 1.01
+
+
 def _reference_bytes(counts: ParameterCounts, cfg: TrainConfig, mode: str, gpu: bool) -> float:
     """Full DPO's frozen reference as ``dpo_reference_dtype`` holds it (engine.train.trainer.reference_storage)."""
     choice = cfg.dpo_reference_dtype
@@ -393,20 +398,24 @@ def _reference_bytes(counts: ParameterCounts, cfg: TrainConfig, mode: str, gpu: 
     if choice == "run":
         return _held_bytes(counts, cfg.compute_type, mode, gpu)
     rest = _held_bytes(counts, cfg.compute_type, mode, gpu) - _held_bytes_of_linears(counts, mode)
-    return counts.decoder_linears * 1.01 + rest  # int8 values (int4 in int8 memory) and fp32 scales
+    return counts.decoder_linears * WEIGHT_ONLY_BYTES + rest
+
+
+def _linear_bytes(mode: str) -> float:
+    """Bytes per weight of a linear held in a plain mode: bf16 / fp16 storage (emulated or AMP), else fp32."""
+    return 2 if mode.endswith(("-emulated", "-amp")) else 4
 
 
 def _held_bytes_of_linears(counts: ParameterCounts, mode: str) -> float:
-    return counts.decoder_linears * (2 if mode.endswith(("-emulated", "-amp")) else 4)
+    return counts.decoder_linears * _linear_bytes(mode)
 
 
 def _held_bytes(counts: ParameterCounts, compute_type: str, mode: str, gpu: bool) -> float:
     """The model's weights as the run holds them (``counts`` may be one device's share)."""
     if mode in WEIGHT_ONLY_COMPUTE_TYPES:
-        # int8 values + fp32 per-output-channel scales (~1/in of the weights; 1% is ample); int4 values sit
-        # in int8 memory on a CPU and are packed two a byte on a GPU (the weight-only GEMM's own layout)
+        # WEIGHT_ONLY_BYTES; int4 values are packed two a byte on a GPU (the weight-only GEMM's own layout)
         int4 = counts.expert_linears if compute_type == "wint4/8" and gpu else 0
-        linears = (counts.decoder_linears - int4) * 1.01 + int4 * 0.51
+        linears = (counts.decoder_linears - int4) * WEIGHT_ONLY_BYTES + int4 * 0.51
         return linears + 4 * (counts.total - counts.decoder_linears)
     if mode.endswith("-amp"):
         return 2 * (counts.total - counts.other) + 4 * counts.other
@@ -593,10 +602,7 @@ def _expert_sends(
     local = local_counts(counts, layout)
     experts = local.expert_linears
     moments = 8 * (local.expert_lora if lora else experts)
-    if mode in WEIGHT_ONLY_COMPUTE_TYPES:
-        held = experts * 1.01  # int8 values (int4 in int8 memory on a CPU) and fp32 scales
-    else:
-        held = experts * (2 if mode.endswith(("-emulated", "-amp")) else 4)
+    held = experts * (WEIGHT_ONLY_BYTES if mode in WEIGHT_ONLY_COMPUTE_TYPES else _linear_bytes(mode))
     return moments, held + 4 * local.expert_lora
 
 
