@@ -194,28 +194,31 @@ def pytest_sessionstart(session):
     session.config._suite_started = time.monotonic()
 
 
-def over_budget(config) -> tuple[float, float] | None:
-    """(seconds, budget) when a whole-suite run took longer than its budget."""
+def suite_seconds(config) -> float | None:
+    """How long this whole-suite run took, taken once when the session finishes (so the time printed is the
+    time judged); None on an xdist worker or for a run of picked tests."""
     started = getattr(config, "_suite_started", None)
-    budget = suite_budget()
-    if started is None or hasattr(config, "workerinput") or not budget or not whole_suite(config):
+    if started is None or hasattr(config, "workerinput") or not whole_suite(config):
         return None
-    took = time.monotonic() - started
-    return (took, budget) if took > budget else None
+    if not hasattr(config, "_suite_seconds"):
+        config._suite_seconds = time.monotonic() - started
+    return config._suite_seconds
+
+
+def over_budget(config) -> bool:
+    took, budget = suite_seconds(config), suite_budget()
+    return took is not None and bool(budget) and took > budget
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not hasattr(config, "workerinput"):
-        started = getattr(config, "_suite_started", None)
-        if started is not None and whole_suite(config):
+        took = suite_seconds(config)
+        if took is not None:
+            terminalreporter.write_line(f"suite time: {took:.0f} s of pytest (budget {suite_budget():.0f} s)")
+        if over_budget(config):
             terminalreporter.write_line(
-                f"suite time: {time.monotonic() - started:.0f} s of pytest (budget {suite_budget():.0f} s)"
-            )
-        late = over_budget(config)
-        if late:
-            terminalreporter.write_line(
-                f"{'FAILED' if budget_fails() else 'OVER BUDGET'}: the suite took {late[0]:.0f} s, over its "
-                f"{late[1]:.0f} s budget; `--durations=25` names the slowest tests",
+                f"{'FAILED' if budget_fails() else 'OVER BUDGET'}: the suite took {took:.0f} s, over its "
+                f"{suite_budget():.0f} s budget; `--durations=25` names the slowest tests",
                 red=True,
             )
         seed = order_seed(config)
