@@ -31,16 +31,15 @@ def mlflow_uri(tmp_path_factory):
         yield store.as_uri()
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir, mlflow_uri) -> Path:
-    out = tmp_path_factory.mktemp("scalars") / "run"
+def train_six_steps(out: Path, model: Path, report_to: str) -> Path:
+    """A 6-step Full run of ``model`` evaluated at steps 3 and 6, its scalars sent to ``report_to``."""
     cfg = config_from_dict(
         TrainConfig,
         dict(
-            model_name_or_path=str(tiny_model_dir),
+            model_name_or_path=str(model),
             output_dir=str(out),
             logging_dir=str(out / "logs"),
-            report_to="tensorboard,visualdl" + (",mlflow" if mlflow_uri else ""),
+            report_to=report_to,
             fine_tuning="Full",
             train_dataset_path=str(DATA / "sft_demo.jsonl"),
             eval_dataset_path=str(DATA / "sft_demo.jsonl"),
@@ -56,6 +55,12 @@ def run_dir(tmp_path_factory, tiny_model_dir, mlflow_uri) -> Path:
     )
     assert run_training(cfg).status == "succeeded"
     return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir, mlflow_uri) -> Path:
+    report_to = "tensorboard,visualdl" + (",mlflow" if mlflow_uri else "")
+    return train_six_steps(tmp_path_factory.mktemp("scalars") / "run", tiny_model_dir, report_to)
 
 
 def _metrics(out: Path, key: str) -> list[tuple[int, float]]:
@@ -93,11 +98,11 @@ def test_visualdl_reads_the_loss_curve_of_metrics_jsonl(run_dir):
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
 
 
-def _mlflow_run(uri: str):
+def _mlflow_run(uri: str, experiment: str = "scalars-test"):
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("scalars-test")
+    experiment = client.get_experiment_by_name(experiment)
     (run,) = client.search_runs([experiment.experiment_id])
     return client, run
 
@@ -116,9 +121,15 @@ def test_mlflow_reads_the_loss_curve_of_metrics_jsonl(run_dir, mlflow_uri):
         assert len(want) >= 2 and got == want  # MLflow keeps float64: the very values
 
 
-def test_a_resumed_run_adds_no_duplicate_points(run_dir, tiny_model_dir, mlflow_uri):
+def test_a_resumed_run_adds_no_duplicate_points(tmp_path, tiny_model_dir, mlflow_uri, monkeypatch):
+    """A run of its own, in an MLflow experiment of its own: resuming the module's run added a step 7 that the
+    other readers' tests, run after it in a random order (seed 155644), did not find in VisualDL's log."""
     from tensorboard.backend.event_processing import event_accumulator
 
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "scalars-resume")
+    run_dir = train_six_steps(
+        tmp_path / "run", tiny_model_dir, "tensorboard" + (",mlflow" if mlflow_uri else "")
+    )
     cfg = load_config(
         None,
         [
@@ -144,7 +155,7 @@ def test_a_resumed_run_adds_no_duplicate_points(run_dir, tiny_model_dir, mlflow_
     steps = [e.step for e in acc.Scalars("train/loss")]
     assert steps == [s for s, _ in _metrics(run_dir, "loss")] == list(range(1, 8))
     if mlflow_uri:  # the same MLflow run goes on (the only run there), with step 7 added once
-        client, run = _mlflow_run(mlflow_uri)
+        client, run = _mlflow_run(mlflow_uri, "scalars-resume")
         assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == steps
 
 
