@@ -9,7 +9,8 @@ from engine.doctor.report import Check
 # What each kind of run calls on every node (gloo on CPU, NCCL on GPUs), by paddle.distributed name.
 NEEDED = {
     "data parallel": ("init_parallel_env", "all_reduce", "all_gather"),
-    "expert parallel": ("new_group", "all_gather", "all_gather_object", "all_reduce"),
+    # send / recv: checkpoints gather the experts to the writing rank (expert_parallel.gather_to_writer)
+    "expert parallel": ("new_group", "all_gather", "all_gather_object", "all_reduce", "send", "recv"),
 }
 # GPU nodes dispatch expert-parallel tokens with all-to-all (engine.models.expert_parallel.Exchange).
 NEEDED_ON_GPU = {"expert parallel (all-to-all)": ("alltoall_single",)}

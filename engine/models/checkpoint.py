@@ -331,13 +331,16 @@ def cast_model(model: ErnieForCausalLM, dtype: str) -> ErnieForCausalLM:
     return model
 
 
-def load_plain_model(path: str | Path, dtype: str = "float32", storage=None) -> ErnieForCausalLM:
+def load_plain_model(
+    path: str | Path, dtype: str = "float32", storage=None, prepare: Callable | None = None
+) -> ErnieForCausalLM:
     """Load a plain checkpoint directory (either public layout, single or sharded) in eval mode.
 
     The model is built without parameter memory and each tensor is read straight into its held precision:
     ``dtype`` (fp32 on a CPU, which has no bf16 / fp16 matmul), or a ``streaming.Storage`` (a training run's
     bf16 / wint8 / wint4 storage). LoRA runs and PTQ exports are not plain checkpoints:
-    ``engine.models.loading.load_model`` reads all kinds.
+    ``engine.models.loading.load_model`` reads all kinds. ``prepare(model)`` runs before any weight is
+    read (expert parallelism drops the experts other ranks hold).
     """
     from engine.models.streaming import Storage, lazy_model, stream_state
 
@@ -347,6 +350,8 @@ def load_plain_model(path: str | Path, dtype: str = "float32", storage=None) -> 
     config = ErnieConfig.from_file(directory)
     storage = storage or Storage(resolve_dtype(dtype))
     model = lazy_model(config)
+    if prepare is not None:
+        prepare(model)
     report = stream_state(model, directory, storage)
     log.info("loaded %s (%s layout, stored %s)", directory, report["layout"], report["stored_dtypes"])
     model.eval()

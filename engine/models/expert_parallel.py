@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,49 +162,101 @@ def is_expert_param(name: str) -> bool:
     return EXPERT_PARAM.search(name) is not None
 
 
-def _gather_objects(obj: Any, eg: ExpertGroup) -> list[Any]:
+def gather_to_writer(local: Mapping[str, Any], writer: int = 0, group=None) -> dict[str, Any] | None:
+    """Every rank's named tensors on the writing rank, one tensor at a time; a collective every rank of
+    ``group`` (the run when None) calls.
+
+    Only names are exchanged with every rank (``all_gather_object`` of shapes and dtypes); each tensor the
+    writer lacks is then sent by the lowest rank holding it (replicas hold equal values) with ``send`` /
+    ``recv``, which gloo has, so a rank that does not write keeps nothing beyond what it holds, and the
+    writer one copy of what the others hold. ``writer`` is a run rank. Returns, on the writer, its own
+    ``local`` (values untouched, non-tensor ones included) with the received tensors added (numpy arrays
+    where the sender's were), ordered by name; None on every other rank."""
     import paddle.distributed as dist
 
-    out: list[Any] = []
-    dist.all_gather_object(out, obj)
-    return out
+    held = {k: v for k, v in local.items() if isinstance(v, (paddle.Tensor, np.ndarray))}
+    meta = {k: (list(v.shape), _dtype(v), isinstance(v, np.ndarray)) for k, v in held.items()}
+    metas: list[dict] = []
+    dist.all_gather_object(metas, meta, group=group)
+    ranks = list(group.ranks) if group is not None else list(range(len(metas)))
+    me = dist.get_rank()
+    out = dict(local) if me == writer else None
+    taken = set(metas[ranks.index(writer)])
+    for owner, keys in zip(ranks, metas, strict=True):
+        for key in sorted(keys, key=_natural):
+            if key in taken:
+                continue
+            taken.add(key)
+            if me == owner:
+                value = held[key]
+                dist.send(
+                    _on_device(paddle.to_tensor(value) if isinstance(value, np.ndarray) else value),
+                    dst=writer,
+                    group=group,
+                )
+            elif me == writer:
+                shape, dtype, is_numpy = keys[key]
+                buf = _on_device(paddle.empty(shape, dtype=dtype))
+                dist.recv(buf, src=owner, group=group)
+                out[key] = buf.numpy() if is_numpy else _on_host(buf)
+    if out is None:
+        return None
+    return dict(sorted(out.items(), key=lambda kv: _natural(kv[0])))
 
 
-def gather_named(state: dict[str, Any], eg: ExpertGroup, tensors: bool = True) -> dict[str, Any]:
-    """The un-split view of a name-keyed state: every rank's expert entries added to the local replicated
-    ones (as paddle tensors, or numpy arrays with ``tensors`` False). A collective: every rank calls it."""
-    mine = {k: _numpy(v) for k, v in state.items() if is_expert_param(k)}
-    merged = {k: v for k, v in state.items() if not is_expert_param(k)}
-    for part in _gather_objects(mine, eg):
-        merged.update(
-            {k: paddle.to_tensor(v) if tensors and isinstance(v, np.ndarray) else v for k, v in part.items()}
-        )
-    return dict(sorted(merged.items(), key=lambda kv: _natural(kv[0])))
+def gather_named(state: dict[str, Any], eg: ExpertGroup) -> dict[str, Any] | None:
+    """The un-split view of a name-keyed state on rank 0 (the writer): its own entries, replicated and
+    expert, with every other rank's experts added; None on the other ranks. A collective."""
+    return gather_to_writer(state)
 
 
-def unsplit_experts(model: nn.Layer, eg: ExpertGroup, materialize: bool = True) -> None:
-    """Put every expert back (the official un-split layout), from the weights of the ranks that own them;
-    ``materialize`` False only sends (a rank that will not save)."""
+def unsplit_experts(model: nn.Layer, eg: ExpertGroup) -> bool:
+    """On rank 0, put every expert back (the official un-split layout) from the weights of the ranks that
+    own them, one tensor at a time; the other ranks only send theirs and keep their split model. A
+    collective; returns whether this rank now holds the un-split model."""
     layers = moe_layers(model)
     mine = {}
     for li, layer in enumerate(layers):
         for i, expert in enumerate(layer.experts):
             if not isinstance(expert, RemoteExpert):
-                mine[(li, i)] = {k: _numpy(v) for k, v in expert.state_dict().items()}
-    parts = _gather_objects(mine, eg)
-    if not materialize:
-        return
-    for part in parts:
-        for (li, i), state in part.items():
-            layer = layers[li]
-            if not isinstance(layer.experts[i], RemoteExpert):
-                continue
-            template = _local_expert_like(layer, i)
-            expert = copy.deepcopy(template)
-            expert.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
-            layer.experts[i] = expert
+                mine.update({f"{li}.{i}.{k}": v for k, v in expert.state_dict().items()})
+    got = gather_to_writer(mine)
+    if got is None:
+        return False
+    received: dict[tuple[int, int], dict[str, Any]] = {}
+    for key, value in got.items():
+        li, i, name = key.split(".", 2)
+        if isinstance(layers[int(li)].experts[int(i)], RemoteExpert):
+            received.setdefault((int(li), int(i)), {})[name] = value
+    del got
+    for (li, i), state in received.items():
+        layer = layers[li]
+        expert = copy.deepcopy(_local_expert_like(layer, i))
+        expert.set_state_dict(state)
+        layer.experts[i] = expert
+        state.clear()  # each expert's received tensors go as soon as it holds their values
     for layer in layers:
         layer.expert_group = None
+    return True
+
+
+def _dtype(v: Any) -> str:
+    return str(v.dtype).removeprefix("paddle.")
+
+
+def _on_device(t: paddle.Tensor) -> paddle.Tensor:
+    """A tensor where a collective can read it (NCCL needs the GPU; host-held state is copied over)."""
+    if (
+        paddle.is_compiled_with_cuda()
+        and paddle.get_device().startswith("gpu")
+        and not t.place.is_gpu_place()
+    ):
+        return t.cuda()
+    return t
+
+
+def _on_host(t: paddle.Tensor) -> paddle.Tensor:
+    return t.cpu() if t.place.is_gpu_place() else t
 
 
 def _local_expert_like(layer, index: int) -> nn.Layer:
@@ -216,10 +269,6 @@ def _local_expert_like(layer, index: int) -> nn.Layer:
                     return e
         offset += n
     raise RuntimeError("no expert of this modality group is held here")
-
-
-def _numpy(v: Any) -> Any:
-    return v.numpy() if isinstance(v, paddle.Tensor) else v
 
 
 def _natural(name: str) -> list:

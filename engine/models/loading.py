@@ -8,7 +8,7 @@ LoRA run (adapter + base path, no config.json: the base with the adapter merged)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -39,18 +39,24 @@ from engine.models.quantized import (
 from engine.models.streaming import Storage, lazy_model, read_value, stream_state
 
 
-def load_model(path: str | Path, dtype: str = "float32", storage: Storage | None = None) -> ErnieForCausalLM:
+def load_model(
+    path: str | Path,
+    dtype: str = "float32",
+    storage: Storage | None = None,
+    prepare: Callable[[nn.Layer], None] | None = None,
+) -> ErnieForCausalLM:
     """Load a model directory in eval mode: plain (Paddle or PyTorch layout), LoRA run, or PTQ export.
 
     A LoRA run directory loads as its base model with the adapter merged; a PTQ export stays quantized.
     Weights are read tensor by tensor into ``dtype`` (float32 on a CPU) or into ``storage``, a training
-    run's bf16 / weight-only storage (``engine.models.streaming``).
+    run's bf16 / weight-only storage (``engine.models.streaming``). ``prepare`` is called on the model
+    before any weight is read (expert parallelism drops the experts other ranks hold: never read here).
     """
     if is_lora_dir(path):
-        return load_lora_model(path, dtype, storage)
+        return load_lora_model(path, dtype, storage, prepare)
     if is_quantized_dir(path):
-        return load_quantized_model(path, storage)
-    return load_plain_model(path, dtype, storage)
+        return load_quantized_model(path, storage, prepare)
+    return load_plain_model(path, dtype, storage, prepare)
 
 
 def is_quantized_dir(directory: str | Path) -> bool:
@@ -70,7 +76,10 @@ def is_quantized_dir(directory: str | Path) -> bool:
 
 
 def load_lora_model(
-    directory: str | Path, dtype: str = "float32", storage: Storage | None = None
+    directory: str | Path,
+    dtype: str = "float32",
+    storage: Storage | None = None,
+    prepare: Callable[[nn.Layer], None] | None = None,
 ) -> nn.Layer:
     """A LoRA run dir -> its base model with the adapter merged in (eval mode).
 
@@ -78,18 +87,22 @@ def load_lora_model(
     into each weight as it is read (``lora.adapter_merges``), so no fp32 copy of the model is made."""
     d, chain = lora_chain(Path(directory))
     if is_quantized_dir(d):
-        return _lora_on_quantized(d, chain, dtype)
+        return _lora_on_quantized(d, chain, dtype, prepare)
     storage = storage or Storage(resolve_dtype(dtype))
     model = lazy_model(ErnieConfig.from_file(d))
+    if prepare is not None:
+        prepare(model)
     stream_state(model, d, storage, adapter_merges(model, chain))
     model.eval()
     return model
 
 
-def _lora_on_quantized(base: Path, chain: list[tuple[Path, dict]], dtype: str) -> nn.Layer:
+def _lora_on_quantized(
+    base: Path, chain: list[tuple[Path, dict]], dtype: str, prepare: Callable[[nn.Layer], None] | None = None
+) -> nn.Layer:
     """LoRA runs trained on a PTQ export: its linears are int8 / e4m3 on disk already, so the adapters wrap
     and merge into the loaded (quantized) model."""
-    model = load_quantized_model(base)
+    model = load_quantized_model(base, prepare=prepare)
     for d, cfg in chain:
         if cfg.get("compute_type") in WEIGHT_ONLY_COMPUTE_TYPES:
             apply_weight_only(model, cfg["compute_type"], cfg.get("weight_quant_group_size", -1))
@@ -162,9 +175,11 @@ def lora_chain(directory: Path) -> tuple[Path, list[tuple[Path, dict]]]:
 # ---- PTQ exports ---------------------------------------------------------------------------------------
 
 
-def load_quantized_model(directory: str | Path, storage: Storage | None = None) -> nn.Layer:
+def load_quantized_model(
+    directory: str | Path, storage: Storage | None = None, prepare: Callable[[nn.Layer], None] | None = None
+) -> nn.Layer:
     """Read a PTQ export back: quantized linears stay quantized (dequantized per call); the other tensors
-    are read one at a time into ``storage`` (default fp32)."""
+    are read one at a time into ``storage`` (default fp32). ``prepare``: as ``load_model``'s."""
     d = Path(directory)
     raw = json.loads((d / "config.json").read_text())
     qc = raw["quantization_config"]
@@ -174,6 +189,8 @@ def load_quantized_model(directory: str | Path, storage: Storage | None = None) 
             f"{d}/config.json: unsupported quantization_config.quant_method {qc.get('quant_method')!r}"
         )
     model = lazy_model(ErnieConfig.from_dict(raw))
+    if prepare is not None:
+        prepare(model)
     store = TensorStore(d)
     quantized = set()
     for parent, attr, name in list(decoder_linears(model)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,13 +110,15 @@ def apply_lora(
     for p in model.parameters():
         p.stop_gradient = True
     wrapped = []
-    # A fixed seed for the A matrices so a run is reproducible regardless of what was drawn before.
-    with _seeded(seed):
-        for parent, attr, name in list(iter_target_linears(model, targets)):
-            base = getattr(parent, attr)
-            fin, fout = linear_shape(base)
+    # Each A is drawn from a seed of the run's seed and the linear's name: reproducible whatever was drawn
+    # before, and the same whichever other linears this process holds (an expert-parallel rank holds some
+    # of the experts only, and must draw what one process draws for them).
+    for parent, attr, name in list(iter_target_linears(model, targets)):
+        base = getattr(parent, attr)
+        fin, fout = linear_shape(base)
+        with _seeded((seed * 1_000_003 + zlib.crc32(name.encode())) & 0x7FFFFFFF):
             setattr(parent, attr, LoRALinear(base, fin, fout, rank, alpha, rslora))
-            wrapped.append(name)
+        wrapped.append(name)
     if not wrapped:
         raise ValueError(f"no LoRA target layers ({', '.join(targets)}) found in the model")
     return wrapped

@@ -47,9 +47,12 @@ def adapter_state(model: nn.Layer) -> dict[str, np.ndarray]:
     return out
 
 
-def save_adapter(model: nn.Layer, directory: str | Path, config: dict) -> None:
-    """``adapter_model.safetensors`` + ``adapter_config.json`` (rank, alpha, targets, base model path)."""
+def save_adapter(
+    model: nn.Layer, directory: str | Path, config: dict, state: dict[str, np.ndarray] | None = None
+) -> None:
+    """``adapter_model.safetensors`` + ``adapter_config.json`` (rank, alpha, targets, base model path);
+    ``state``: the adapter's tensors when not all of them are in ``model`` (expert parallelism)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    save_file(adapter_state(model), d / ADAPTER_FILE)
+    save_file(adapter_state(model) if state is None else state, d / ADAPTER_FILE)
     (d / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from engine.models.expert_parallel import gather_to_writer
 from engine.train.config import TrainConfig
 from engine.train.parallel import DataParallel
 from engine.train.run_dir import optimizer_state_by_name
@@ -41,8 +42,9 @@ def gpu_sharding_problem(what: str) -> str | None:
 
 
 # What stage 1 calls on the sharding group (DygraphShardingOptimizer.reduce_gradients and
-# _sharding_sync_parameters, the global norm, gathered_state); gloo has them all.
-STAGE1_COLLECTIVES = ("reduce", "broadcast", "all_reduce", "all_gather_object")
+# _sharding_sync_parameters, the global norm, gathered_state's send / recv to the writing rank); gloo has
+# them all.
+STAGE1_COLLECTIVES = ("reduce", "broadcast", "all_reduce", "all_gather_object", "send", "recv")
 
 
 def sharding_support() -> dict[str, str | None]:
@@ -182,37 +184,27 @@ class ShardedOptimizer:
         paddle.distributed.all_reduce(total, group=self.group)
         return float(total.sqrt()[0])
 
-    def gathered_state(self, trainable: dict[str, paddle.Tensor]) -> dict[str, Any]:
+    def gathered_state(self, trainable: dict[str, paddle.Tensor]) -> dict[str, Any] | None:
         """The whole optimizer state keyed by parameter name, as one process's ``save_checkpoint`` writes
-        it (``optimizer.pdopt``); every rank of the group takes part, one tensor at a time from its owner,
-        so no rank holds more than its own state and one other tensor on its device."""
+        it (``optimizer.pdopt``), on the run's rank 0, which writes it: every rank of its sharding group
+        sends its part one tensor at a time (``expert_parallel.gather_to_writer``), so the other ranks
+        hold no more than their own state. None elsewhere; the groups of other data-parallel replicas,
+        which hold the same state, exchange nothing."""
+        if 0 not in self.group.ranks:
+            return None
         local = optimizer_state_by_name(self.optimizer, trainable)
-        flat = {k: v for k, v in local.items() if isinstance(v, paddle.Tensor)}
+        flat = {k: v for k, v in local.items() if k != "master_weights"}
         flat.update({f"master_weights::{k}": v for k, v in local.get("master_weights", {}).items()})
-        meta = {k: (list(v.shape), str(v.dtype).removeprefix("paddle.")) for k, v in flat.items()}
-        metas: list[dict] = []
-        paddle.distributed.all_gather_object(metas, meta, group=self.group)
-        me = self.hcg.get_sharding_parallel_rank()
-        out: dict[str, Any] = {
-            k: v for k, v in local.items() if k != "master_weights" and not isinstance(v, paddle.Tensor)
-        }
-        for owner, keys in enumerate(metas):
-            for key in sorted(keys):
-                shape, dtype = keys[key]
-                t = _on_device(flat[key]) if owner == me else paddle.empty(shape, dtype=dtype)
-                paddle.distributed.broadcast(t, src=self.group.ranks[owner], group=self.group)
-                if key.startswith("master_weights::"):
-                    out.setdefault("master_weights", {})[key.split("::", 1)[1]] = t.cpu()
-                else:
-                    out[key] = t.cpu()
+        got = gather_to_writer(flat, writer=0, group=self.group)
+        if got is None:
+            return None
+        out: dict[str, Any] = {}
+        for key, value in got.items():
+            if key.startswith("master_weights::"):
+                out.setdefault("master_weights", {})[key.split("::", 1)[1]] = value
+            else:
+                out[key] = value
         return out
-
-
-def _on_device(t: paddle.Tensor) -> paddle.Tensor:
-    """A tensor where the collective can read it (offloaded state sits in host memory on a GPU node)."""
-    if paddle.is_compiled_with_cuda() and not t.place.is_gpu_place():
-        return t.cuda()
-    return t
 
 
 class TensorwiseOffload:

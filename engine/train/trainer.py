@@ -185,12 +185,14 @@ def load_base(cfg: TrainConfig, storage: Storage, world: int = 1):
     expert parallelism over ``world`` ranks, and GPAS gates."""
     from engine.models.loading import load_model  # a LoRA run dir as the base comes back merged
 
-    model = load_model(cfg.model_name_or_path, storage=storage)
+    def split(model) -> None:  # before the weights are read: other ranks' experts are never loaded here
+        model.expert_group = split_for_expert_parallel(cfg, model, world)
+
+    model = load_model(cfg.model_name_or_path, storage=storage, prepare=split)
     mc = model.config
     for key in ("moe_aux_loss_lambda", "moe_z_loss_lambda", "moe_orthogonal_loss_lambda", "moe_use_aux_free"):
         if getattr(cfg, key) is not None:
             setattr(mc, key, getattr(cfg, key))
-    model.expert_group = split_for_expert_parallel(cfg, model, world)
     add_gpas_gates(cfg, model)
     return model
 
@@ -815,7 +817,7 @@ def save_step_checkpoint(
     if run.model.expert_group is not None:
         states = gathered_states(run)
         if ema is not None:  # the weight average of every expert, as one process keeps it
-            ema = SimpleNamespace(shadow=gather_named(ema.shadow, run.model.expert_group, tensors=False))
+            ema = SimpleNamespace(shadow=gather_named(ema.shadow, run.model.expert_group))
     if not dp.main:
         return
     path = save_checkpoint(
@@ -846,15 +848,19 @@ def held_weights(model) -> Callable[[str], bool] | None:
     return lambda name: not is_expert_param(name) or name in names
 
 
-def gathered_states(run: TrainRun) -> tuple[dict, dict]:
-    """Expert parallelism: a checkpoint's weights and optimizer state with every rank's experts."""
+def gathered_states(run: TrainRun) -> tuple[dict, dict] | None:
+    """Expert parallelism: a checkpoint's weights and optimizer state with every rank's experts, on rank
+    0, which writes it (None on the others, which only send theirs, one tensor at a time)."""
     group = run.model.expert_group
     weights, optim = checkpoint_states(run.model, run.optimizer, run.trainable)
     masters = optim.pop("master_weights", None)
     optim = gather_named(optim, group)
     if masters is not None:
-        optim["master_weights"] = gather_named(masters, group)
-    return gather_named(weights, group), optim
+        masters = gather_named(masters, group)
+        if optim is not None:
+            optim["master_weights"] = masters
+    weights = gather_named(weights, group)
+    return None if weights is None else (weights, optim)
 
 
 def peak_rss_mib() -> float:
@@ -1069,12 +1075,16 @@ def _finish_training(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: Tra
         run.ema.copy_to(run.trainable)
         if run.masters is not None:
             run.masters.write_back()
-    if run.model.expert_group is not None:  # the final model in the official un-split layout
-        unsplit_experts(run.model, run.model.expert_group, materialize=dp.main)
+    adapter = None
+    if run.model.expert_group is not None:  # the final model in the official un-split layout, on rank 0
+        if cfg.lora:  # only the adapter is written: the experts' adapters, not their frozen base weights
+            adapter = gather_named(lora_mod.adapter_state(run.model), run.model.expert_group)
+        else:
+            unsplit_experts(run.model, run.model.expert_group)
     if dp.main:
         # stage 2 wraps the model (GroupShardedStage2): the final files name the model's own weights
         model = run.sharded.layer if run.sharded is not None else run.model
-        summary.model_dir = str(_save_final(cfg, model, out_dir))
+        summary.model_dir = str(_save_final(cfg, model, out_dir, adapter))
         copy_tokenizer_files(cfg.model_name_or_path, out_dir)
 
 
@@ -1174,10 +1184,10 @@ def _evaluate(
         model.train()
 
 
-def _save_final(cfg: TrainConfig, model, out_dir: Path) -> Path:
+def _save_final(cfg: TrainConfig, model, out_dir: Path, adapter: dict | None = None) -> Path:
     """Full runs: the model in Paddle layout at the root, in float32 (a bf16 run's weights upcast exactly,
     its fp32 router and norms kept; ``export dtype=bfloat16`` writes them in bf16). LoRA runs: the adapter +
-    a base reference."""
+    a base reference (``adapter``: its tensors when gathered from the ranks of an expert-parallel run)."""
     from engine.models.checkpoint import save_model
 
     model.eval()
@@ -1196,6 +1206,7 @@ def _save_final(cfg: TrainConfig, model, out_dir: Path) -> Path:
                 "weight_quant_group_size": cfg.weight_quant_group_size,
                 "stage": cfg.stage,
             },
+            state=adapter,
         )
         return out_dir
     quant.unwrap_fp8(model)

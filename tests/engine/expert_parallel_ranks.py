@@ -20,7 +20,7 @@ import paddle
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.models.expert_parallel import RemoteExpert, unsplit_experts  # noqa: E402
+from engine.models.expert_parallel import RemoteExpert, gather_to_writer, unsplit_experts  # noqa: E402
 from engine.models.moe import MoELayer  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.train import run_training  # noqa: E402
@@ -55,6 +55,10 @@ def overrides(kind: str, model: str, out: Path, extra: list[str]) -> tuple[Path,
         *(["ema_decay=0.9"] if kind == "moe" else []),
         *extra,
     ]
+
+
+# Six LoRA steps (rank 8, every linear of the experts included), saved at step 3 and at the end.
+LORA = ["fine_tuning=LoRA", "lora_rank=8", "max_steps=6", "save_steps=3"]
 
 
 class OneProcess(DataParallel):
@@ -140,12 +144,38 @@ def golden_roundtrip(dp: DataParallel, out: Path) -> dict:
     expected = np.load(golden / "expected.npz")
     with paddle.no_grad():
         logits = model(paddle.to_tensor(expected["input_ids"])).logits.numpy()
-    unsplit_experts(model, model.expert_group, materialize=dp.main)
-    if dp.main:
+    if unsplit_experts(model, model.expert_group):
         from engine.models.checkpoint import save_model
 
         save_model(model, out / "golden-unsplit")
     return {"golden_logits_diff": float(np.abs(logits - expected["logits"]).max())}
+
+
+def gather_check(dp: DataParallel) -> dict:
+    """``gather_to_writer``: rank 0 receives what only rank 1 holds (each dtype kept, numpy as numpy), takes
+    a name both hold from itself, and rank 1 ends with nothing."""
+    mine = {
+        "both": paddle.full([2], float(dp.rank)),
+        f"only{dp.rank}.bf16": paddle.full([3], 1.5 + dp.rank, dtype="bfloat16"),
+        f"only{dp.rank}.int8": paddle.full([2, 2], 7 + dp.rank, dtype="int8"),
+        f"only{dp.rank}.numpy": np.full([4], 2.5 + dp.rank, np.float32),
+        "scheduler": {"last_epoch": dp.rank},
+    }
+    got = gather_to_writer(mine)
+    if got is None:
+        return {"got": None}
+    return {
+        "got": {
+            k: (
+                type(v).__name__,
+                str(v.dtype),
+                np.asarray(v.astype("float32") if k.endswith("bf16") else v).tolist(),
+            )
+            if not isinstance(v, dict)
+            else v
+            for k, v in got.items()
+        }
+    }
 
 
 def main() -> None:
@@ -157,17 +187,24 @@ def main() -> None:
         result[kind] = step_parity(kind, model_dir, dp, out)
         result[f"{kind}_recompute"] = step_parity(kind, model_dir, dp, out, ("recompute=true",))
     result.update(golden_roundtrip(dp, out))
+    result["gather"] = gather_check(dp)
     for kind, model_dir in models.items():
         # the VL run also recomputes (experts replayed, the exchange not): its losses must not move
         extra = ["recompute=true"] if kind == "vl" else []
         yaml, over = overrides(kind, model_dir, out / f"ep-{kind}", ["batch_size=2", *extra])
         result[f"train_{kind}"] = run_training(load_config(yaml, [*over, "expert_parallel_degree=2"])).status
+    # LoRA on the experts too: the final adapter gathers every expert's A and B to rank 0
+    yaml, over = overrides("moe", moe_dir, out / "ep-moe-lora", ["batch_size=2", *LORA])
+    result["train_moe_lora"] = run_training(load_config(yaml, [*over, "expert_parallel_degree=2"])).status
     # The one-process references, one per rank at the same time: PADDLE_TRAINERS_NUM=1 makes the trainer
     # run alone (no collective), with the doubled batch.
     kind = list(models)[dp.rank]
     os.environ["PADDLE_TRAINERS_NUM"] = "1"
     yaml, over = overrides(kind, models[kind], out / f"one-{kind}", ["batch_size=4"])
     result[f"reference_{kind}"] = run_training(load_config(yaml, over)).status
+    if kind == "moe":
+        yaml, over = overrides(kind, models[kind], out / "one-moe-lora", ["batch_size=4", *LORA])
+        result["reference_moe_lora"] = run_training(load_config(yaml, over)).status
     (out / f"rank{dp.rank}.json").write_text(json.dumps(result, indent=2))
 
 

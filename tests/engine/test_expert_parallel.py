@@ -120,6 +120,41 @@ def test_checkpoints_are_written_un_split_and_resume_in_one_process(ranks, tiny_
     assert abs(losses(resumed)[-1] - losses(out / "ep-moe")[10]) <= 1e-5
 
 
+def test_a_lora_runs_final_adapter_holds_every_experts_adapter_as_one_process_trains_it(ranks):
+    """LoRA under expert parallelism: the final save gathers only the experts' adapters (not their frozen
+    base weights) to rank 0, and the adapter equals the one-process run's."""
+    out, results = ranks
+    assert {r["train_moe_lora"] for r in results} == {"succeeded"}
+    assert results[0]["reference_moe_lora"] == "succeeded"
+    split = load_file(out / "ep-moe-lora/adapter_model.safetensors")
+    one = load_file(out / "one-moe-lora/adapter_model.safetensors")
+    assert sorted(split) == sorted(one)
+    experts = {n.split(".mlp.experts.")[1].split(".")[0] for n in split if ".mlp.experts." in n}
+    assert experts == {str(e) for e in range(8)}  # rank 1's experts 4-7 came from rank 1
+    gap = max(float(np.abs(split[n] - one[n]).max()) for n in one)
+    print(f"LoRA adapters after 6 steps, split against one process: max |diff| {gap:.2e}")
+    assert gap <= 5e-6  # measured 5.2e-7
+    np.testing.assert_allclose(losses(out / "ep-moe-lora"), losses(out / "one-moe-lora"), atol=1e-5, rtol=0)
+
+
+def test_the_writer_alone_receives_what_other_ranks_hold(ranks):
+    """``gather_to_writer`` (every checkpoint's experts and sharded optimizer state): rank 0 gets rank 1's
+    tensors with their dtypes, numpy stays numpy, names rank 0 holds are not sent, and rank 1 keeps none."""
+    _, results = ranks
+    assert results[1]["gather"] == {"got": None}
+    got = results[0]["gather"]["got"]
+    assert got == {
+        "both": ["Tensor", "paddle.float32", [0.0, 0.0]],
+        "only0.bf16": ["Tensor", "paddle.bfloat16", [1.5, 1.5, 1.5]],
+        "only0.int8": ["Tensor", "paddle.int8", [[7, 7], [7, 7]]],
+        "only0.numpy": ["ndarray", "float32", [2.5] * 4],
+        "only1.bf16": ["Tensor", "paddle.bfloat16", [2.5, 2.5, 2.5]],
+        "only1.int8": ["Tensor", "paddle.int8", [[8, 8], [8, 8]]],
+        "only1.numpy": ["ndarray", "float32", [3.5] * 4],
+        "scheduler": {"last_epoch": 0},
+    }
+
+
 def test_a_golden_model_split_and_written_back_keeps_transformers_parity(ranks):
     out, results = ranks
     gap = max(r["golden_logits_diff"] for r in results)
@@ -153,3 +188,22 @@ def test_bad_expert_parallel_settings_name_the_key(tiny_model_dir, tiny_moe_mode
     yaml, over = overrides("moe", str(tiny_moe_model_dir), tmp_path / "out", ["moe_group=dp"])
     assert load_config(yaml, over).expert_degree(1) == 1
     assert load_config(yaml, over).expert_degree(4) == 4
+
+
+def test_a_rank_reads_only_the_experts_it_holds(tiny_moe_model_dir):
+    """Loading under expert parallelism: the split comes before any weight is read, so the other rank's
+    experts stay on disk (one process, as rank 1 of 2 would load)."""
+    from engine.models.checkpoint import TensorStore
+    from engine.models.config import ErnieConfig
+    from engine.models.expert_parallel import ExpertGroup, split_experts
+    from engine.models.streaming import lazy_model, stream_state
+
+    model = lazy_model(ErnieConfig.from_file(tiny_moe_model_dir))
+    split_experts(model, ExpertGroup(size=2, rank=1, world=2))
+    report = stream_state(model, tiny_moe_model_dir)
+    stored = [k for k in TensorStore(tiny_moe_model_dir).keys() if ".mlp.experts." in k]
+    others = [k for k in stored if int(k.split(".mlp.experts.")[1].split(".")[0]) < 4]
+    assert others and len(others) == len(stored) // 2
+    assert int(report["unused"]) == len(others)  # exactly rank 0's experts were left unread
+    held = {n for n in model.state_dict() if ".mlp.experts." in n}
+    assert held and all(int(n.split(".mlp.experts.")[1].split(".")[0]) >= 4 for n in held)
