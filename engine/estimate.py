@@ -92,13 +92,6 @@ REFERENCE_SAVE_BYTES_S = 300e6
 # bytes), and save_model's fp32 numpy state plus the shard being written (share of the model's bytes).
 SAVE_COPY = 0.9
 FINAL_SAVE_COPY = 1.5
-# Expert parallelism on a CPU: while an all_gather_object of the experts runs (expert_parallel.gather_named,
-# unsplit_experts), every rank holds this many times what it sends: its numpy copy, the pickle, the pickle as
-# a tensor and its padded copy, both ranks' received tensors and unpickled parts. Measured on 2026-11-28
-# (2 ranks, docs/benchmarks.md): LoRA's final save, which gathers the experts' base weights, lifted both ranks
-# 1.98 GiB above training, 7.1x the 0.28 GiB each sends; a Full run's rank 1 (it gathers the moments, 0.56
-# GiB, and writes nothing) peaked 3.5-3.6 GiB above rank 0's training peak, 6.3x.
-EXPERT_GATHER_COPIES = 7.0
 # Eager fp32 activations kept for backward per token and decoder layer, in floats, beyond the shape-based
 # count below (allocator slack, dtype casts, norm statistics); calibrated against measured peaks.
 ACTIVATION_SLACK = 1.0
@@ -287,21 +280,17 @@ def estimate_run(
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
     # save: a serialised copy of the state beside what training holds (the allocator keeps its pool); with
-    # sharding, rank 0 first gathers the other ranks' optimizer state (trainer.gathered_states); with expert
-    # parallelism, every rank gathers every rank's experts
+    # sharding, rank 0, which writes, first receives the other ranks' optimizer state, with expert
+    # parallelism their experts (expert_parallel.gather_to_writer); the other ranks hold nothing more
     gathered = (
         parts["optimizer"] * (layout.sharding_degree - 1)
         + (parts["master_weights"] * (layout.sharding_degree - 1))
         + _gathered_expert_bytes(counts, layout, trainable, mode, lora)
     )
     save_peak = training + SAVE_COPY * ckpt_bytes + gathered
-    final_peak = training + (0 if lora else FINAL_SAVE_COPY * final_bytes)
-    if layout.expert_parallel > 1 and not gpu:
-        # while the experts are gathered: the checkpoint's moments (the largest part), the final model's
-        # weights (LoRA's final save too: unsplit_experts puts the base's experts back before it writes)
-        moments, weights = _expert_sends(counts, layout, cfg.compute_type, mode, lora)
-        save_peak = max(save_peak, training + EXPERT_GATHER_COPIES * moments)
-        final_peak = max(final_peak, training + EXPERT_GATHER_COPIES * weights)
+    final_peak = training + (
+        0 if lora else FINAL_SAVE_COPY * final_bytes + _unsplit_expert_bytes(counts, layout, mode)
+    )
     memory = {k: v for k, v in parts.items() if k != "host_offload"}
     memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))
     on_device = [training, memory["save_peak"]] + ([] if gpu else [load_peak])
@@ -581,29 +570,27 @@ def device_memory(
 def _gathered_expert_bytes(
     counts: ParameterCounts, layout: Layout, trainable: int, mode: str, lora: bool
 ) -> float:
-    """Expert parallelism's save: every rank sends its experts' checkpoint state (trainable weights and
-    moments) to all ranks (trainer.gathered_states, ``all_gather_object``), and each holds every part, its
-    own included, as new tensors beside the live ones while rank 0 writes. Measured on 2026-11-28 (Full
-    fp32, 2 ranks, docs/benchmarks.md): rank 0 peaked 1.76 GiB above the estimate's training state and
-    serialised checkpoint copy, twice its experts' 0.84 GiB of weights and moments."""
+    """Expert parallelism's checkpoint on rank 0, which writes it un-split: the other ranks of its expert
+    group send their experts' checkpoint state (trainable weights and moments) one tensor at a time
+    (``expert_parallel.gather_to_writer``), and rank 0 holds it beside its own through the write. The other
+    ranks hold nothing more than one tensor in flight."""
     ep = layout.expert_parallel
     if ep <= 1 or not trainable:
         return 0.0
     local = local_counts(counts, layout)
     experts = local.expert_lora if lora else local.expert_linears
-    return ep * _checkpoint_bytes(counts, experts, mode, lora)
+    return (ep - 1) * _checkpoint_bytes(counts, experts, mode, lora)
 
 
-def _expert_sends(
-    counts: ParameterCounts, layout: Layout, compute_type: str, mode: str, lora: bool
-) -> tuple[float, float]:
-    """Expert parallelism: what a rank sends when the experts are gathered, (the checkpoint's AdamW moments
-    of its trainable expert weights, the final save's expert weights as held with their adapters)."""
-    local = local_counts(counts, layout)
-    experts = local.expert_linears
-    moments = 8 * (local.expert_lora if lora else experts)
-    held = experts * (WEIGHT_ONLY_BYTES if mode in WEIGHT_ONLY_COMPUTE_TYPES else _linear_bytes(mode))
-    return moments, held + 4 * local.expert_lora
+def _unsplit_expert_bytes(counts: ParameterCounts, layout: Layout, mode: str) -> float:
+    """A Full run's final save under expert parallelism: rank 0 puts the other ranks' experts back into its
+    model, as held (``expert_parallel.unsplit_experts``), before it writes the un-split model. (LoRA runs
+    gather only the experts' adapters.)"""
+    ep = layout.expert_parallel
+    if ep <= 1:
+        return 0.0
+    held = WEIGHT_ONLY_BYTES if mode in WEIGHT_ONLY_COMPUTE_TYPES else _linear_bytes(mode)
+    return (ep - 1) * local_counts(counts, layout).expert_linears * held
 
 
 def _checkpoint_bytes(counts: ParameterCounts, trainable: int, mode: str, lora: bool) -> float:
@@ -1384,9 +1371,6 @@ def _weigh(
     if not gpu:  # a CPU rank also serialises a checkpoint beside what it holds
         ckpt = parts["master_weights"] + parts["optimizer"] + (parts["adapters"] or parts["weights"])
         peak += SAVE_COPY * ckpt + _gathered_expert_bytes(counts, cand.layout, trainable, mode, cfg.lora)
-        if cand.layout.expert_parallel > 1:  # and while the experts are gathered (estimate_run says more)
-            sends = _expert_sends(counts, cand.layout, cand.compute_type, mode, cfg.lora)
-            peak = max(peak, parts["training"] + EXPERT_GATHER_COPIES * max(sends))
     memory = {k: v for k, v in parts.items() if k not in ("training", "host_offload")}
     memory["peak"] = peak
     nodes = _nodes_for(pool, cand.layout.devices)
