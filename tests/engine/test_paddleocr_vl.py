@@ -197,3 +197,91 @@ def test_image_inputs_that_do_not_fit_are_clear_errors(models, golden) -> None:
         model(ids, pixel_values=kwargs["pixel_values"][:23], grid_thw=kwargs["grid_thw"])
     with pytest.raises(ValueError, match="merge windows"):
         model(ids, pixel_values=kwargs["pixel_values"], grid_thw=[(1, 3, 8)])
+
+
+# ---- the image processor and prompts -------------------------------------------------------------------
+
+PROCESSOR = GOLDEN / "processor"
+
+
+@pytest.fixture(scope="module")
+def processor_golden():
+    return np.load(PROCESSOR / "expected.npz")
+
+
+@pytest.mark.parametrize("name", ["a", "b", "c", "d", "e"])
+def test_pixels_and_grid_match_the_official_image_processor(processor_golden, name: str) -> None:
+    """Odd sizes: min-pixels growth, max-pixels cuts, a side under 28, greyscale, RGBA; 0.5 mean / std."""
+    from engine.data.paddleocr_vl_processor import OCRProcessorSettings, preprocess_images
+
+    kwargs = json.loads((PROCESSOR / "settings.json").read_text())[name]
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+    pix, grids = preprocess_images([PROCESSOR / f"{name}.png"], OCRProcessorSettings(**kwargs))
+    np.testing.assert_array_equal(grids, processor_golden[f"{name}/image_grid_thw"])
+    expected = processor_golden[f"{name}/pixel_values"]
+    assert pix.shape == expected.shape and pix.dtype == np.float32
+    assert float(np.abs(pix - expected).max()) <= 1e-5  # measured 0
+
+
+def test_the_official_defaults(processor_golden) -> None:
+    """384 x 384 to 1536 x 1536 pixels, CLIP mean / std: a 203 x 97 image grows to 20 x 40 patches."""
+    from engine.data.paddleocr_vl_processor import preprocess_image
+
+    image = preprocess_image(PROCESSOR / "f.png")
+    assert [list(image.grid_thw)] == processor_golden["f/image_grid_thw"].tolist() and image.num_tokens == 200
+    np.testing.assert_allclose(image.pixel_values.reshape(-1)[::997], processor_golden["f/sample"], atol=1e-5)
+    assert abs(image.pixel_values.astype(np.float64).sum() - float(processor_golden["f/sum"])) < 1e-2
+
+
+def test_processor_settings_round_trip_through_preprocessor_config(tmp_path) -> None:
+    from engine.data.paddleocr_vl_processor import OCRProcessorSettings
+
+    ours = OCRProcessorSettings(
+        min_pixels=147384, max_pixels=2822400, image_mean=(0.5,) * 3, image_std=(0.5,) * 3
+    )
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(ours.to_preprocessor_config()))
+    assert OCRProcessorSettings.from_model_dir(tmp_path) == ours
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 100, "max_pixels": 200}))
+    assert OCRProcessorSettings.from_model_dir(tmp_path).max_pixels == 200  # the older keys
+
+
+def test_bad_images_are_clear_errors(tmp_path) -> None:
+    from engine.data.paddleocr_vl_processor import OCRProcessorSettings, preprocess_image
+    from engine.data.vl_processor import VisionInputError
+
+    small = OCRProcessorSettings(max_image_pixels=1000)
+    with pytest.raises(
+        VisionInputError, match=r"b\.png: 401x299 pixels \(119,899\) is more than max_image_pixels=1,000"
+    ):
+        preprocess_image(PROCESSOR / "b.png", small)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    with pytest.raises(VisionInputError, match=r"broken\.png: not an image PIL can read"):
+        preprocess_image(broken)
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes((PROCESSOR / "e.png").read_bytes()[:2000])
+    with pytest.raises(VisionInputError, match=r"truncated\.png: truncated or corrupt"):
+        preprocess_image(truncated)
+    from PIL import Image
+
+    Image.new("RGB", (2000, 8)).save(tmp_path / "strip.png")
+    with pytest.raises(VisionInputError, match=r"strip\.png: .*aspect ratio of 250\.0, over the 200"):
+        preprocess_image(tmp_path / "strip.png")
+
+
+def test_the_chat_template_gives_the_published_prompt() -> None:
+    from engine.data.paddleocr_vl_processor import CHAT_TEMPLATE, expand_image_placeholders, task_messages
+    from engine.tokenizer import compile_chat_template
+
+    template = compile_chat_template(CHAT_TEMPLATE, "PaddleOCR-VL")
+    text = template.render(messages=task_messages("table"), add_generation_prompt=True)
+    assert text == (
+        "<|begin_of_sentence|>User: <|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>Table Recognition:\nAssistant: "
+    )
+    answer = [{"role": "assistant", "content": [{"type": "text", "text": "| a |"}]}]
+    full = template.render(messages=task_messages("ocr") + answer, add_generation_prompt=False)
+    assert full.endswith("OCR:\nAssistant: | a |</s>")
+    expanded = expand_image_placeholders(text, [(1, 4, 6)])
+    assert expanded.count("<|IMAGE_PLACEHOLDER|>") == 6
+    with pytest.raises(ValueError, match="unknown PaddleOCR-VL task 'latex'"):
+        task_messages("latex")
