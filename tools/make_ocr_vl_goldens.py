@@ -168,8 +168,8 @@ def write_official(g: torch.Generator) -> None:
 IMAGES = [
     ("a", 33, 57, "RGB", "noise", {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16}),
     ("b", 401, 299, "RGB", "blocks", {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16}),
-    # a side under the factor (the official smart_resize scales it up to 28 first), then a max-pixels cut
-    ("c", 700, 17, "RGB", "blocks", {"min_pixels": 28 * 28 * 2, "max_pixels": 28 * 28 * 6}),
+    # a side under the factor: the official smart_resize scales it up to 28 first (2 x 22 patches, not 2 x 10)
+    ("c", 120, 11, "RGB", "blocks", {"min_pixels": 28 * 28 * 2, "max_pixels": 28 * 28 * 16}),
     # greyscale, grown to the min-pixels bound, SigLIP's 0.5 mean / std (the published preprocessor config)
     (
         "d",

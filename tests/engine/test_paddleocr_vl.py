@@ -167,20 +167,28 @@ def reference_python() -> str:
     return str(built[-1] / "bin" / "python")
 
 
-@pytest.mark.parametrize("layout", ["hf", "official"])
-def test_transformers_reads_our_export(models, tmp_path, layout: str) -> None:
-    """transformers' own from_pretrained on our export gives the golden logits."""
-    save_model(models["hf_renamed"], tmp_path, layout=layout)
+def test_transformers_reads_our_exports(models, tmp_path) -> None:
+    """transformers' own from_pretrained on our exports (both forms) gives the golden logits."""
+    for layout in ("hf", "official"):
+        save_model(models["hf_renamed"], tmp_path / layout, layout=layout)
     done = subprocess.run(
-        [reference_python(), str(REPO / "tools" / "check_ocr_vl_export.py"), str(tmp_path)],
+        [
+            reference_python(),
+            str(REPO / "tools" / "check_ocr_vl_export.py"),
+            *(str(tmp_path / f) for f in ("hf", "official")),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     sys.stdout.write(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
-    gaps = dict(line.split() for line in done.stdout.strip().splitlines())
-    assert sorted(gaps) == sorted(CASES) and max(float(v) for v in gaps.values()) <= PARITY_ATOL
+    gaps = {
+        (form, case): float(gap)
+        for form, case, gap in (line.split() for line in done.stdout.strip().splitlines())
+    }
+    assert sorted(gaps) == sorted((form, case) for form in ("hf", "official") for case in CASES)
+    assert max(gaps.values()) <= PARITY_ATOL
 
 
 def test_image_inputs_that_do_not_fit_are_clear_errors(models, golden) -> None:
@@ -285,3 +293,35 @@ def test_the_chat_template_gives_the_published_prompt() -> None:
     assert expanded.count("<|IMAGE_PLACEHOLDER|>") == 6
     with pytest.raises(ValueError, match="unknown PaddleOCR-VL task 'latex'"):
         task_messages("latex")
+
+
+def test_init_model_writes_a_tiny_paddleocr_vl_that_reads_an_image(tmp_path) -> None:
+    """`ernie-studio init-model --preset tiny-ocr-vl`: published form, image tokens in the tokenizer, the
+    chat template and processor settings beside it; prompt + image run through the model."""
+    from engine.data.paddleocr_vl_processor import (
+        OCRProcessorSettings,
+        expand_image_placeholders,
+        preprocess_images,
+        task_messages,
+    )
+    from engine.models.initialize import init_model
+
+    out = init_model("tiny-ocr-vl", tmp_path / "ocr")
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["model_type"] == "paddleocr_vl" and "rope_scaling" in raw and "text_config" not in raw
+    tok = engine.load_tokenizer(str(out))
+    model = engine.load_model(str(out))
+    c = model.config
+    assert tok.convert_tokens_to_ids("<|IMAGE_PLACEHOLDER|>") == c.image_token_id
+    assert tok.convert_tokens_to_ids("<|IMAGE_START|>") == c.vision_start_token_id
+    assert tok.convert_tokens_to_ids("<|IMAGE_END|>") == c.vision_end_token_id
+    settings = OCRProcessorSettings.from_model_dir(out)
+    pix, grids = preprocess_images([PROCESSOR / "a.png", PROCESSOR / "d.png"], settings)
+    prompt = tok.apply_chat_template(task_messages("ocr", images=2), add_generation_prompt=True)
+    ids = tok.encode(expand_image_placeholders(prompt, grids, settings.merge_size))
+    assert ids.count(c.image_token_id) == sum(int(g.prod()) // 4 for g in grids)
+    with paddle.no_grad():
+        logits = model(
+            paddle.to_tensor([ids]), pixel_values=paddle.to_tensor(pix), grid_thw=grids.tolist()
+        ).logits
+    assert logits.shape == [1, len(ids), c.text.vocab_size] and bool(paddle.isfinite(logits).all())
