@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         "init-model",
         help="write a random-initialised model directory: a tiny preset, or the official 0.3B shape",
     )
-    p.add_argument("--preset", required=True, choices=["tiny", "tiny-moe", "tiny-vl", "ernie-4.5-0.3b"])
+    p.add_argument(
+        "--preset", required=True, choices=["tiny", "tiny-moe", "tiny-vl", "tiny-ocr-vl", "ernie-4.5-0.3b"]
+    )
     p.add_argument("--out", required=True, help="new directory to create")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype stored on disk")

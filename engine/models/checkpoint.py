@@ -464,7 +464,16 @@ def save_model(
     max_shard_size: str | int = "5GB",
     layout: str = "paddle",
 ) -> Path:
-    """Write config.json and the weights (Paddle layout by default, ``layout='hf'`` for PyTorch)."""
+    """Write config.json and the weights (Paddle layout by default, ``layout='hf'`` for PyTorch).
+
+    PaddleOCR-VL has no Paddle layout of its own: ``paddle`` writes its published (official) form."""
+    from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
+
+    if isinstance(model, PaddleOCRVLForConditionalGeneration):
+        from engine.models.paddleocr_vl_checkpoint import save_paddleocr_vl
+
+        form = "official" if layout == "paddle" else layout
+        return save_paddleocr_vl(model, directory, form, dtype, max_shard_size)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(dtype=dtype)

@@ -146,6 +146,9 @@ class ErnieConfig:
     video_token_id: int | None = None
     video_start_token_id: int | None = None
     video_end_token_id: int | None = None
+    # PaddleOCR-VL's decoder (engine.models.paddleocr_vl): 3-D RoPE in contiguous sections of rotary pairs,
+    # (time, row, column) = transformers' ``rope_parameters.mrope_section``; None for ERNIE's own models.
+    mrope_section: list[int] | None = None
     # GPAS gates after every residual add (engine.models.gpas); written to config.json only when true
     gpas: bool = False
     # transformers' form of the MoE layer rule: "dense" / "sparse" per layer (overrides start/end/interval)
@@ -197,6 +200,11 @@ class ErnieConfig:
         return problems
 
     def _vl_problems(self) -> list[str]:
+        if self.mrope_section is not None and sum(self.mrope_section) != self.head_dim // 2:
+            return [
+                f"mrope_section {self.mrope_section} must add up to head_dim / 2 ({self.head_dim // 2}) "
+                "rotary pairs"
+            ]
         if not self.rope_3d:
             return []
         pairs = self.head_dim // 2
@@ -326,6 +334,8 @@ class ErnieConfig:
             d["vision_config"] = vision_dict(self.vision_config)
             d["spatial_conv_size"] = self.vision_config.spatial_merge_size
             d["temporal_conv_size"] = self.vision_config.temporal_merge_size
+        if self.mrope_section is None:
+            d.pop("mrope_section")
         if self.mlp_layer_types is not None and (rule := self.moe_layer_rule()) is not None:
             # Baidu's loaders (FastDeploy, ERNIEKit) read the start / end / interval rule, not the list
             d.update(rule, mlp_layer_types=None)

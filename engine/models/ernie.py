@@ -164,7 +164,10 @@ class ErnieModel(nn.Layer):
         self.layers = nn.LayerList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(
-            config.head_dim, config.rope_theta, config.freq_allocation if config.rope_3d else None
+            config.head_dim,
+            config.rope_theta,
+            config.freq_allocation if config.rope_3d else None,
+            config.mrope_section,
         )
         self.gradient_checkpointing = False
         # What recompute rebuilds in backward (DecoderLayer.forward): full, full_attn or core_attn.
@@ -238,6 +241,19 @@ def packed_causal_mask(segment_ids: paddle.Tensor) -> paddle.Tensor:
     causal = paddle.tril(paddle.ones([t, t], dtype="bool")).unsqueeze(0)
     keep = (same & causal) | paddle.eye(t).astype("bool").unsqueeze(0)
     return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
+
+
+def decoder_mask(
+    attention_mask: paddle.Tensor | None, segment_ids: paddle.Tensor | None, query_len: int
+) -> tuple[paddle.Tensor | None, bool | tuple]:
+    """The decoder's additive mask from a [B, S] padding mask, an additive [B, 1, T, S] mask or packed
+    ``segment_ids`` (None: plain causal), and whether it hides every later key (``ErnieModel.forward``'s
+    ``causal``), which lets attention skip those blocks."""
+    if segment_ids is not None:
+        return packed_causal_mask(segment_ids), packed_key_starts(segment_ids)
+    if attention_mask is not None and attention_mask.ndim == 2:
+        return causal_mask_from_padding(attention_mask, query_len), True
+    return attention_mask, attention_mask is None
 
 
 class ErnieForCausalLM(nn.Layer):
@@ -331,15 +347,7 @@ class ErnieForCausalLM(nn.Layer):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = paddle.arange(past, past + t, dtype="int64").unsqueeze(0).expand([b, t])
-        causal = True  # whether the mask hides every later key, which lets attention skip those blocks
-        if segment_ids is not None:
-            mask = packed_causal_mask(segment_ids)
-            causal = packed_key_starts(segment_ids)
-        elif attention_mask is not None and attention_mask.ndim == 2:
-            mask = causal_mask_from_padding(attention_mask, t)
-        else:
-            mask = attention_mask
-            causal = attention_mask is None
+        mask, causal = decoder_mask(attention_mask, segment_ids, t)
         if self.config.vision_config is not None:
             if pixel_values is not None:
                 check_grids(pixel_values, grid_thw or [], self.config.vision_config)

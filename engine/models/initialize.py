@@ -12,7 +12,7 @@ from engine import tokenizer as tokens
 from engine.models.checkpoint import save_model
 from engine.models.config import ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
-from engine.models.presets import TINY_PRESETS, preset_config
+from engine.models.presets import TINY_PRESETS, ocr_preset_config, preset_config
 from engine.tokenizer import train_tokenizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus.txt"
@@ -91,13 +91,16 @@ def init_model(preset: str, out: str | Path, seed: int = 0, dtype: str = "float3
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: directory is not empty; choose a new --out")
-    if preset not in TINY_PRESETS and preset not in RANDOM_OFFICIAL:
+    random_presets = [*TINY_PRESETS, TINY_OCR, *RANDOM_OFFICIAL]
+    if preset not in random_presets:
         raise ValueError(
-            f"init-model builds random models ({', '.join([*TINY_PRESETS, *RANDOM_OFFICIAL])}); larger "
+            f"init-model builds random models ({', '.join(random_presets)}); larger "
             f"official sizes ({preset}) are downloaded, not initialised"
         )
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(CORPUS, out)
+    if preset == TINY_OCR:
+        return init_paddleocr_vl(tok, out, seed, dtype)
     if preset in RANDOM_OFFICIAL:  # the official shape and vocabulary, written tensor by tensor
         config = preset_config(preset).replace(dtype=dtype)
         write_random_checkpoint(config, out, seed)
@@ -113,6 +116,39 @@ def init_model(preset: str, out: str | Path, seed: int = 0, dtype: str = "float3
     save_model(model, out, dtype=dtype)
     if config.vision_config is not None:
         write_tiny_processor(out)
+    return out
+
+
+TINY_OCR = "tiny-ocr-vl"
+# The PaddleOCR-VL config's token-id fields and the tokenizer's special tokens they hold.
+OCR_TOKENS = {
+    "image_token_id": "IMAGE_PLACEHOLDER",
+    "vision_start_token_id": "IMAGE_START",
+    "vision_end_token_id": "IMAGE_END",
+    "video_token_id": "VIDEO_PLACEHOLDER",
+}
+
+
+def init_paddleocr_vl(tok: tokens.ErnieTokenizer, out: Path, seed: int, dtype: str) -> Path:
+    """A tiny random PaddleOCR-VL in its published form, with the tokenizer's image tokens, the published
+    chat template and a preprocessor config of small pixel bounds (a tiny model needs few image tokens)."""
+    import json
+
+    from engine.data.paddleocr_vl_processor import CHAT_TEMPLATE, OCRProcessorSettings
+    from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
+    from engine.models.paddleocr_vl_checkpoint import save_paddleocr_vl
+
+    ids = {name: tok.convert_tokens_to_ids(getattr(tokens, t)) for name, t in OCR_TOKENS.items()}
+    config = ocr_preset_config(TINY_OCR, vocab_size=round_up(tok.vocab_size), **ids)
+    paddle.seed(seed)
+    model = PaddleOCRVLForConditionalGeneration(config)
+    init_weights(model, seed)
+    save_paddleocr_vl(model, out, "official", dtype)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    settings = OCRProcessorSettings(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(settings.to_preprocessor_config(), indent=2) + "\n"
+    )
     return out
 
 

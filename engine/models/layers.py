@@ -55,27 +55,40 @@ class RotaryEmbedding(nn.Layer):
     """Interleaved (even/odd pair) rotary position embedding, as in ERNIE 4.5.
 
     VL models (``rope_3d``) take positions per axis [3, B, T] = (time, row, column): the last
-    ``freq_allocation`` pairs turn with time, the ones before alternate row (even) and column (odd). Text
+    ``freq_allocation`` pairs turn with time, the ones before alternate row (even) and column (odd).
+    PaddleOCR-VL (``mrope_section``) gives the first pairs to time, the next to the row, the last to the
+    column. Text
     tokens have equal positions on all three axes, which makes this the plain 1-D rotation. It holds no
     tensors (see ``rotary_frequencies``): nothing a cast of the model does reaches its tables.
     """
 
-    def __init__(self, head_dim: int, theta: float, freq_allocation: int | None = None):
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        freq_allocation: int | None = None,
+        mrope_section: list[int] | None = None,
+    ):
         super().__init__()
         self.head_dim, self.theta, self.freq_allocation = head_dim, theta, freq_allocation
+        self.mrope_section = list(mrope_section) if mrope_section is not None else None
 
     def forward(self, position_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """position_ids [B, T] (or [3, B, T] for 3-D RoPE) -> cos, sin [B, T, 1, head_dim // 2] in fp32."""
         freqs = position_ids.astype("float32").unsqueeze(-1) * rotary_frequencies(self.head_dim, self.theta)
         if position_ids.ndim == 3:
-            if self.freq_allocation is None:
-                raise ValueError("3-D position ids need a model with rope_3d")
+            if self.freq_allocation is None and self.mrope_section is None:
+                raise ValueError("3-D position ids need a model with rope_3d or mrope_section")
             freqs = (freqs * self.pair_axes()).sum(axis=0)
         return freqs.cos().unsqueeze(2), freqs.sin().unsqueeze(2)
 
     def pair_axes(self) -> paddle.Tensor:
         """[3, 1, 1, pairs] one-hot in fp32: which axis (time, row, column) each rotary pair turns with."""
         pairs = self.head_dim // 2
+        if self.mrope_section is not None:  # PaddleOCR-VL: contiguous runs of pairs for time, row, column
+            axis = np.repeat(np.arange(3), self.mrope_section)
+            table = (axis[None, :] == np.arange(3)[:, None]).astype("float32")
+            return paddle.to_tensor(table).reshape([3, 1, 1, pairs])
         j = paddle.arange(pairs)
         time = j >= pairs - self.freq_allocation
         row = paddle.logical_and(~time, j % 2 == 0)

@@ -27,6 +27,7 @@ from engine.models.checkpoint import (
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
 from engine.models.lora import adapter_merges, apply_lora, load_adapter_weights, merge_lora
+from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
 from engine.models.paths import ADAPTER_CONFIG, is_lora_dir, lora_base_dir
 from engine.models.quantized import (
     QUANT_METHODS,
@@ -45,13 +46,18 @@ def load_model(
     storage: Storage | None = None,
     prepare: Callable[[nn.Layer], None] | None = None,
 ) -> ErnieForCausalLM:
-    """Load a model directory in eval mode: plain (Paddle or PyTorch layout), LoRA run, or PTQ export.
+    """Load a model directory in eval mode: plain (Paddle or PyTorch layout), LoRA run, or PTQ export;
+    a PaddleOCR-VL directory (either of its forms) loads as ``PaddleOCRVLForConditionalGeneration``.
 
     A LoRA run directory loads as its base model with the adapter merged; a PTQ export stays quantized.
     Weights are read tensor by tensor into ``dtype`` (float32 on a CPU) or into ``storage``, a training
     run's bf16 / weight-only storage (``engine.models.streaming``). ``prepare`` is called on the model
     before any weight is read (expert parallelism drops the experts other ranks hold: never read here).
     """
+    if is_paddleocr_vl_dir(path):  # its own model class (engine.models.paddleocr_vl)
+        from engine.models.paddleocr_vl_checkpoint import load_paddleocr_vl
+
+        return load_paddleocr_vl(path, dtype)
     if is_lora_dir(path):
         return load_lora_model(path, dtype, storage, prepare)
     if is_quantized_dir(path):

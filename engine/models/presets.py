@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.models.config import ErnieConfig, VisionConfig
+from engine.models.paddleocr_vl_config import OCRVisionConfig, PaddleOCRVLConfig
 
 _TINY = dict(
     model_type="ernie4_5",
@@ -152,6 +153,22 @@ OFFICIAL = {
     ),
 }
 
+# PaddleOCR-VL (engine.models.paddleocr_vl): the decoder's and the encoder's fields. The tiny one: head_dim
+# 32 = 16 rotary pairs (4 time, 6 row, 6 column); a 4 x 4 learned position grid resampled to each image.
+OCR_PRESETS = {
+    "tiny-ocr-vl": dict(
+        text=dict(_TINY, mrope_section=[4, 6, 6], tie_word_embeddings=False),
+        vision=dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=56
+        ),
+    ),
+    # the published model: ERNIE-4.5-0.3B's decoder with an untied head (a checkpoint's config.json decides)
+    "paddleocr-vl-0.9b": dict(
+        text=dict(OFFICIAL["ernie-4.5-0.3b"], mrope_section=[16, 24, 24], tie_word_embeddings=False),
+        vision=dict(),  # OCRVisionConfig's defaults are the 0.9B's
+    ),
+}
+
 TINY_PRESETS = {"tiny": _TINY, "tiny-moe": _TINY_MOE, "tiny-vl": _TINY_VL}
 BENCH_PRESETS = {"bench-dense": _BENCH_DENSE, "bench-moe": _BENCH_MOE}
 
@@ -167,6 +184,17 @@ HUB_IDS = {
 
 def preset_names() -> list[str]:
     return [*TINY_PRESETS, *OFFICIAL]
+
+
+def ocr_preset_config(name: str, vocab_size: int | None = None, **token_ids: int) -> PaddleOCRVLConfig:
+    """A PaddleOCR-VL preset's config; the tiny one takes its vocab size and token ids from its tokenizer."""
+    if name not in OCR_PRESETS:
+        raise ValueError(f"unknown PaddleOCR-VL preset {name!r}; choose one of: {', '.join(OCR_PRESETS)}")
+    text = dict(OCR_PRESETS[name]["text"])
+    if vocab_size is not None:
+        text["vocab_size"] = vocab_size
+    vision = OCRVisionConfig(**OCR_PRESETS[name]["vision"])
+    return PaddleOCRVLConfig(text=ErnieConfig(**text), vision=vision, **token_ids)
 
 
 def preset_fields(name: str) -> dict:
