@@ -57,6 +57,11 @@ def load_model(
     if is_paddleocr_vl_dir(path):  # its own model class (engine.models.paddleocr_vl)
         from engine.models.paddleocr_vl_checkpoint import load_paddleocr_vl
 
+        if storage is not None or prepare is not None:  # a training run's storage / expert split
+            raise ValueError(
+                f"{path}: a PaddleOCR-VL model loads for inference and export here; training it is not "
+                "supported yet (it is not an ERNIE 4.5 causal LM)"
+            )
         return load_paddleocr_vl(path, dtype)
     if is_lora_dir(path):
         return load_lora_model(path, dtype, storage, prepare)
