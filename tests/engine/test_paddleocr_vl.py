@@ -331,8 +331,9 @@ def test_training_a_paddleocr_vl_is_refused_naming_the_model(tmp_path) -> None:
     """Until training takes PaddleOCR-VL, a run on one is a clear error (the trainer's load passes its
     storage), never a run that treats it as an ERNIE 4.5 causal LM."""
     from engine.models.initialize import init_model
+    from engine.models.loading import load_model
     from engine.models.streaming import Storage
 
     out = init_model("tiny-ocr-vl", tmp_path / "ocr")
     with pytest.raises(ValueError, match=r"ocr: a PaddleOCR-VL model .* training it is not supported yet"):
-        engine.load_model(str(out), storage=Storage())
+        load_model(str(out), storage=Storage())
