@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -162,21 +162,66 @@ def hf_sources(name: str, config: ErnieConfig | None = None) -> list[tuple[str, 
     return [(base, None)]
 
 
+def hf_parts(name: str, arr: np.ndarray, config: ErnieConfig) -> list[tuple[str, np.ndarray]]:
+    """One internal (Paddle-layout) tensor as the hub-format PyTorch tensors it becomes (views of ``arr``
+    where the layout allows: fused projections split, linear weights transposed)."""
+    nq, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+        parts = np.split(arr, [nq * hd, (nq + nkv) * hd], axis=-1)
+    elif name.endswith("up_gate_proj.weight") or name.endswith("up_gate_proj.bias"):
+        parts = np.split(arr, 2, axis=-1)
+    else:
+        parts = [arr]
+    return [
+        (hf, fn(part) if fn is not None else part)
+        for (hf, fn), part in zip(hf_sources(name, config), parts, strict=True)
+    ]
+
+
 def to_hf_state_dict(state: dict[str, np.ndarray], config: ErnieConfig) -> dict[str, np.ndarray]:
     """Internal (Paddle layout) numpy state -> PyTorch layout tensors (hub key format, per-expert keys)."""
-    out: dict[str, np.ndarray] = {}
-    nq, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    for name, arr in state.items():
-        srcs = hf_sources(name, config)
-        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-            parts = np.split(arr, [nq * hd, (nq + nkv) * hd], axis=-1)
-        elif name.endswith("up_gate_proj.weight") or name.endswith("up_gate_proj.bias"):
-            parts = np.split(arr, 2, axis=-1)
-        else:
-            parts = [arr]
-        for (hf, fn), part in zip(srcs, parts, strict=True):
-            out[hf] = np.ascontiguousarray(fn(part) if fn is not None else part)
-    return out
+    return {
+        hf: np.ascontiguousarray(part)
+        for name, arr in state.items()
+        for hf, part in hf_parts(name, arr, config)
+    }
+
+
+class ModelTensors(Mapping):
+    """A model's tensors as float32 numpy arrays made one at a time on access, in the Paddle layout or, with
+    ``hf_config``, the PyTorch one (``hf_parts``): what ``write_tensors_streamed`` writes without a whole
+    fp32 copy of the model. ``shapes`` gives every name's shape, in file order."""
+
+    def __init__(self, model: paddle.nn.Layer, hf_config: ErnieConfig | None = None):
+        self.state = model.state_dict()
+        self.hf_config = hf_config
+        self.source: dict[str, tuple[str, int]] = {}
+        self.shapes: dict[str, list[int]] = {}
+        for name, t in self.state.items():
+            shape = list(t.shape)
+            if hf_config is None:
+                self.source[name], self.shapes[name] = (name, 0), shape
+                continue
+            # the parts' shapes from a zero-stride stand-in: no memory
+            stand_in = np.broadcast_to(np.float32(0), shape)
+            for i, (hf, part) in enumerate(hf_parts(name, stand_in, hf_config)):
+                self.source[hf], self.shapes[hf] = (name, i), list(part.shape)
+        self._last: tuple[str, list[np.ndarray]] | None = None  # a fused tensor's parts, read in a row
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        name, index = self.source[key]
+        if self._last is None or self._last[0] != name:
+            t = self.state[name]
+            arr = t.astype("float32").numpy() if t.dtype != paddle.float32 else t.numpy()
+            parts = [arr] if self.hf_config is None else [p for _, p in hf_parts(name, arr, self.hf_config)]
+            self._last = (name, parts)
+        return self._last[1][index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -477,15 +522,15 @@ def save_model(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(dtype=dtype)
-    state = numpy_state(model)
     if layout == "hf":
-        state = to_hf_state_dict(state, config)
         write_hf_config(config, directory)
     elif layout == "paddle":
         config.save(directory)
     else:
         raise ValueError(f"layout must be 'paddle' or 'hf', not {layout!r}")
-    write_tensors(state, directory, dtype, max_shard_size)
+    # one tensor at a time: a model is never copied whole into float32 numpy on its way to disk
+    tensors = ModelTensors(model, config if layout == "hf" else None)
+    write_tensors_streamed(tensors, tensors.shapes, directory, dtype, max_shard_size)
     return directory
 
 
