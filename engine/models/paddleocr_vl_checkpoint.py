@@ -14,6 +14,11 @@ Both hold PyTorch Linear weights [out, in] and the patch embedding as a convolut
 memory the decoder is ERNIE's Paddle layout (fused qkv / up_gate, [in, out]) with each q / k head's output
 dimensions permuted from the rotate-half order (i, i + d/2) into ERNIE's interleaved pairs (2i, 2i + 1);
 saving undoes it, so load -> save gives back the same tensors bit for bit.
+
+Loading streams as the ERNIE loader does (``engine.models.streaming``): the model is built without parameter
+memory and each tensor is read into the precision a ``Storage`` holds it in, a single stored tensor (the
+embedding, the head, most linears) in blocks of rows; a LoRA run's adapters are folded into their linears as
+they are read. Nothing holds a whole fp32 copy of the model.
 """
 
 from __future__ import annotations
@@ -26,9 +31,17 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from engine.models.checkpoint import CheckpointError, TensorStore, hf_sources, numpy_state, write_tensors
+from engine.models.checkpoint import (
+    CheckpointError,
+    TensorStore,
+    hf_sources,
+    numpy_state,
+    resolve_dtype,
+    write_tensors,
+)
 from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
 from engine.models.paddleocr_vl_config import PaddleOCRVLConfig
+from engine.models.streaming import Merge, Storage, assign, held_dtypes, merged_weight, read_blocks
 
 log = logging.getLogger(__name__)
 
@@ -132,15 +145,56 @@ def read_tensor(
     return np.ascontiguousarray(arr), keys
 
 
-def load_state(model: PaddleOCRVLForConditionalGeneration, directory: Path) -> str:
-    """Fill ``model`` from ``directory`` tensor by tensor; returns the tensor naming found."""
+def direct_source(name: str, naming: str, config: PaddleOCRVLConfig) -> tuple[str, bool] | None:
+    """(stored key, transposed) when an internal tensor is one stored tensor as it is or transposed: those
+    are read in blocks of rows. None for the fused / permuted q-k-v and gate-up and the patch embedding."""
+    srcs = sources(name, naming, config)
+    if len(srcs) != 1 or name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+        return None
+    key, fn = srcs[0]
+    if fn not in (None, np.transpose):
+        return None
+    return key, fn is np.transpose
+
+
+def stream_state(
+    model: PaddleOCRVLForConditionalGeneration,
+    directory: Path,
+    storage: Storage | None = None,
+    merges: dict[str, list[Merge]] | None = None,
+) -> str:
+    """Fill ``model`` (lazy or not) from ``directory`` tensor by tensor into ``storage``, folding ``merges``
+    (linear name -> LoRA adapters, innermost first) into their weights; returns the tensor naming found."""
+    storage = storage or Storage()
+    if storage.weight_only:
+        raise ValueError(
+            f"{directory}: a weight-only ({storage.weight_only}) base is not supported for PaddleOCR-VL; "
+            "train it in fp32 or bf16"
+        )
     store = TensorStore(directory)
     naming = detect_naming(store.keys())
+    dtypes = held_dtypes(model, storage)
+    merges = merges or {}
     used: set[str] = set()
     for name, param in model.state_dict().items():
-        arr, keys = read_tensor(store, naming, name, list(param.shape), model.config)
-        param.set_value(paddle.to_tensor(arr, dtype=param.dtype))
+        shape, target = list(param.shape), dtypes.get(name, "float32")
+        chain = merges.get(name[: -len(".weight")], []) if name.endswith(".weight") else []
+        direct = None if chain else direct_source(name, naming, model.config)
+        if direct is not None and direct[0] in store:
+            used.add(direct[0])
+            assign(param, read_blocks(store, direct, shape, target))
+            continue
+        arr, keys = read_tensor(store, naming, name, shape, model.config)
         used.update(keys)
+        value = merged_weight(arr, chain) if chain else paddle.to_tensor(arr, dtype="float32")
+        del arr
+        assign(param, value if target == "float32" else value.astype(target))
+    _report_left(directory, store, used)
+    return naming
+
+
+def _report_left(directory: Path, store: TensorStore, used: set[str]) -> None:
+    """Log the stored tensors the model did not read (the unused SigLIP head quietly, others loudly)."""
     left = [k for k in store if k not in used]
     skipped = [k for k in left if k.startswith(UNUSED_PREFIXES) or k == "lm_head.weight"]
     unknown = [k for k in left if k not in skipped]
@@ -152,22 +206,32 @@ def load_state(model: PaddleOCRVLForConditionalGeneration, directory: Path) -> s
         log.warning(
             "%s: %d tensors not used by PaddleOCR-VL: %s", directory, len(unknown), ", ".join(unknown[:8])
         )
-    return naming
 
 
-def load_paddleocr_vl(path: str | Path, dtype: str = "float32") -> PaddleOCRVLForConditionalGeneration:
-    """A PaddleOCR-VL directory (either form) in eval mode, in fp32 (``dtype`` other than float32 casts)."""
+def load_paddleocr_vl(
+    path: str | Path,
+    dtype: str = "float32",
+    storage: Storage | None = None,
+    prepare: Callable | None = None,
+    chain: list[tuple[Path, dict]] | None = None,
+) -> PaddleOCRVLForConditionalGeneration:
+    """A PaddleOCR-VL directory (either form) in eval mode, read tensor by tensor into ``dtype`` (float32 on
+    a CPU) or into ``storage`` (a training run's: bf16 decoder weights for emulated bf16). ``chain``: the LoRA
+    runs stacked on it (``loading.lora_chain``), folded in as their linears are read. ``prepare(model)``
+    runs before any weight is read."""
+    from engine.models.lora import adapter_merges
+
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: model directory does not exist")
     config = PaddleOCRVLConfig.from_file(directory)
-    model = PaddleOCRVLForConditionalGeneration(config)
-    naming = load_state(model, directory)
+    with paddle.LazyGuard():
+        model = PaddleOCRVLForConditionalGeneration(config)
+    if prepare is not None:
+        prepare(model)
+    merges = adapter_merges(model, chain) if chain else None
+    naming = stream_state(model, directory, storage or Storage(resolve_dtype(dtype)), merges)
     log.info("loaded PaddleOCR-VL %s (%s tensor names)", directory, naming)
-    if dtype not in ("float32", "fp32"):
-        from engine.models.checkpoint import resolve_dtype
-
-        model = model.to(dtype=resolve_dtype(dtype))
     model.eval()
     return model
 
