@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ from engine.models.checkpoint import (
     numpy_state,
     resolve_dtype,
     write_tensors,
+    write_tensors_streamed,
 )
 from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
 from engine.models.paddleocr_vl_config import PaddleOCRVLConfig
@@ -236,36 +237,110 @@ def load_paddleocr_vl(
     return model
 
 
+def to_external(
+    name: str, arr: np.ndarray, config: PaddleOCRVLConfig, naming: str = "official"
+) -> list[tuple[str, np.ndarray]]:
+    """One internal tensor as the stored tensors a checkpoint of ``naming`` holds for it (views where the
+    conversion allows)."""
+    t = config.text
+    if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+        q, kv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+        parts = np.split(_permute_qk(arr, config, inverse=True), [q, q + kv], axis=-1)
+    elif name.endswith(("up_gate_proj.weight", "up_gate_proj.bias")):
+        parts = np.split(arr, 2, axis=-1)
+    else:
+        parts = [arr]
+    out = []
+    for (key, fn), part in zip(sources(name, naming, config), parts, strict=True):
+        if name == _PATCH:
+            v = config.vision
+            part = part.T.reshape(v.hidden_size, v.num_channels, v.patch_size, v.patch_size)
+        elif fn is not None:  # every other conversion is a transpose, its own inverse
+            part = part.T
+        out.append((key, part))
+    return out
+
+
 def external_state(
     model: PaddleOCRVLForConditionalGeneration, naming: str = "official"
 ) -> dict[str, np.ndarray]:
     """The model's tensors as a checkpoint with ``naming`` stores them."""
     if naming not in NAMINGS:
         raise ValueError(f"tensor naming must be one of {NAMINGS}, not {naming!r}")
-    config = model.config
-    t = config.text
-    out: dict[str, np.ndarray] = {}
-    for name, arr in numpy_state(model).items():
-        if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
-            parts = np.split(
-                _permute_qk(arr, config, inverse=True),
-                [
-                    t.num_attention_heads * t.head_dim,
-                    (t.num_attention_heads + t.num_key_value_heads) * t.head_dim,
-                ],
-                axis=-1,
-            )
-        elif name.endswith(("up_gate_proj.weight", "up_gate_proj.bias")):
-            parts = np.split(arr, 2, axis=-1)
-        else:
-            parts = [arr]
-        for (key, fn), part in zip(sources(name, naming, config), parts, strict=True):
-            if name == _PATCH:
-                v = config.vision
-                part = part.T.reshape(v.hidden_size, v.num_channels, v.patch_size, v.patch_size)
-            elif fn is not None:  # every other conversion is a transpose, its own inverse
-                part = part.T
-            out[key] = np.ascontiguousarray(part)
+    return {
+        key: np.ascontiguousarray(part)
+        for name, arr in numpy_state(model).items()
+        for key, part in to_external(name, arr, model.config, naming)
+    }
+
+
+class ExternalTensors(Mapping):
+    """A PaddleOCR-VL checkpoint, with the LoRA runs of ``chain`` folded in, as the stored tensors of its
+    published form (``official`` naming), each read on access: what an export writes tensor by tensor
+    (``checkpoint.write_tensors_streamed``) without the model in memory. ``shapes`` holds every one's shape."""
+
+    def __init__(self, directory: str | Path, chain: list[tuple[Path, dict]] | None = None):
+        from engine.models.lora import adapter_merges
+
+        self.directory = Path(directory)
+        self.config = PaddleOCRVLConfig.from_file(self.directory)
+        with paddle.LazyGuard():
+            model = PaddleOCRVLForConditionalGeneration(self.config)
+        self.merges = adapter_merges(model, chain) if chain else {}
+        self.store = TensorStore(self.directory)
+        self.naming = detect_naming(self.store.keys())
+        self.internal = {n: list(p.shape) for n, p in model.state_dict().items()}
+        self.index: dict[str, tuple[str, int]] = {}
+        self.shapes: dict[str, list[int]] = {}
+        for name, shape in self.internal.items():
+            empty = np.broadcast_to(np.float32(0), shape)  # shapes only: no memory
+            for k, (key, part) in enumerate(to_external(name, empty, self.config)):
+                self.index[key] = (name, k)
+                self.shapes[key] = list(part.shape)
+        self._last: tuple[str, list[np.ndarray]] | None = None  # the fused q / k / v are read once
+
+    def internal_value(self, name: str) -> np.ndarray:
+        """One internal tensor in fp32 with its adapters folded in."""
+        arr, _ = read_tensor(self.store, self.naming, name, self.internal[name], self.config)
+        chain = self.merges.get(name[: -len(".weight")], []) if name.endswith(".weight") else []
+        return merged_weight(arr, chain).numpy() if chain else arr
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        name, k = self.index[key]
+        if self._last is None or self._last[0] != name:
+            self._last = (name, [p for _, p in to_external(name, self.internal_value(name), self.config)])
+        return np.ascontiguousarray(self._last[1][k])
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.shapes
+
+
+def export_paddleocr_vl(
+    directory: str | Path,
+    out: str | Path,
+    chain: list[tuple[Path, dict]] | None = None,
+    layout: str = "official",
+    dtype: str = "float32",
+    max_shard_size: str | int = "5GB",
+) -> Path:
+    """Write a PaddleOCR-VL directory (with the LoRA runs of ``chain`` merged in) to ``out`` in ``layout``
+    (``official``: the published flat config.json; ``hf``: transformers' nested one), one tensor in memory at
+    a time: the same files ``save_paddleocr_vl`` writes of the merged model."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = ExternalTensors(directory, chain)
+    config = tensors.config
+    d = config.official_dict(dtype) if layout == "official" else config.transformers_dict(dtype)
+    (out / "config.json").write_text(json.dumps(d, indent=2) + "\n")
+    write_tensors_streamed(tensors, tensors.shapes, out, dtype, max_shard_size)
     return out
 
 
