@@ -179,3 +179,28 @@ def test_the_stage_and_the_model_family_must_agree(tiny_ocr_model_dir, tiny_mode
     ):
         with pytest.raises(ConfigError, match=fragment):
             load_config(_config(tmp_path, tiny_ocr_model_dir, **values))
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_ocr_model_dir, tmp_path):
+    """Checkpoints hold the model, AdamW (bf16's fp32 master weights) and the data position, images
+    included: 2 steps then a resume to 4 give the 4-step run's final weights."""
+    from safetensors.numpy import load_file
+
+    def final(name: str, *overrides: str) -> dict:
+        root = tmp_path / name
+        root.mkdir()
+        # a constant learning rate: max_steps=2 would otherwise decay it over 2 steps, not 4
+        values = {
+            "fine_tuning": "Full",
+            "compute_type": "bf16",
+            "save_steps": 1,
+            "lr_scheduler_type": "constant",
+        }
+        path = _config(root, tiny_ocr_model_dir, **values)
+        for o in overrides or ("max_steps=4",):
+            assert main(["train", str(path), o]) == 0
+        return load_file(root / "run" / "model.safetensors")
+
+    straight, resumed = final("straight"), final("resumed", "max_steps=2", "max_steps=4")
+    assert sorted(straight) == sorted(resumed)
+    assert all(np.array_equal(straight[k], resumed[k]) for k in straight)
