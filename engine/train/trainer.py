@@ -374,7 +374,9 @@ def check_model_family(cfg: TrainConfig) -> None:
     from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
 
     path = Path(cfg.model_name_or_path)
-    ocr = is_paddleocr_vl_dir(lora_chain(path)[0]) if path.is_dir() else False
+    if not path.is_dir():  # the loader says what is missing
+        return
+    ocr = is_paddleocr_vl_dir(lora_chain(path)[0])
     if cfg.stage == OCR_STAGE and not ocr:
         raise ConfigError(
             f"stage {OCR_STAGE} fine-tunes PaddleOCR-VL, and {path} is not one (its config.json has no "
