@@ -133,8 +133,8 @@ def encode_file(
         if fmt is None:
             raise
         found_fmt, found_kind = fmt, kind  # the per-record checks below will say what is wrong
-    if fmt == "erniekit" and found_fmt == "erniekit_vl":
-        fmt = found_fmt  # ERNIEKit names VL data "erniekit" too; its records decide
+    if fmt == "erniekit" and found_fmt in ("erniekit_vl", "ocr"):
+        fmt = found_fmt  # ERNIEKit names VL (and OCR) data "erniekit" too; its records decide
     fmt = fmt or found_fmt
     if fmt not in KINDS:
         raise ValueError(f"{path}: unknown dataset type {fmt!r}; choose one of: {', '.join(KINDS)}")

@@ -145,7 +145,7 @@ _AMP_OPS = (
 )
 _CHECKPOINT = (
     "ERNIEKit's checkpoint format; this engine writes checkpoint-N/ (resumable) and the final model in "
-    "Paddle layout"
+    "Paddle layout (save_to_hf: true, the Hugging Face one)"
 )
 _MODEL_JSON = "the model's config.json decides this (multimodal, MoE, layers), not the training config"
 _VL_DATA = (

@@ -85,6 +85,13 @@ def test_ocr_pairs_choose_their_task_prompt(tmp_path):
         parse_record({"image": "a.png", "text": "x", "task": "ocr", "prompt": "p"}, "ocr", "sft", tmp_path)
 
 
+def test_erniekit_configs_dataset_type_reads_ocr_pairs_too(tok, settings):
+    """ERNIEKit's OCR configs say train_dataset_type: erniekit; image records decide their format."""
+    spec = {"train_dataset_path": str(DEMO / "lines_eval.jsonl"), "train_dataset_type": "erniekit"}
+    data = build_train_data(spec, tok, stage="OCR-VL-SFT", max_seq_len=96, vision=settings)
+    assert data.num_items == 12
+
+
 def test_paddleocr_label_files_are_read_as_pairs(tmp_path):
     _image(tmp_path / "imgs" / "a.png")
     labels = tmp_path / "labels.txt"
