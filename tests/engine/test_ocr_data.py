@@ -217,6 +217,21 @@ def test_every_bad_ocr_pair_is_a_located_error(bad_set, tok, settings):
     )
 
 
+def test_data_validate_with_a_paddleocr_vl_model_runs_its_checks(bad_set, tiny_ocr_model_dir, capsys):
+    from engine.cli import main
+
+    path = _jsonl(bad_set / "cli.jsonl", [{"image": "good.png", "text": "fine"}, *[r for r, _ in BAD_PAIRS]])
+    assert main(["data", "validate", str(path)]) == 1  # the format's checks alone (no max_seq_len)
+    plain = capsys.readouterr().out
+    assert (
+        main(["data", "validate", str(path), "--model", str(tiny_ocr_model_dir), "--max-seq-len", "96"]) == 1
+    )
+    ocr = capsys.readouterr().out
+    for line, (_, fragment) in enumerate(BAD_PAIRS, start=2):
+        assert f"{path}:{line}: {fragment}" in ocr, ocr
+    assert "truncated.jpg" in plain and "text longer than max_seq_len" not in plain
+
+
 def test_erniekit_vl_records_are_checked_by_field_for_paddleocr_vl(bad_set, tok, settings):
     """ERNIEKit's format (text_info / image_info): the same checks name its fields."""
 
