@@ -48,6 +48,11 @@ def tiny_vl_model_dir(models_dir) -> Path:
     return _init(models_dir, "tiny-vl")
 
 
+@pytest.fixture(scope="session")
+def tiny_ocr_model_dir(models_dir) -> Path:
+    return _init(models_dir, "tiny-ocr-vl")
+
+
 # `make test` runs the suite on two pytest-xdist processes. Each file's tests stay in one process, so module
 # fixtures (a trained model, a server) are built once, and the browser tests, which share one studio, form one
 # unit. (xdist's own `loadgroup` marks did not group anything with this pytest: the scheduler below says what

@@ -1,12 +1,14 @@
 """Check an engine PaddleOCR-VL export with transformers itself (run in the reference environment,
 tools/build_reference_env.sh; never a project dependency):
 
-    "$(tools/build_reference_env.sh)" tools/check_ocr_vl_export.py EXPORT_DIR [EXPORT_DIR ...]
+    "$(tools/build_reference_env.sh)" tools/check_ocr_vl_export.py [--expected CASE.npz] EXPORT_DIR [...]
 
 Loads each EXPORT_DIR with ``PaddleOCRVLForConditionalGeneration.from_pretrained`` and prints, per golden
 case of tests/engine/golden/paddleocr_vl/expected.npz, ``<dir name> <case> <max |logit difference|>``; exits 1
-above 1e-4.
-tests/engine/test_paddleocr_vl.py runs it on our ``hf`` and ``official`` exports of the golden model.
+above 1e-4. ``--expected`` takes the case from another file instead (``input_ids``, optionally
+``pixel_values`` and ``image_grid_thw``, and the ``logits`` our engine computed), printed as case ``expected``.
+tests/engine/test_paddleocr_vl.py runs it on our ``hf`` and ``official`` exports of the golden model,
+tests/engine/test_ocr_export.py on merged LoRA exports of a trained tiny model.
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ GOLDEN = (
 )
 
 
-def check(export_dir: str) -> float:
+def check(export_dir: str, expected: str | None = None) -> float:
     model = PaddleOCRVLForConditionalGeneration.from_pretrained(export_dir).eval()
-    d = np.load(GOLDEN)
+    if expected is not None:  # one case under the keys without a "<case>/" prefix
+        d = {f"expected/{k}": v for k, v in np.load(expected).items()}
+        cases: tuple[str, ...] = ("expected",)
+    else:
+        d = np.load(GOLDEN)
+        cases = ("text", "image", "two_images")
     worst = 0.0
-    for case in ("text", "image", "two_images"):
+    for case in cases:
         ids = torch.tensor(d[f"{case}/input_ids"])
         kw: dict = {"input_ids": ids}
         if f"{case}/pixel_values" in d:
@@ -45,4 +52,8 @@ def check(export_dir: str) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(1 if max(check(d) for d in sys.argv[1:]) > 1e-4 else 0)
+    args = sys.argv[1:]
+    expected = None
+    if args[:1] == ["--expected"]:
+        expected, args = args[1], args[2:]
+    sys.exit(1 if max(check(d, expected) for d in args) > 1e-4 else 0)

@@ -18,13 +18,22 @@ def _tokenizer(model: str | None):
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from engine.data.validate import validate_file
+    from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
 
     worst = 0
+    tok = _tokenizer(args.model)
     for path in args.files:
-        # The command line fetches images named by URL, as a run would (the studio does it in a worker job).
-        report = validate_file(
-            path, args.format, args.kind, _tokenizer(args.model), args.max_problems, fetch_urls=True
-        )
+        if args.model and is_paddleocr_vl_dir(
+            args.model
+        ):  # what a PaddleOCR-VL run checks, by line and field
+            from engine.data.ocr import check_ocr_file
+            from engine.data.paddleocr_vl_processor import OCRProcessorSettings
+
+            settings = OCRProcessorSettings.from_model_dir(args.model)
+            report = check_ocr_file(path, tok, args.max_seq_len, settings, args.format)
+        else:
+            # The command line fetches images named by URL, as a run would (the studio does it in a worker job).
+            report = validate_file(path, args.format, args.kind, tok, args.max_problems, fetch_urls=True)
         if args.json:
             print(json.dumps(report.to_dict(), ensure_ascii=False))
         else:
@@ -75,7 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("files", nargs="+")
     v.add_argument("--format", choices=FORMATS, help="default: detected from the first records")
     v.add_argument("--kind", choices=["sft", "dpo", "pt"])
-    v.add_argument("--model", help="model directory whose tokenizer checks reserved tokens")
+    v.add_argument(
+        "--model",
+        help="model directory whose tokenizer checks reserved tokens; a PaddleOCR-VL one adds its run's checks "
+        "(images decoded, an image in every record, samples within --max-seq-len)",
+    )
+    v.add_argument("--max-seq-len", type=int, default=4096, help="with a PaddleOCR-VL --model")
     v.add_argument("--max-problems", type=int, default=1000)
     v.add_argument("--json", action="store_true", help="one JSON report per file")
     v.set_defaults(func=cmd_validate)

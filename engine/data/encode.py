@@ -195,6 +195,9 @@ class SampleEncoder:
         """An assistant turn: its reasoning block (when it has one), the answer and ``<|end_of_sentence|>``."""
         return reply_text(turn, self.tok.sep_token)
 
+    def reply_ids(self, turn: Turn) -> list[int]:
+        return self.tok.encode(self.reply_text(turn))
+
     # ---- conversations ----------------------------------------------------------------------------
     def _turn_ids(self, system: str | None, turns: list[Turn], first: int) -> list[tuple[list[int], bool]]:
         pieces: list[tuple[list[int], bool]] = []
@@ -211,7 +214,7 @@ class SampleEncoder:
         counts = np.asarray([(1, 1)] + [media_counts(t) for t in conv.turns])
         numbers = np.cumsum(counts, axis=0).tolist()
         prompts = [self.tok.encode(self.prompt_text(t, *numbers[i])) for i, t in enumerate(conv.turns)]
-        answers = [self.tok.encode(self.reply_text(t)) for t in conv.turns]
+        answers = [self.reply_ids(t) for t in conv.turns]
         sizes = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
 
         def lead(first: int) -> list[int]:

@@ -17,6 +17,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from engine.data import remote
+from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.data.records import iter_raw
 from engine.data.vl_processor import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -25,6 +26,7 @@ from engine.data.vl_processor import (
     ProcessorSettings,
     VisionInputError,
     image_grid,
+    load_image,
     smart_resize,
 )
 from engine.tokenizer import (
@@ -35,12 +37,13 @@ from engine.tokenizer import (
     tool_response_text,
 )
 
-FORMATS = ("erniekit", "alpaca", "chatml", "erniekit_vl", "text")
+FORMATS = ("erniekit", "alpaca", "chatml", "erniekit_vl", "ocr", "text")
 KINDS = {
     "erniekit": ("sft", "dpo", "pt"),
     "alpaca": ("sft", "dpo"),
     "chatml": ("sft",),
     "erniekit_vl": ("sft",),
+    "ocr": ("sft",),
     "text": ("pt",),
 }
 # Stand for one image / one video inside a prompt until the encoder knows how many tokens it takes.
@@ -84,6 +87,8 @@ class Turn:
     media: list[Media] = field(default_factory=list)
     # The answer's reasoning (rendered ``<think>...</think>`` before it); "" = an empty think block, None = none.
     reasoning: str | None = None
+    # The record field(s) the answer was read from (``text_info[1].text``), for messages about it.
+    answer_field: str = ""
 
 
 @dataclass
@@ -123,6 +128,8 @@ def detect_record_format(record: Any) -> tuple[str, str] | None:
     keys = set(record)
     if keys & {"image_info", "video_info", "text_info"}:
         return "erniekit_vl", "sft"
+    if "image" in keys:
+        return "ocr", "sft"
     if "messages" in keys:
         return "chatml", "sft"
     if "src" in keys and ("response" in keys or "sort" in keys):
@@ -160,7 +167,8 @@ def detect_format(path: str | Path, probe: int = 20) -> tuple[str, str]:
         raise ValueError(
             f"{path}: unknown dataset format ({detail}); expected erniekit (src/tgt), alpaca "
             "(instruction/output or question/chosen/rejected), chatml (messages), erniekit_vl "
-            "(image_info/video_info/text_info), erniekit PT ({'tgt': [...]}) or text ({'text': ...})"
+            "(image_info/video_info/text_info), ocr ({'image': ..., 'text': ...}), erniekit PT "
+            "({'tgt': [...]}) or text ({'text': ...})"
         )
     return max(votes, key=lambda k: votes[k])
 
@@ -674,12 +682,13 @@ def _fetched_image(url: str, base_dir: Path, fetch_urls: bool) -> tuple[Path | N
 
 
 def resolve_image(
-    url: str, base_dir: Path | None, *, fetch_urls: bool = False
+    url: str, base_dir: Path | None, *, fetch_urls: bool = False, decode: bool = False
 ) -> tuple[Path | None, str | None]:
     """The local file of an image reference relative to the dataset directory, or the reason it is unusable.
 
     An http(s) URL is fetched into the directory first when ``fetch_urls``; otherwise its kept copy is used,
-    and a URL not fetched yet is passed unchecked (``Path(url)``: the fetch job or the run checks it).
+    and a URL not fetched yet is passed unchecked (``Path(url)``: the fetch job or the run checks it). The
+    header is always read; ``decode`` also decodes the pixels (a truncated file has a good header).
     """
     if url.startswith(("http://", "https://")):
         if base_dir is None:  # a record seen without its file (preview)
@@ -695,6 +704,8 @@ def resolve_image(
         return None, f"image {url!r} not found (looked for {p})"
     try:
         image_grid(p)  # header, pixel limit and aspect ratio, as the processor will need them
+        if decode:
+            load_image(p)
     except VisionInputError as e:
         return None, str(e).replace(f"image file {p}", f"image {url!r}", 1)
     return p, None
@@ -909,9 +920,11 @@ def _vl_media(
     base_dir: Path | None,
     problems: list[str],
     fetch_urls: bool = False,
+    decode: bool = False,
 ) -> list[tuple[int, Media] | None]:
     """(matched_text_index, file) of every image_info or video_info entry (None where the entry is unusable);
-    ``matched``: the entries are placed by matched_text_index (no ``order``), so it is checked."""
+    ``matched``: the entries are placed by matched_text_index (no ``order``), so it is checked; ``decode``:
+    images are decoded, not only their headers read."""
     key = MEDIA_FIELDS[kind]
     infos = rec.get(key)
     if infos is None:
@@ -938,7 +951,7 @@ def _vl_media(
         if kind == "video":
             found, why = resolve_video(url, base_dir)
         else:
-            found, why = resolve_image(url, base_dir, fetch_urls=fetch_urls)
+            found, why = resolve_image(url, base_dir, fetch_urls=fetch_urls, decode=decode)
         if why:
             problems.append(f"{key}[{i}]: {why}")
         else:
@@ -1036,13 +1049,16 @@ def _vl_turns(
     turns: list[Turn] = []
     prompt: list[str] = []
     answer: list[str] = []
+    fields: list[str] = []
     files: list[Media] = []
     marks, last_media = "", ""
     for kind, i in sequence:
         text, tag = parts[i] if kind == "text" else ("", "mask")
         if answer and tag == "mask":
-            turns.append(Turn("\n".join(prompt), "\n".join(answer), True, files))
-            prompt, answer, files = [], [], []
+            turns.append(
+                Turn("\n".join(prompt), "\n".join(answer), True, files, answer_field=", ".join(fields))
+            )
+            prompt, answer, fields, files = [], [], [], []
         if kind != "text":
             marks += MEDIA_MARKS[kind]
             files.append(media[kind][i][1])
@@ -1057,14 +1073,15 @@ def _vl_turns(
                 prompt.append(marks)
             marks = ""
             answer.append(text)
+            fields.append(f"text_info[{i}].text")
     if marks:
         problems.append(f"{last_media} comes after the last answer; images and videos belong to a prompt")
-    turns.append(Turn("\n".join(prompt), "\n".join(answer), True, files))
+    turns.append(Turn("\n".join(prompt), "\n".join(answer), True, files, answer_field=", ".join(fields)))
     return turns
 
 
 def _erniekit_vl(
-    rec: dict, problems: list[str], base_dir: Path | None, fetch_urls: bool = False
+    rec: dict, problems: list[str], base_dir: Path | None, fetch_urls: bool = False, decode: bool = False
 ) -> Conversation | None:
     _unknown_keys(rec, VL_KEYS, problems)
     system = _text_field(rec, "system", problems, required=False) or None
@@ -1075,7 +1092,7 @@ def _erniekit_vl(
     # Without order, or with one kind only (ERNIEKit then ignores order), matched_text_index places them.
     matched = rec.get("order") is None or not all(isinstance(v, list) and v for v in lists)
     media = {
-        kind: _vl_media(rec, kind, parts, matched, base_dir, problems, fetch_urls)
+        kind: _vl_media(rec, kind, parts, matched, base_dir, problems, fetch_urls, decode)
         for kind in ("image", "video")
     }
     if problems:
@@ -1091,6 +1108,57 @@ def _erniekit_vl(
         return None
     turns = _vl_turns(parts, media, sequence, problems)
     return None if problems else Conversation(system, turns)
+
+
+# ---- OCR pairs ---------------------------------------------------------------------------------------
+# {"image": "scans/1.png", "text": "what it says"}: one image and its transcription, with the task prompt named
+# by "task" (PaddleOCR-VL's four: ocr, table, formula, chart; default ocr) or written out in "prompt".
+OCR_KEYS = {"image", "text", "task", "prompt", "id", "source"}
+DEFAULT_OCR_TASK = "ocr"
+
+
+def _ocr_prompt(rec: dict, problems: list[str]) -> str:
+    if "task" in rec and "prompt" in rec:
+        problems.append("give 'task' or 'prompt', not both (a task names one of PaddleOCR-VL's prompts)")
+        return ""
+    if "prompt" in rec:
+        return _text_field(rec, "prompt", problems)
+    task = rec.get("task", DEFAULT_OCR_TASK)
+    if task not in TASK_PROMPTS:
+        problems.append(
+            f"'task' is {json.dumps(task)}; choose one of {', '.join(TASK_PROMPTS)} (the prompts "
+            f"{', '.join(repr(p) for p in TASK_PROMPTS.values())}), or write the prompt out in 'prompt'"
+        )
+        return ""
+    return TASK_PROMPTS[task]
+
+
+def _ocr_pair(
+    rec: dict, problems: list[str], base_dir: Path | None, fetch_urls: bool = False
+) -> Conversation | None:
+    """An OCR pair; its image is decoded when the file is at hand (a truncated image fails here, not in a batch)."""
+    _unknown_keys(rec, OCR_KEYS, problems)
+    url = rec.get("image")
+    path = None
+    if url is None:
+        problems.append("missing field 'image': an OCR record pairs one image with the text it shows")
+    elif not isinstance(url, str) or not url.strip():
+        problems.append(
+            f"'image' must be the image's path inside the dataset directory, got {_type_name(url)}"
+        )
+    else:
+        path, why = resolve_image(url, base_dir, fetch_urls=fetch_urls, decode=True)
+        if why:
+            problems.append(f"field 'image': {why}")
+    text = _text_field(rec, "text", problems)
+    prompt = _ocr_prompt(rec, problems)
+    if prompt and (IMAGE_MARK in prompt or VIDEO_MARK in prompt):
+        problems.append(
+            "'prompt' holds U+E000 or U+E001, private-use characters that mark images; remove them"
+        )
+    if problems or path is None:
+        return None
+    return Conversation(None, [Turn(IMAGE_MARK + prompt, text, True, [path], answer_field="text")])
 
 
 # ---- text (PT) ---------------------------------------------------------------------------------------
@@ -1116,10 +1184,17 @@ def _erniekit_pt(rec: dict, problems: list[str]) -> PlainText | None:
 
 # ---- entry points ------------------------------------------------------------------------------------
 def check_record(
-    record: Any, fmt: str, kind: str, base_dir: Path | None = None, *, fetch_urls: bool = False
+    record: Any,
+    fmt: str,
+    kind: str,
+    base_dir: Path | None = None,
+    *,
+    fetch_urls: bool = False,
+    decode_images: bool = False,
 ) -> tuple[Example | None, list[str]]:
     """Parse one raw record; returns the example (None when unusable) and every problem found. Images named
-    by URL are fetched only when ``fetch_urls`` (see ``resolve_image``)."""
+    by URL are fetched only when ``fetch_urls`` (see ``resolve_image``); ``decode_images`` decodes every
+    image of an erniekit_vl record (an OCR pair's always is)."""
     problems: list[str] = []
     if not isinstance(record, dict):
         return None, [f"a record must be a JSON object, got {_type_name(record)}"]
@@ -1132,7 +1207,9 @@ def check_record(
     elif fmt == "chatml":
         ex = _chatml(record, problems)
     elif fmt == "erniekit_vl":
-        ex = _erniekit_vl(record, problems, base_dir, fetch_urls)
+        ex = _erniekit_vl(record, problems, base_dir, fetch_urls, decode_images)
+    elif fmt == "ocr":
+        ex = _ocr_pair(record, problems, base_dir, fetch_urls)
     elif fmt == "text":
         ex = _text(record, problems)
     else:

@@ -11,9 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from engine.data.archive import dataset_file
 from engine.data.encode import EncodedPair, EncodedSample, SampleEncoder
-from engine.data.formats import KINDS, detect_format
+from engine.data.formats import KINDS, RecordError, detect_format
+from engine.data.ocr import OCRSampleEncoder
 from engine.data.packing import collate_packed, collate_padded, collate_pairs, pack_sequences
+from engine.data.paddleocr_vl_processor import OCRProcessorSettings
 from engine.data.validate import DatasetError, Problem, ValidationReport, read_examples
 from engine.data.vl_processor import ProcessorSettings
 from engine.models.config import VisionConfig
@@ -21,7 +24,9 @@ from engine.tokenizer import ErnieTokenizer
 
 log = logging.getLogger(__name__)
 
-STAGE_KINDS = {"SFT": "sft", "DPO": "dpo", "PT": "pt", "VL-SFT": "sft"}
+# ERNIEKit's PaddleOCR-VL stage, and its earlier name: SFT of an OCR model on image + text records.
+OCR_STAGES = ("OCR-VL-SFT", "OCR-SFT")
+STAGE_KINDS = {"SFT": "sft", "DPO": "dpo", "PT": "pt", "VL-SFT": "sft", **dict.fromkeys(OCR_STAGES, "sft")}
 # A packed batch is cut from a pool of drawn samples this many rows deep, so rows can be filled tightly.
 POOL_ROWS = 8
 # "random" draws a dataset by train_dataset_prob for every sample; the interleave strategies are ERNIEKit /
@@ -95,44 +100,9 @@ def parse_spec(spec: DataSpec | Mapping[str, Any] | Any) -> DataSpec:
 def load_items(
     path: str | Path, fmt: str | None, kind: str, encoder: SampleEncoder, tokenizer: ErnieTokenizer
 ) -> tuple[list[EncodedSample | EncodedPair], int]:
-    """Every trainable item of one file and the number of records that had nothing trainable left."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{path}: dataset file not found")
-    try:
-        found_fmt, found_kind = detect_format(p)
-    except ValueError:
-        if fmt is None:
-            raise
-        found_fmt, found_kind = fmt, kind  # the per-record checks below will say what is wrong
-    if fmt == "erniekit" and found_fmt == "erniekit_vl":
-        fmt = found_fmt  # ERNIEKit names VL data "erniekit" too; its records decide
-    fmt = fmt or found_fmt
-    if fmt not in KINDS:
-        raise ValueError(f"{path}: unknown dataset type {fmt!r}; choose one of: {', '.join(KINDS)}")
-    if found_fmt == fmt and found_kind != kind:
-        if (fmt, found_kind) == ("erniekit", "pt"):
-            raise ValueError(
-                f"{path}: holds ERNIEKit pretraining text ({{'tgt': [...]}} records without 'src'), but this stage "
-                f"trains on {kind} data; train it with stage PT, or give each record its prompts as 'src'"
-            )
-        raise ValueError(f"{path}: holds {found_kind} data ({fmt}), but this stage trains on {kind} data")
-    if kind not in KINDS[fmt]:
-        raise ValueError(f"{path}: format {fmt!r} holds {'/'.join(KINDS[fmt])} data, not {kind}")
-    report = ValidationReport(str(path), fmt, kind)
-    items: list[EncodedSample | EncodedPair] = []
-    dropped = 0
-    # A run fetches the images its records name by URL that are not kept yet (a worker, never a request).
-    for line, ex, problems in read_examples(p, fmt, kind, tokenizer, fetch_urls=True):
-        report.num_records += 1
-        if problems:
-            report.problems.extend(Problem(str(path), line, m) for m in problems)
-            continue
-        report.num_valid += 1
-        encoded = encoder.encode(ex)
-        if not encoded:
-            dropped += 1
-        items.extend(encoded)
+    """Every trainable item of one file (or zip of images and a labels file) and the number of records
+    that had nothing trainable left; any record's problem raises ``DatasetError`` listing them all."""
+    items, dropped, report = encode_file(path, fmt, kind, encoder, tokenizer)
     if report.problems:
         raise DatasetError(report)
     if not items:
@@ -147,6 +117,57 @@ def load_items(
             encoder.max_seq_len,
         )
     return items, dropped
+
+
+def encode_file(
+    path: str | Path, fmt: str | None, kind: str, encoder: SampleEncoder, tokenizer: ErnieTokenizer
+) -> tuple[list[EncodedSample | EncodedPair], int, ValidationReport]:
+    """(items, records with nothing trainable, the report of every record's problems) of one file: the
+    format checks, then the encoder's (``RecordError``: the OCR encoder's). Unusable files raise."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: dataset file not found")
+    p, label = dataset_file(path)
+    try:
+        found_fmt, found_kind = detect_format(p)
+    except ValueError:
+        if fmt is None:
+            raise
+        found_fmt, found_kind = fmt, kind  # the per-record checks below will say what is wrong
+    if fmt == "erniekit" and found_fmt in ("erniekit_vl", "ocr"):
+        fmt = found_fmt  # ERNIEKit names VL (and OCR) data "erniekit" too; its records decide
+    fmt = fmt or found_fmt
+    if fmt not in KINDS:
+        raise ValueError(f"{path}: unknown dataset type {fmt!r}; choose one of: {', '.join(KINDS)}")
+    if found_fmt == fmt and found_kind != kind:
+        if (fmt, found_kind) == ("erniekit", "pt"):
+            raise ValueError(
+                f"{path}: holds ERNIEKit pretraining text ({{'tgt': [...]}} records without 'src'), but this stage "
+                f"trains on {kind} data; train it with stage PT, or give each record its prompts as 'src'"
+            )
+        raise ValueError(f"{path}: holds {found_kind} data ({fmt}), but this stage trains on {kind} data")
+    if kind not in KINDS[fmt]:
+        raise ValueError(f"{path}: format {fmt!r} holds {'/'.join(KINDS[fmt])} data, not {kind}")
+    report = ValidationReport(label, fmt, kind)
+    items: list[EncodedSample | EncodedPair] = []
+    dropped = 0
+    decode = getattr(encoder, "decode_images", False)
+    # A run fetches the images its records name by URL that are not kept yet (a worker, never a request).
+    for line, ex, problems in read_examples(p, fmt, kind, tokenizer, fetch_urls=True, decode_images=decode):
+        report.num_records += 1
+        encoded = []
+        if not problems:
+            try:
+                encoded = encoder.encode(ex)
+            except RecordError as e:
+                problems = e.problems
+        if problems:
+            report.problems.extend(Problem(label, line, m) for m in problems)
+            continue
+        report.num_valid += 1
+        if not encoded:
+            dropped += 1
+        items.extend(encoded)
+    return items, dropped, report
 
 
 class TrainData:
@@ -169,9 +190,10 @@ class TrainData:
         vision_config: VisionConfig | None = None,
         max_prompt_len: int | None = None,
         shuffle: bool = True,
-        vision: ProcessorSettings | None = None,
+        vision: ProcessorSettings | OCRProcessorSettings | None = None,
         mix_strategy: str = "random",
         repeat: bool = True,
+        packing_size: int = 0,
     ):
         stage_key = stage.upper().replace("_", "-")
         if stage_key not in STAGE_KINDS:
@@ -189,11 +211,17 @@ class TrainData:
         self.max_seq_len, self.seed = max_seq_len, seed
         # DPO keeps one pair per row: the loss sums log-probabilities per row.
         self.packing = packing and self.kind != "dpo"
+        self.packing_size = packing_size  # at most this many samples in a packed row (0: as many as fit)
         self.batch_size, self.shuffle = batch_size, shuffle
-        vision = vision or ProcessorSettings.from_vision_config(vision_config)
-        self.encoder = SampleEncoder(tokenizer, max_seq_len, vision_config, max_prompt_len, vision)
+        self.encoder: SampleEncoder
+        if stage_key in OCR_STAGES:  # PaddleOCR-VL's prompt form and image processor
+            vision = vision if isinstance(vision, OCRProcessorSettings) else ocr_settings(vision_config)
+            self.encoder = OCRSampleEncoder(tokenizer, max_seq_len, vision, max_prompt_len)
+        else:
+            vision = vision or ProcessorSettings.from_vision_config(vision_config)
+            self.encoder = SampleEncoder(tokenizer, max_seq_len, vision_config, max_prompt_len, vision)
         self.pad_id = tokenizer.pad_token_id
-        self.vision = vision if stage_key == "VL-SFT" else None
+        self.vision = vision if stage_key == "VL-SFT" or stage_key in OCR_STAGES else None
         self.items: list[list[EncodedSample | EncodedPair]] = []
         self.dropped = 0
         for src in self.spec.sources:
@@ -224,7 +252,9 @@ class TrainData:
     def steps_per_epoch(self) -> int:
         """Batches that cover every item about once (packed: by tokens, padded: by samples)."""
         if self.packing:
-            return max(1, -(-self.num_tokens // (self.max_seq_len * self.batch_size)))
+            by_tokens = -(-self.num_tokens // (self.max_seq_len * self.batch_size))
+            by_count = -(-self.num_items // (self.packing_size * self.batch_size)) if self.packing_size else 0
+            return max(1, by_tokens, by_count)
         return max(1, -(-self.num_items // self.batch_size))
 
     @property
@@ -303,7 +333,7 @@ class TrainData:
             self._pool.append((src, idx, self.batches_yielded))
             tokens += len(self.items[src][idx])
         lengths = [len(self._item(r)) for r in self._pool]
-        rows = pack_sequences(lengths, self.max_seq_len)
+        rows = pack_sequences(lengths, self.max_seq_len, self.packing_size)
         fill = [sum(lengths[i] for i in row) for row in rows]
         overdue = self.batches_yielded - MAX_WAIT_BATCHES
 
@@ -339,7 +369,7 @@ class TrainData:
             for i in range(0, len(flat), self.batch_size):
                 yield self._collate_flat(flat[i : i + self.batch_size])
             return
-        rows = pack_sequences([len(x) for x in flat], self.max_seq_len)
+        rows = pack_sequences([len(x) for x in flat], self.max_seq_len, self.packing_size)
         rows.sort(key=min)
         for i in range(0, len(rows), self.batch_size):
             yield self._collate_rows([[flat[j] for j in sorted(r)] for r in rows[i : i + self.batch_size]])
@@ -377,6 +407,15 @@ class TrainData:
         self.batches_yielded = int(state["batches_yielded"])
         self.items_drawn = int(state["items_drawn"])
         self.source_counts = [int(x) for x in state["source_counts"]]
+
+
+def ocr_settings(vision_config: Any = None) -> OCRProcessorSettings:
+    """PaddleOCR-VL's image processor defaults with a vision config's patch and merge sizes."""
+    if vision_config is None:
+        return OCRProcessorSettings()
+    return OCRProcessorSettings(
+        patch_size=int(vision_config.patch_size), merge_size=int(vision_config.spatial_merge_size)
+    )
 
 
 def build_train_data(

@@ -8,6 +8,8 @@ import numpy as np
 
 from engine.data.encode import IGNORE_INDEX, EncodedPair, EncodedSample, video_frame_rate
 from engine.data.formats import Media, VideoClip
+from engine.data.paddleocr_vl_processor import OCRImage, OCRProcessorSettings
+from engine.data.paddleocr_vl_processor import preprocess_image as preprocess_ocr_image
 from engine.data.vl_processor import (
     ProcessorSettings,
     VisionInput,
@@ -16,9 +18,13 @@ from engine.data.vl_processor import (
     read_video_frames,
 )
 
+# the image processor of a VL run: ERNIE 4.5 VL's or PaddleOCR-VL's
+Vision = ProcessorSettings | OCRProcessorSettings
 
-def pack_sequences(lengths: Sequence[int], max_seq_len: int) -> list[list[int]]:
-    """First-fit-decreasing bins of sample indices whose lengths sum to at most ``max_seq_len``.
+
+def pack_sequences(lengths: Sequence[int], max_seq_len: int, max_items: int = 0) -> list[list[int]]:
+    """First-fit-decreasing bins of sample indices whose lengths sum to at most ``max_seq_len``, each of at
+    most ``max_items`` samples (0: no limit; ERNIEKit's ``packing_size``).
 
     Ties keep the original order so the result is deterministic.
     """
@@ -30,7 +36,7 @@ def pack_sequences(lengths: Sequence[int], max_seq_len: int) -> list[list[int]]:
         if n > max_seq_len:
             raise ValueError(f"sample {i} has {n} tokens, more than max_seq_len={max_seq_len}")
         for r, free in enumerate(room):
-            if n <= free:
+            if n <= free and not (max_items and len(rows[r]) >= max_items):
                 rows[r].append(i)
                 room[r] -= n
                 break
@@ -40,15 +46,18 @@ def pack_sequences(lengths: Sequence[int], max_seq_len: int) -> list[list[int]]:
     return rows
 
 
-def vision_input(item: Media, vision: ProcessorSettings) -> VisionInput:
-    """One image or video through the official processor (a video at the frame rate its tokens were counted at)."""
+def vision_input(item: Media, vision: Vision) -> VisionInput | OCRImage:
+    """One image or video through the official processor (a video at the frame rate its tokens were counted
+    at); ``OCRProcessorSettings``: PaddleOCR-VL's image processor ([N, C, p, p] patches in raster order)."""
+    if isinstance(vision, OCRProcessorSettings):
+        return preprocess_ocr_image(item, vision)
     if isinstance(item, VideoClip):
         frames, _ = read_video_frames(item.path, max_image_pixels=vision.max_image_pixels)
         return preprocess_video(frames, vision, video_frame_rate(item, vision))
     return preprocess_image(item, vision)
 
 
-def add_media(batch: dict[str, object], samples: Sequence[EncodedSample], vision: ProcessorSettings) -> None:
+def add_media(batch: dict[str, object], samples: Sequence[EncodedSample], vision: Vision) -> None:
     """The batch's images and videos through the official processor: ``pixel_values`` (all patches, in the
     order the placeholder runs appear row by row) and one ``grid_thw`` per image or video. The model finds
     positions and routing types from the ids."""
@@ -59,7 +68,7 @@ def add_media(batch: dict[str, object], samples: Sequence[EncodedSample], vision
 
 
 def collate_padded(
-    samples: Sequence[EncodedSample], pad_id: int, vision: ProcessorSettings | None = None
+    samples: Sequence[EncodedSample], pad_id: int, vision: Vision | None = None
 ) -> dict[str, object]:
     """One sample per row, right-padded to the longest: input_ids, labels, position_ids, attention_mask."""
     width = max(len(s) for s in samples)
@@ -86,7 +95,7 @@ def collate_padded(
 
 
 def collate_packed(
-    rows: Sequence[Sequence[EncodedSample]], pad_id: int, vision: ProcessorSettings | None = None
+    rows: Sequence[Sequence[EncodedSample]], pad_id: int, vision: Vision | None = None
 ) -> dict[str, object]:
     """Several samples per row: segment_ids number them (-1 = padding), position_ids restart at 0."""
     width = max(sum(len(s) for s in row) for row in rows)

@@ -36,6 +36,7 @@ from engine.data.vl_processor import (
     VisionInputError,
     _label,
     _resize_bicubic,
+    header_size,
     load_image,
 )
 
@@ -185,6 +186,20 @@ def preprocess_image(image: ImageSource, settings: OCRProcessorSettings | None =
     x = (x - np.asarray(s.image_mean, np.float32)) / np.asarray(s.image_std, np.float32)
     patches = patchify(x.transpose(2, 0, 1), s.patch_size, s.temporal_patch_size)
     return OCRImage(patches, (1, height // s.patch_size, width // s.patch_size), s.merge_size)
+
+
+def image_grid(
+    source: str | Path | bytes, settings: OCRProcessorSettings | None = None
+) -> tuple[int, int, int]:
+    """The (1, h, w) patch grid ``preprocess_image`` will give, from the file's header alone (no decoding):
+    how many placeholder tokens a prompt needs before a batch reads the pixels."""
+    s = settings or OCRProcessorSettings()
+    height, width = header_size(source, s.max_image_pixels)
+    try:
+        height, width = smart_resize(height, width, s.factor, s.min_pixels, s.max_pixels)
+    except VisionInputError as e:
+        raise VisionInputError(f"{_label(source)}: {e}") from None
+    return 1, height // s.patch_size, width // s.patch_size
 
 
 def preprocess_images(

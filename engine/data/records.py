@@ -1,5 +1,6 @@
 """Raw records of a dataset file: JSONL by lines or a JSON array streamed (or a CSV table with a header row,
-the shape C-Eval and CMMLU ship), each with its line number."""
+the shape C-Eval and CMMLU ship, or a PaddleOCR label file of ``image<TAB>text`` lines), each with its line
+number."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ ARRAY_LOOKAHEAD = 1 << 20
 COUNT_LIMIT = 64 << 20
 # read_page remembers the byte offset of every INDEX_STRIDE-th record so deep pages need not rescan.
 INDEX_STRIDE = 4096
-# Tables with a header row: one record per row, the header's names as keys (benchmark files only).
+# Tables with a header row: one record per row, the header's names as keys (benchmark files, OCR labels).
 TABLE_SUFFIXES = (".csv", ".tsv")
+# PaddleOCR's recognition label files: ``<image path><TAB><text>`` per line, no header; read as OCR pairs.
+LABEL_SUFFIXES = (".txt",)
 
 
 @dataclass
@@ -64,11 +67,17 @@ def is_table(path: str | Path) -> bool:
     return Path(path).suffix.lower() in TABLE_SUFFIXES
 
 
+def is_label_file(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in LABEL_SUFFIXES
+
+
 def iter_raw(path: str | Path) -> Iterator[RawRecord]:
-    """Every record of a JSONL file, JSON array or CSV / TSV table, with read errors as records instead of
-    exceptions."""
+    """Every record of a JSONL file, JSON array, CSV / TSV table or PaddleOCR label file, with read errors
+    as records instead of exceptions."""
     if is_table(path):
         yield from _iter_table(path)
+    elif is_label_file(path):
+        yield from _iter_labels(path)
     elif is_json_array(path):
         yield from _iter_array(path)
     else:
@@ -91,6 +100,29 @@ def _iter_table(path: str | Path) -> Iterator[RawRecord]:
                 yield RawRecord(reader.line_num, record={(k or "").strip(): v for k, v in row.items()})
         except csv.Error as e:
             yield RawRecord(reader.line_num, error=f"unreadable CSV: {e}")
+
+
+def _iter_labels(path: str | Path) -> Iterator[RawRecord]:
+    """``image<TAB>text`` lines as ``{"image": ..., "text": ...}`` (the text is the rest of the line)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
+            except UnicodeDecodeError as e:
+                yield RawRecord(
+                    lineno, error=f"not valid UTF-8 at column {e.start + 1}; save the file as UTF-8"
+                )
+                continue
+            if not text.strip():
+                continue
+            image, tab, label = text.partition("\t")
+            if not tab:
+                yield RawRecord(
+                    lineno,
+                    error="expected '<image path><TAB><text>' (PaddleOCR's label format); this line has no tab",
+                )
+                continue
+            yield RawRecord(lineno, record={"image": image, "text": label})
 
 
 def _decode_line(raw: bytes, lineno: int) -> RawRecord | None:
@@ -270,8 +302,8 @@ def _remember(table: dict, key: tuple, value: object) -> None:
 
 def count_records(path: str | Path) -> int:
     """The number of non-blank lines of a JSONL file (or elements of a JSON array, rows of a table)."""
-    if is_table(path):
-        return sum(1 for _ in _iter_table(path))
+    if is_table(path) or is_label_file(path):
+        return sum(1 for _ in iter_raw(path))
     if is_json_array(path):
         return sum(1 for _ in _iter_array(path))
     n = 0
@@ -300,7 +332,7 @@ def read_page(path: str | Path, offset: int = 0, limit: int = 20) -> Page:
             total = count_records(path)
             with _index_lock:
                 _remember(_counts, key, total)
-    if is_table(path) or is_json_array(path):
+    if is_table(path) or is_label_file(path) or is_json_array(path):
         records, lines, more = _page_from(iter_raw(path), offset, limit)
     else:
         records, lines, more = _page_jsonl(path, offset, limit)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.data.archive import ArchiveError, dataset_file
 from engine.data.formats import (
     FORMATS,
     KINDS,
@@ -110,16 +111,19 @@ def read_examples(
     tokenizer: ErnieTokenizer | None = None,
     *,
     fetch_urls: bool = False,
+    decode_images: bool = False,
 ) -> Iterator[tuple[int, Example | None, list[str]]]:
     """(line, example or None, problems) for every record of a file; images named by URL are fetched only
-    when ``fetch_urls`` (``engine.data.formats.resolve_image``)."""
+    when ``fetch_urls`` (``engine.data.formats.resolve_image``), and decoded whole with ``decode_images``."""
     base_dir = Path(path).resolve().parent
     reserved = reserved_tokens(tokenizer)
     for raw in iter_raw(path):
         if raw.error is not None:
             yield raw.line, None, [raw.error]
             continue
-        ex, problems = check_record(raw.record, fmt, kind, base_dir, fetch_urls=fetch_urls)
+        ex, problems = check_record(
+            raw.record, fmt, kind, base_dir, fetch_urls=fetch_urls, decode_images=decode_images
+        )
         problems += _special_tokens_in(raw.record, reserved)
         if problems:
             looks = detect_record_format(raw.record)
@@ -140,9 +144,9 @@ def validate_file(
     *,
     fetch_urls: bool = False,
 ) -> ValidationReport:
-    """Check every record of a dataset file; never raises on bad data and never stops at the first problem.
-    Images named by URL are fetched (and checked) only when ``fetch_urls``; otherwise those not fetched yet
-    pass unchecked."""
+    """Check every record of a dataset file (or of the labels file of a zip of images); never raises on bad
+    data and never stops at the first problem. Images named by URL are fetched (and checked) only when
+    ``fetch_urls``; otherwise those not fetched yet pass unchecked."""
     name = str(path)
     report = ValidationReport(name, format, kind)
 
@@ -156,6 +160,12 @@ def validate_file(
     if not p.is_file():
         add(0, "file not found" if not p.exists() else "not a regular file")
         return report
+    try:
+        p, name = dataset_file(p)
+    except ArchiveError as e:
+        add(0, str(e).removeprefix(f"{path}: "))
+        return report
+    report.path = name
     with open(p, "rb") as f:
         head = f.read(1 << 16)
     if not head.strip(b" \t\r\n\xef\xbb\xbf"):

@@ -404,19 +404,32 @@ def preprocess_image(image: ImageSource, settings: ProcessorSettings | None = No
     return VisionInput(patches, grid, "image", s.merge_size, s.video_temporal_patch_size)
 
 
+def header_size(
+    source: str | Path | bytes, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[int, int]:
+    """(height, width) of an image as ``load_image`` will see it (EXIF rotation applied), from its header
+    alone; larger than ``max_image_pixels`` or unreadable is a ``VisionInputError`` naming it."""
+    label = _label(source)
+    with _open(
+        label, io.BytesIO(source) if isinstance(source, bytes) else Path(source), max_image_pixels
+    ) as im:
+        _check_pixels(label, im.width, im.height, max_image_pixels)
+        width, height = im.size
+        try:  # a PNG's EXIF may follow its pixels: PIL decodes them to find it
+            orientation = im.getexif().get(0x0112)
+        except _DECODE_ERRORS as exc:
+            raise VisionInputError(f"{label}: truncated or corrupt ({exc})") from None
+        if orientation in (5, 6, 7, 8):  # EXIF orientations that turn the image on its side
+            width, height = height, width
+    return height, width
+
+
 def image_grid(source: str | Path | bytes, settings: ProcessorSettings | None = None) -> tuple[int, int, int]:
     """The (t, h, w) patch grid ``preprocess_image`` will give, from the file's header (no decoding): how
     many placeholder tokens a prompt needs, known before a batch reads the pixels."""
     s = settings or ProcessorSettings()
-    label = _label(source)
-    with _open(
-        label, io.BytesIO(source) if isinstance(source, bytes) else Path(source), s.max_image_pixels
-    ) as im:
-        _check_pixels(label, im.width, im.height, s.max_image_pixels)
-        width, height = im.size
-        if im.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn the image on its side
-            width, height = height, width
-    height, width = _sized(label, height, width, s.min_pixels, s.max_pixels, s.factor)
+    height, width = header_size(source, s.max_image_pixels)
+    height, width = _sized(_label(source), height, width, s.min_pixels, s.max_pixels, s.factor)
     return 1, height // s.patch_size, width // s.patch_size
 
 

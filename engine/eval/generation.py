@@ -21,15 +21,20 @@ class Prediction:
 
 
 def generate_batch(
-    engine: GenerationEngine, prompts: list[list[int]], params: list[SamplingParams]
+    engine: GenerationEngine,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    images: list[list] | None = None,
 ) -> list[Prediction]:
-    """Submit every prompt, then collect each one's text as the engine finishes it (in prompt order)."""
+    """Submit every prompt (with its processed images, for a VL model), then collect each one's text as the
+    engine finishes it (in prompt order)."""
     events: queue.Queue = queue.Queue()
     texts: list[list[str]] = [[] for _ in prompts]
     done: list[Prediction | None] = [None] * len(prompts)
+    images = images or [[] for _ in prompts]
     requests = [
-        engine.submit(p, sp, lambda out, i=i: events.put((i, out)))
-        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        engine.submit(p, sp, lambda out, i=i: events.put((i, out)), im)
+        for i, (p, sp, im) in enumerate(zip(prompts, params, images, strict=True))
     ]
     try:
         remaining = len(prompts)

@@ -57,12 +57,7 @@ def load_model(
     if is_paddleocr_vl_dir(path):  # its own model class (engine.models.paddleocr_vl)
         from engine.models.paddleocr_vl_checkpoint import load_paddleocr_vl
 
-        if storage is not None or prepare is not None:  # a training run's storage / expert split
-            raise ValueError(
-                f"{path}: a PaddleOCR-VL model loads for inference and export here; training it is not "
-                "supported yet (it is not an ERNIE 4.5 causal LM)"
-            )
-        return load_paddleocr_vl(path, dtype)
+        return load_paddleocr_vl(path, dtype, storage, prepare)
     if is_lora_dir(path):
         return load_lora_model(path, dtype, storage, prepare)
     if is_quantized_dir(path):
@@ -97,6 +92,10 @@ def load_lora_model(
     The base may itself be a LoRA run (DPO-LoRA on an SFT-LoRA run): every adapter of the stack is folded
     into each weight as it is read (``lora.adapter_merges``), so no fp32 copy of the model is made."""
     d, chain = lora_chain(Path(directory))
+    if is_paddleocr_vl_dir(d):
+        from engine.models.paddleocr_vl_checkpoint import load_paddleocr_vl
+
+        return load_paddleocr_vl(d, dtype, storage, prepare, chain)
     if is_quantized_dir(d):
         return _lora_on_quantized(d, chain, dtype, prepare)
     storage = storage or Storage(resolve_dtype(dtype))

@@ -26,11 +26,16 @@ from engine.models.streaming import Merge
 
 ADAPTER_FILE = "adapter_model.safetensors"
 DEFAULT_TARGETS = ["qkv_proj", "o_proj", "up_gate_proj", "down_proj"]
-# VL target groups: where their layers live and the linears they mean. ERNIEKit keeps the vision tower
-# frozen in LoRA runs; naming a group puts adapters there too.
+# VL target groups: where their layers live and the linears they mean, per model family (ERNIE 4.5 VL's
+# ViT and resampler, PaddleOCR-VL's encoder and projector). ERNIEKit keeps the vision tower frozen in LoRA
+# runs; naming a group puts adapters there too.
 TARGET_GROUPS = {
-    "vision": ("vision_model", ("qkv", "proj", "fc1", "fc2")),
-    "resampler": ("ernie.resampler_model", ("0", "2", "mlp")),
+    "vision": (
+        ("vision_model", ("qkv", "proj", "fc1", "fc2")),
+        ("visual", ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")),
+    ),
+    "resampler": (("ernie.resampler_model", ("0", "2", "mlp")),),
+    "projector": (("projector", ("linear_1", "linear_2")),),
 }
 
 
@@ -75,15 +80,17 @@ def linear_shape(layer: nn.Layer) -> tuple[int, int]:
 
 def _attrs_for(name: str, targets: list[str]) -> list[str]:
     """The target attribute names that apply inside the layer called ``name``."""
-    for group, (prefix, attrs) in TARGET_GROUPS.items():
-        if name == prefix or name.startswith(prefix + "."):
-            return list(attrs) if group in targets else []
+    for group, places in TARGET_GROUPS.items():
+        for prefix, attrs in places:
+            if name == prefix or name.startswith(prefix + "."):
+                return list(attrs) if group in targets else []
     return [t for t in targets if t not in TARGET_GROUPS]
 
 
 def iter_target_linears(model: nn.Layer, targets: list[str]) -> Iterator[tuple[nn.Layer, str, str]]:
     """(parent layer, attribute name, full name) of every linear whose attribute name is a target; the
-    groups ``vision`` and ``resampler`` stand for the linears of the ViT and of the resampler."""
+    groups ``vision``, ``resampler`` and ``projector`` stand for the linears of the vision encoder, of
+    ERNIE 4.5 VL's resampler and of PaddleOCR-VL's projector."""
     for name, layer in list(model.named_sublayers(include_self=True)):
         for attr in _attrs_for(name, targets):
             child = getattr(layer, attr, None)

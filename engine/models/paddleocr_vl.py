@@ -36,6 +36,7 @@ from paddle import nn
 from engine.models.ernie import CausalLMOutput, DynamicCache, ErnieModel, decoder_mask, token_loss
 from engine.models.paddleocr_vl_config import OCRVisionConfig, PaddleOCRVLConfig
 from engine.models.positions import batch_positions
+from engine.models.quantized import upcast_matmul
 from engine.models.vision import VisionRotary, patch_positions, rotate_half
 
 Grid = tuple[int, int, int]
@@ -206,6 +207,10 @@ class PaddleOCRVLForConditionalGeneration(nn.Layer):
     def __init__(self, config: PaddleOCRVLConfig):
         super().__init__()
         self.config = config
+        # What the training loop asks of a model (engine.train.trainer): a dense decoder splits no experts
+        # over ranks and has no router losses to gather.
+        self.expert_group = None
+        self.router_comm = None
         self.ernie = ErnieModel(config.text)
         if not config.text.tie_word_embeddings:
             self.lm_head = nn.Layer()
@@ -239,7 +244,10 @@ class PaddleOCRVLForConditionalGeneration(nn.Layer):
     def logits_from_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
         tied = self.config.text.tie_word_embeddings
         w = self.ernie.embed_tokens.weight if tied else self.lm_head.weight
-        return paddle.matmul(h, w.astype(h.dtype), transpose_y=tied)
+        if w.dtype != h.dtype:  # a head held in bf16 on a node without bf16 matmul (emulated bf16 training)
+            h2 = h.reshape([-1, h.shape[-1]])
+            return upcast_matmul(h2, w, transpose_y=tied).reshape([*h.shape[:-1], -1])
+        return paddle.matmul(h, w, transpose_y=tied)
 
     def forward(
         self,

@@ -109,6 +109,17 @@ class PaddleOCRVLConfig:
         if problems:
             raise ValueError("invalid PaddleOCR-VL config: " + "; ".join(problems))
 
+    def __getattr__(self, name: str) -> Any:
+        """The decoder's facts (layers, heads, vocabulary, MoE: none, GPAS: none) read through to ``text``,
+        so what serves or trains an ERNIE 4.5 decoder reads this config as it reads an ``ErnieConfig``."""
+        if name.startswith("__") or name in ("text", "vision"):  # copy / pickle probe before the fields exist
+            raise AttributeError(name)
+        return getattr(self.text, name)
+
+    @property
+    def is_vl(self) -> bool:
+        return True
+
     # What engine.models.positions reads of a VL config (the image placeholder and the merge sizes).
     @property
     def vision_config(self) -> OCRVisionConfig:

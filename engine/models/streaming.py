@@ -153,7 +153,7 @@ def stream_state(
         direct = None if chain or name in quantize else _direct_source(store, layout, name, config)
         if direct is not None:
             used.add(direct[0])
-            _assign(p, _read_blocks(store, direct, shape, target))
+            assign(p, read_blocks(store, direct, shape, target))
             continue
         try:
             arr = _read_whole(store, layout, name, shape, config, hf)
@@ -164,7 +164,7 @@ def stream_state(
             arr = np.zeros(shape, np.float32)  # checkpoints trained without aux-free balancing omit it
         used.add(name)
         if chain:
-            arr = _merged(arr, chain)
+            arr = merged_weight(arr, chain)
         if name in quantize:
             parent, attr, _, bits, group_size = quantize[name]
             weight = arr.numpy() if isinstance(arr, paddle.Tensor) else arr.astype(np.float32, copy=False)
@@ -175,7 +175,7 @@ def stream_state(
             continue
         value = arr if isinstance(arr, paddle.Tensor) else paddle.to_tensor(arr, dtype="float32")
         del arr
-        _assign(p, value if target == "float32" else value.astype(target))
+        assign(p, value if target == "float32" else value.astype(target))
     return _report(directory, store, layout, hf, missing, used, skip, config.tie_word_embeddings)
 
 
@@ -226,7 +226,7 @@ def read_value(
             raise
         arr = np.zeros(shape, np.float32)
     if chain:
-        return _merged(arr, chain).numpy()
+        return merged_weight(arr, chain).numpy()
     return arr.astype(np.float32, copy=False)
 
 
@@ -253,7 +253,7 @@ def _direct_source(store: TensorStore, layout: str, name: str, config) -> tuple[
     return key, fn is np.transpose
 
 
-def _read_blocks(store: TensorStore, source: tuple[str, bool], shape: list[int], dtype: str) -> paddle.Tensor:
+def read_blocks(store: TensorStore, source: tuple[str, bool], shape: list[int], dtype: str) -> paddle.Tensor:
     """One stored tensor (transposed or not) as a ``dtype`` tensor on the current device; a large one is
     read in blocks of rows into its destination."""
     key, transposed = source
@@ -285,7 +285,7 @@ def _read_blocks(store: TensorStore, source: tuple[str, bool], shape: list[int],
     return out
 
 
-def _merged(arr: np.ndarray, chain: list[Merge]) -> paddle.Tensor:
+def merged_weight(arr: np.ndarray, chain: list[Merge]) -> paddle.Tensor:
     """The weight with each adapter's round trip and update applied in order, in fp32 (the same operations
     as wrapping the model, loading the adapter and ``merge_lora``)."""
     w = paddle.to_tensor(arr, dtype="float32")
@@ -298,7 +298,7 @@ def _merged(arr: np.ndarray, chain: list[Merge]) -> paddle.Tensor:
     return w
 
 
-def _assign(p: paddle.Tensor, value: paddle.Tensor) -> None:
+def assign(p: paddle.Tensor, value: paddle.Tensor) -> None:
     """Hand ``value`` (any dtype, on the current device) to the parameter ``p`` as its storage; a lazy
     parameter gets its first memory this way. It is what ``Layer._to_impl`` does to change a dtype."""
     if list(value.shape) != list(p.shape):

@@ -30,9 +30,11 @@ from engine.train.scalars import REPORT_TO, report_to_problems
 
 log = logging.getLogger(__name__)
 
-STAGES = ("SFT", "DPO", "PT", "VL-SFT")
-# ERNIEKit's OCR stages (PaddleOCR-VL): refused by name, not near-matched to VL-SFT, which reads other models.
-OCR_STAGES = ("OCR-SFT", "OCR-VL-SFT")
+# OCR-VL-SFT is ERNIEKit's PaddleOCR-VL fine-tuning (engine.data.ocr, engine.models.paddleocr_vl).
+STAGES = ("SFT", "DPO", "PT", "VL-SFT", "OCR-VL-SFT")
+OCR_STAGE = "OCR-VL-SFT"
+# Stage names ERNIEKit also used, and the stage each is here (announced when a config says them).
+STAGE_ALIASES = {"OCR-SFT": OCR_STAGE}
 FINE_TUNING = ("LoRA", "Full")
 COMPUTE_TYPES = ("fp32", "bf16", "fp16", "fp8", *WEIGHT_ONLY_COMPUTE_TYPES)
 SCHEDULERS = ("cosine", "linear", "constant")
@@ -48,8 +50,9 @@ PTQ_METHODS = ("", "wint8", "wint4", "fp8")
 EXPORT_FORMATS = ("safetensors", "gguf")
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_K_M")
 LORA_TARGETS = ("qkv_proj", "o_proj", "up_gate_proj", "down_proj")
-# VL models: adapters on the vision tower's / resampler's linears too (engine.models.lora.TARGET_GROUPS)
-LORA_VL_TARGETS = ("vision", "resampler")
+# VL models: adapters on the vision tower's / resampler's (ERNIE 4.5 VL) or projector's (PaddleOCR-VL)
+# linears too (engine.models.lora.TARGET_GROUPS)
+LORA_VL_TARGETS = ("vision", "resampler", "projector")
 OPTIMIZERS = ("adamw", "adamw_custom")
 GPAS_EXPORT = ("keep", "fold")
 # ERNIEKit's dataset type names for formats this engine calls otherwise (its Thinking configs say messages).
@@ -77,6 +80,9 @@ STAGE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
     ("PT", "LoRA"): {"learning_rate": 1e-4, "packing": True},
     ("VL-SFT", "Full"): {"learning_rate": 1e-5, "packing": False},
     ("VL-SFT", "LoRA"): {"learning_rate": 1e-4, "packing": False},
+    # ERNIEKit's PaddleOCR-VL config: 5e-6, packed
+    ("OCR-VL-SFT", "Full"): {"learning_rate": 5e-6, "packing": True},
+    ("OCR-VL-SFT", "LoRA"): {"learning_rate": 1e-4, "packing": True},
 }
 
 
@@ -139,7 +145,7 @@ _AMP_OPS = (
 )
 _CHECKPOINT = (
     "ERNIEKit's checkpoint format; this engine writes checkpoint-N/ (resumable) and the final model in "
-    "Paddle layout"
+    "Paddle layout (save_to_hf: true, the Hugging Face one)"
 )
 _MODEL_JSON = "the model's config.json decides this (multimodal, MoE, layers), not the training config"
 _VL_DATA = (
@@ -147,11 +153,10 @@ _VL_DATA = (
     "image handling and chat template"
 )
 _OCR_DATA = (
-    "ERNIEKit's OCR-SFT image preprocessing (stage OCR-SFT); this engine's stages are SFT, DPO, PT and VL-SFT, "
-    "whose images its own VL processor prepares"
+    "ERNIEKit's OCR data pipeline option; stage OCR-VL-SFT here reads OCR pairs and erniekit_vl records and "
+    "prepares their images with PaddleOCR-VL's own image processor (rescaled, normalised, float32)"
 )
 _LOADER = "data loading runs in the training process here; there are no loader workers to configure"
-_OCR_VL = "PaddleOCR-VL is not supported yet (only its configs set this)"
 _DPO_VARIANT = "a DPO loss variant this engine does not implement (loss_type: sigmoid, ipo, hinge)"
 
 # ERNIEKit keys that have no effect on this engine, each with the reason a run announces (one line, once,
@@ -191,10 +196,8 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "device": "the device comes from the Paddle build (GPU when compiled with CUDA, else CPU)",
     "FLAGS_use_stride_kernel": "a Paddle runtime flag (ERNIEKit's XPU configs set it); the config does not set "
     "Paddle flags here: export FLAGS_use_stride_kernel in the environment instead",
-    "convert_from_hf": f"{_OCR_VL}; a model directory's layout (Paddle or Hugging Face) is recognised from "
-    "its weight names and read either way",
-    "save_to_hf": f"{_OCR_VL}; a run's final model is written in Paddle layout, and `ernie-studio export` "
-    "with layout: hf writes the Hugging Face one",
+    "convert_from_hf": "a model directory's layout (Paddle or Hugging Face; PaddleOCR-VL's published or "
+    "transformers' form) is recognised from its files and read either way",
     # fused kernels
     "fuse_rope": _KERNEL,
     "fuse_linear": _KERNEL,
@@ -247,10 +250,8 @@ ERNIEKIT_NOTICES: dict[str, str] = {
     "random_shuffle": "the training stream is always shuffled by seed",
     "greedy_intokens": "packing here is always first-fit-decreasing over a pool of samples",
     "buffer_size": "packing here draws from a pool of 8 batches' worth of samples",
-    "packing_size": f"{_OCR_VL}; packing: true fills each max_seq_len row first-fit-decreasing here instead of "
-    "packing a fixed number of samples",
-    "padding": f"{_OCR_VL}; a batch here is padded to its longest sample, or packed into max_seq_len rows "
-    "with packing: true",
+    "padding": "a batch here is never padded to max_seq_len: its rows are padded to the longest one "
+    "(ERNIEKit's padding: false)",
     "split_multi_turn": "a multi-turn sample trains every assistant turn in one sequence here",
     "dataset_name": "the reader follows from each file's records here (erniekit, erniekit_vl, chatml, ...)",
     "dataset_name_or_path": "datasets are named by train_dataset_path here",
@@ -326,6 +327,11 @@ class TrainConfig:
         "LoRA", "Train all weights (Full) or low-rank adapters (LoRA).", choices=FINE_TUNING
     )
     output_dir: str = option("./output", "Run directory: metrics, checkpoints and the final model.")
+    save_to_hf: bool = option(
+        False,
+        "Full runs: write the final model in the Hugging Face layout (PyTorch names; PaddleOCR-VL: "
+        "transformers' config.json form) instead of the Paddle one (PaddleOCR-VL: its published form).",
+    )
     logging_dir: str = option(
         "",
         "Where report_to's TensorBoard / VisualDL / MLflow logs go (a folder per tool); empty means output_dir.",
@@ -347,12 +353,14 @@ class TrainConfig:
     text_dataset_prob: str = option("", "Sampling probability of each text_dataset_path file.")
     min_pixels: int = option(
         0,
-        "VL-SFT: smallest image area after resizing, in pixels; 0 = the model's processor setting.",
+        "VL-SFT / OCR-VL-SFT: smallest image area after resizing, in pixels; 0 = the model's processor "
+        "setting.",
         minimum=0,
     )
     max_pixels: int = option(
         0,
-        "VL-SFT: largest image area after resizing, in pixels; 0 = the model's processor setting.",
+        "VL-SFT / OCR-VL-SFT: largest image area after resizing, in pixels; 0 = the model's processor "
+        "setting.",
         minimum=0,
     )
     num_samples_each_epoch: int = option(
@@ -366,6 +374,13 @@ class TrainConfig:
     )
     packing: bool | None = option(
         None, "Pack short samples into one sequence (no cross-attention); default per stage."
+    )
+    packing_size: int = option(
+        0,
+        "With packing: at most this many samples in one max_seq_len row (ERNIEKit's OCR configs); 0 packs "
+        "as many as fit.",
+        minimum=0,
+        maximum=MAX_BATCH_SIZE,
     )
     mix_strategy: str = option("random", "How several training files are mixed.", choices=MIX_STRATEGIES)
     # batch and optimiser
@@ -474,7 +489,8 @@ class TrainConfig:
     lora_plus_scale: float = option(1.0, "LoRA+: learning-rate multiplier of the B matrices.", minimum=0)
     rslora: bool = option(False, "Rank-stabilised LoRA scaling (alpha / sqrt(rank)).")
     lora_target_modules: list[str] = option(  # noqa: RUF009 (a field with a default_factory)
-        help="Linear layers that get adapters; VL models also take vision and resampler.",
+        help="Linear layers that get adapters; VL models also take vision, and resampler (ERNIE 4.5 VL) or "
+        "projector (PaddleOCR-VL).",
         choices=LORA_TARGETS + LORA_VL_TARGETS,
         factory=lambda: list(LORA_TARGETS),
     )
@@ -644,7 +660,7 @@ class TrainConfig:
         return []
 
     def validate(self) -> list[str]:
-        problems = _ocr_stage_named(check_fields(self), self.stage)
+        problems = check_fields(self) + self._ocr_problems()
         if not self.model_name_or_path:
             problems.append(
                 "model_name_or_path is required: a model directory (e.g. from `ernie-studio init-model`)"
@@ -678,6 +694,24 @@ class TrainConfig:
             )
         problems += self._expert_parallel_problems()
         return problems + self._elastic_problems() + self._sharding_problems()
+
+    def _ocr_problems(self) -> list[str]:
+        """What PaddleOCR-VL (stage OCR-VL-SFT) does not train with here, by key."""
+        if self.stage != OCR_STAGE:
+            return []
+        problems = []
+        if self.compute_type not in ("fp32", "bf16", "fp16"):
+            problems.append(
+                f"compute_type {self.compute_type}: PaddleOCR-VL trains in fp32, bf16 or fp16 here (FP8 QAT and "
+                "weight-only bases are ERNIE 4.5 decoders' only)"
+            )
+        if self.gpas:
+            problems.append("gpas: PaddleOCR-VL's decoder takes no GPAS gates here; leave gpas false")
+        if self.text_dataset_path:
+            problems.append(
+                "text_dataset_path: an OCR-VL-SFT record needs an image; mix no text-only data in"
+            )
+        return problems
 
     def _expert_parallel_problems(self) -> list[str]:
         problems = []
@@ -907,16 +941,6 @@ def check_fields(config: Any) -> list[str]:
     return problems
 
 
-def _ocr_stage_named(problems: list[str], stage: str) -> list[str]:
-    """ERNIEKit's OCR stages get their own message instead of the near match VL-SFT."""
-    if stage not in OCR_STAGES:
-        return problems
-    return [p for p in problems if not p.startswith("stage must be")] + [
-        f"stage {stage} is ERNIEKit's OCR fine-tuning (PaddleOCR-VL), which is not supported yet; "
-        f"the stages here are {', '.join(STAGES)}"
-    ]
-
-
 def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -1106,6 +1130,11 @@ def _build(
     for key, value in values.items():
         where = f"{source}:{lines[key]}" if lines.get(key, -1) > 0 else source
         target = _alias(cls, key)
+        if target == "stage" and value in STAGE_ALIASES:
+            notices.append(
+                Notice(key, f"{value} is ERNIEKit's earlier name of {STAGE_ALIASES[value]}; trained as that")
+            )
+            value = STAGE_ALIASES[value]
         if target in fields:
             kwargs[target] = _coerce(value, fields[target], key, where)
         elif cls is TrainConfig and key in REFUSED_DEGREES and _degree(value) > 1:

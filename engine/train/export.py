@@ -167,14 +167,23 @@ def _move_into_place(staging: Path, final: Path) -> None:
 
 def _write_export(cfg: ExportConfig, out: Path, final: Path) -> ExportSummary:
     """``run_export``'s work: the export written into ``out``, its summary naming ``final``."""
+    notices = getattr(cfg, "notices", [])
+    for n in notices:  # accepted keys without effect (training keys, hf_hub_id), said once
+        print(n.line(), flush=True)
+    src, merged = source_dir(cfg)
+    if is_paddleocr_vl_source(src):
+        return _export_paddleocr_vl(cfg, out, final, src, merged, notices)
+    return _export_ernie(cfg, out, final, src, merged, notices)
+
+
+def _export_ernie(
+    cfg: ExportConfig, out: Path, final: Path, tokenizer_src: Path, merged: bool, notices
+) -> ExportSummary:
+    """An ERNIE 4.5 model or LoRA run: streamed where it can be, else through the loaded model."""
     from engine.models.checkpoint import save_model, write_tensors_streamed
     from engine.models.loading import TensorSource, load_model
     from engine.tokenizer import load_tokenizer
 
-    notices = getattr(cfg, "notices", [])
-    for n in notices:  # accepted keys without effect (training keys, hf_hub_id), said once
-        print(n.line(), flush=True)
-    tokenizer_src, merged = source_dir(cfg)
     source = TensorSource(tokenizer_src)
     if streams(cfg, source) and cfg.export_format != "gguf":  # checkpoint -> file, tensor by tensor
         if cfg.quantization:
@@ -225,6 +234,54 @@ def _write_export(cfg: ExportConfig, out: Path, final: Path) -> ExportSummary:
     return _finish_export(
         cfg, out, final, tokenizer_src, merged, notices, ppl, member, (gpas_action, deviation)
     )
+
+
+def is_paddleocr_vl_source(src: Path) -> bool:
+    """A PaddleOCR-VL directory, or a LoRA run (of runs) on one."""
+    from engine.models.loading import lora_chain
+    from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
+
+    return is_paddleocr_vl_dir(lora_chain(src)[0])
+
+
+def paddleocr_vl_export_problems(cfg: ExportConfig) -> list[str]:
+    """The export keys a PaddleOCR-VL export does not take, by name."""
+    problems = []
+    if cfg.quantization:
+        problems.append(
+            f"quantization {cfg.quantization}: post-training quantization of PaddleOCR-VL is not done here"
+        )
+    if cfg.export_format != "safetensors":
+        problems.append(
+            f"export_format {cfg.export_format}: PaddleOCR-VL exports as safetensors only (no GGUF)"
+        )
+    if cfg.elastic_depth or cfg.elastic_experts or cfg.elastic_topk:
+        problems.append("elastic_*: PaddleOCR-VL is no elastic MoE family")
+    return problems
+
+
+def _export_paddleocr_vl(
+    cfg: ExportConfig, out: Path, final: Path, src: Path, merged: bool, notices
+) -> ExportSummary:
+    """A PaddleOCR-VL model or LoRA run, merged, in its published form (``layout: paddle``) or transformers'
+    (``layout: hf``), tensor by tensor; with the image processor settings it trained with."""
+    from engine.models.loading import lora_chain
+    from engine.models.paddleocr_vl_checkpoint import export_paddleocr_vl
+
+    problems = paddleocr_vl_export_problems(cfg)
+    if problems:
+        raise ValueError(f"{src} is PaddleOCR-VL: " + "; ".join(problems))
+    base, chain = lora_chain(src)
+    form = "official" if cfg.layout == "paddle" else cfg.layout
+    export_paddleocr_vl(base, out, chain, form, cfg.dtype, cfg.max_shard_size)
+    processor = next(
+        (d / "preprocessor_config.json" for d in (src, base) if (d / "preprocessor_config.json").is_file()),
+        None,
+    )
+    if processor is not None:
+        shutil.copyfile(processor, out / "preprocessor_config.json")
+    log.info("PaddleOCR-VL %s exported (%s form%s)", src, form, ", LoRA merged" if merged else "")
+    return _finish_export(cfg, out, final, src, merged, notices, {}, None, ("", None))
 
 
 def _finish_export(

@@ -48,6 +48,7 @@ from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import (
     MOE_GROUPS_TENSOR,
+    OCR_STAGE,
     WEIGHT_ONLY_COMPUTE_TYPES,
     ConfigError,
     Notice,
@@ -281,15 +282,18 @@ def add_gpas_gates(cfg: TrainConfig, model) -> None:
     log.info("GPAS: %d gates added", gpas.add_gates(model))
 
 
-# freeze_config's parts: the parameter-name prefixes they keep frozen. The resampler always trains (it
-# sits inside ``ernie.`` in the checkpoint layout, but belongs to neither part).
-FROZEN_PREFIXES = {"freeze_vision": ("vision_model.",), "freeze_lm": ("ernie.", "lm_head.")}
+# The vision encoder's parameter names: ERNIE 4.5 VL's ViT, PaddleOCR-VL's NaViT encoder.
+VISION_PREFIXES = ("vision_model.", "visual.")
+# freeze_config's parts: the parameter-name prefixes they keep frozen. The resampler (ERNIE 4.5 VL) and the
+# projector (PaddleOCR-VL, ``projector.``) always train; the resampler sits inside ``ernie.`` in the
+# checkpoint layout, but belongs to neither part.
+FROZEN_PREFIXES = {"freeze_vision": VISION_PREFIXES, "freeze_lm": ("ernie.", "lm_head.")}
 RESAMPLER_PREFIX = "ernie.resampler_model."
 
 
 def lr_ratio(cfg: TrainConfig, name: str) -> float:
     """A Full run's learning-rate multiplier of one weight: the vision encoder and the MoE routers have theirs."""
-    if name.startswith("vision_model."):
+    if name.startswith(VISION_PREFIXES):
         return cfg.vit_lr_ratio
     if ".mlp.gate." in name:
         return cfg.moe_gate_lr_ratio
@@ -333,14 +337,56 @@ def build_optimizer(cfg: TrainConfig, model, trainable: dict[str, paddle.Tensor]
 
 def processor_settings(cfg: TrainConfig, vision_config):
     """The image processor of a VL run: the model directory's preprocessor_config.json (as Baidu ships it),
-    the vision config's patch / merge sizes, and the run's min_pixels / max_pixels when set."""
+    the vision config's patch / merge sizes, and the run's min_pixels / max_pixels when set; PaddleOCR-VL's
+    own image processor for stage OCR-VL-SFT (a LoRA run as the base: the one it trained with)."""
     if vision_config is None:
         return None
+    bounds = {k: v for k, v in (("min_pixels", cfg.min_pixels), ("max_pixels", cfg.max_pixels)) if v}
+    if cfg.stage == OCR_STAGE:
+        from engine.data.paddleocr_vl_processor import OCRProcessorSettings
+
+        settings = OCRProcessorSettings.from_model_dir(processor_dir(cfg.model_name_or_path))
+        return dataclasses.replace(
+            settings,
+            patch_size=vision_config.patch_size,
+            merge_size=vision_config.spatial_merge_size,
+            **bounds,
+        )
     from engine.data.vl_processor import ProcessorSettings
 
     settings = ProcessorSettings.for_model(cfg.model_name_or_path, vision_config)
-    bounds = {k: v for k, v in (("min_pixels", cfg.min_pixels), ("max_pixels", cfg.max_pixels)) if v}
     return dataclasses.replace(settings, **bounds)
+
+
+def processor_dir(model_dir: str) -> Path:
+    """Where a model's preprocessor_config.json is: its own directory, or a LoRA run's base's when the run
+    wrote none."""
+    from engine.models.loading import lora_chain
+
+    d = Path(model_dir)
+    return d if (d / "preprocessor_config.json").is_file() else lora_chain(d)[0]
+
+
+def check_model_family(cfg: TrainConfig) -> None:
+    """Stage OCR-VL-SFT trains PaddleOCR-VL and nothing else trains it (its config.json decides, before any
+    weight is read)."""
+    from engine.models.loading import lora_chain
+    from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
+
+    path = Path(cfg.model_name_or_path)
+    if not path.is_dir():  # the loader says what is missing
+        return
+    ocr = is_paddleocr_vl_dir(lora_chain(path)[0])
+    if cfg.stage == OCR_STAGE and not ocr:
+        raise ConfigError(
+            f"stage {OCR_STAGE} fine-tunes PaddleOCR-VL, and {path} is not one (its config.json has no "
+            "model_type paddleocr_vl); ERNIE 4.5 VL models train with stage VL-SFT"
+        )
+    if ocr and cfg.stage != OCR_STAGE:
+        raise ConfigError(
+            f"{path} is PaddleOCR-VL, which trains with stage {OCR_STAGE} (its prompt form and image "
+            f"processor), not {cfg.stage}"
+        )
 
 
 def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, vision_config=None):
@@ -360,6 +406,7 @@ def build_data(cfg: TrainConfig, tokenizer, split: str, rows: int, vision_config
         vision=processor_settings(cfg, vision_config),
         shuffle=split == "train",
         mix_strategy=cfg.mix_strategy if split == "train" else "random",
+        packing_size=cfg.packing_size,
     )
 
 
@@ -457,7 +504,15 @@ def runtime_notices(cfg: TrainConfig, model, precision: Precision | None = None)
         out.append(
             Notice("tensorwise_offload_optimizer", "on CPU the optimizer state lives in host memory already")
         )
-    return out + eval_notices(cfg) + vision_notices(cfg, model)
+    return out + eval_notices(cfg) + vision_notices(cfg, model) + save_notices(cfg)
+
+
+def save_notices(cfg: TrainConfig) -> list[Notice]:
+    """save_to_hf on a LoRA run, whose final files are the adapter."""
+    if cfg.save_to_hf and cfg.lora:
+        why = "a LoRA run writes its adapter; `ernie-studio export` with layout: hf merges it"
+        return [Notice("save_to_hf", why)]
+    return []
 
 
 def eval_notices(cfg: TrainConfig) -> list[Notice]:
@@ -472,9 +527,24 @@ def eval_notices(cfg: TrainConfig) -> list[Notice]:
 
 
 def vision_notices(cfg: TrainConfig, model) -> list[Notice]:
-    """VL-only keys given for a model without a vision encoder."""
+    """VL-only keys given for a model without a vision encoder, and the vision parts one VL family lacks."""
     if model.config.is_vl:
-        return []
+        ocr = cfg.stage == OCR_STAGE
+        lacks = {"resampler": "PaddleOCR-VL has no resampler (its projector is 'projector')"} if ocr else {}
+        if not ocr:
+            lacks["projector"] = "ERNIE 4.5 VL has no projector (its resampler is 'resampler')"
+        out = [
+            Notice("lora_target_modules", why)
+            for g, why in lacks.items()
+            if cfg.lora and g in cfg.lora_target_modules
+        ]
+        if ocr and cfg.recompute:
+            out.append(
+                Notice(
+                    "recompute", "recomputes the decoder's layers; the vision encoder keeps its activations"
+                )
+            )
+        return out
     out = []
     groups = [g for g in ("vision", "resampler") if g in cfg.lora_target_modules]
     if cfg.lora and groups:
@@ -582,6 +652,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     from engine.tokenizer import load_tokenizer
 
     check_devices(cfg, dp.world)
+    check_model_family(cfg)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     precision = resolve_precision(cfg.compute_type)
@@ -1086,6 +1157,9 @@ def _finish_training(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: Tra
         model = run.sharded.layer if run.sharded is not None else run.model
         summary.model_dir = str(_save_final(cfg, model, out_dir, adapter))
         copy_tokenizer_files(cfg.model_name_or_path, out_dir)
+        settings = processor_settings(cfg, model.config.vision_config) if cfg.stage == OCR_STAGE else None
+        if settings is not None:  # the image processor it trained with (min_pixels / max_pixels included)
+            write_json(out_dir / "preprocessor_config.json", settings.to_preprocessor_config())
 
 
 def accumulate_gradients(
@@ -1210,5 +1284,5 @@ def _save_final(cfg: TrainConfig, model, out_dir: Path, adapter: dict | None = N
         )
         return out_dir
     quant.unwrap_fp8(model)
-    save_model(model, out_dir)
+    save_model(model, out_dir, layout="hf" if cfg.save_to_hf else "paddle")
     return out_dir

@@ -141,7 +141,8 @@ def test_unknown_key_names_file_line_and_suggests(tmp_path):
 
 def test_values_are_validated_with_clear_messages(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"stage must be one of SFT, DPO, PT, VL-SFT, not 'SFTT' \(did you mean 'SFT'\?\)"
+        ConfigError,
+        match=r"stage must be one of SFT, DPO, PT, VL-SFT, OCR-VL-SFT, not 'SFTT' \(did you mean 'SFT'\?\)",
     ):
         load_config(write(tmp_path, BASE + "stage: SFTT\n"))
     with pytest.raises(ConfigError, match=r"run.yaml:3: max_steps must be int, got 'many'"):

@@ -168,11 +168,14 @@ def test_model_parallel_degrees_are_announced_at_one_and_refused_above(tmp_path)
 
 
 @pytest.mark.parametrize("stage", ["OCR-SFT", "OCR-VL-SFT"])
-def test_paddleocr_vl_stages_are_refused_by_name(tmp_path, stage):
-    with pytest.raises(
-        ConfigError, match=f"stage {stage} is ERNIEKit's OCR fine-tuning .* not supported yet"
-    ):
-        _announced(tmp_path, "stage", stage)
+def test_paddleocr_vl_stages_are_honoured(tmp_path, stage):
+    """ERNIEKit's PaddleOCR-VL stage, and its earlier name announced as that stage (what each trains is
+    tests/engine/test_ocr_train.py's)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**LOADERS["train"][1], "stage": stage}))
+    cfg = load_config(path)
+    assert cfg.stage == "OCR-VL-SFT"
+    assert [n.key for n in cfg.notices] == (["stage"] if stage == "OCR-SFT" else [])
 
 
 # ---- what each honoured key does ----------------------------------------------------------------------
@@ -324,6 +327,15 @@ def grad_norms(ctx, values):
 
 def checkpoints(ctx, values):
     return [p.name for p in list_checkpoints(_train(ctx, values))]
+
+
+def final_model(ctx, values):
+    """The final model's config.json form and the first part of its tensor names (Paddle or HF layout)."""
+    from safetensors.numpy import load_file
+
+    out = _train(ctx, values)
+    names = {k.split(".")[0] for f in sorted(out.glob("*.safetensors")) for k in load_file(f)}
+    return sorted(json.loads((out / "config.json").read_text())["architectures"]), sorted(names)
 
 
 def correction_biases(ctx, values):
@@ -521,6 +533,8 @@ EFFECTS: dict[str, Effect] = {
         "random", "concat", first_batches, _with(train_dataset_path=MIX, train_dataset_prob="0.5,0.5")
     ),
     "packing": Effect(False, True, first_batches),
+    "packing_size": Effect(0, 1, first_batches, _with(packing=True)),
+    "save_to_hf": Effect(False, True, final_model, _with(FULL)),
     # `ernie-studio eval` (run_eval.yaml)
     "eval:model_name_or_path": Effect("@tiny", "@moe", evaluated, EVAL_BASE),
     "eval:output_dir": Effect("@a", "@b", evaluated, EVAL_BASE),

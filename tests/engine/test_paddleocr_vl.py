@@ -325,15 +325,3 @@ def test_init_model_writes_a_tiny_paddleocr_vl_that_reads_an_image(tmp_path) -> 
             paddle.to_tensor([ids]), pixel_values=paddle.to_tensor(pix), grid_thw=grids.tolist()
         ).logits
     assert logits.shape == [1, len(ids), c.text.vocab_size] and bool(paddle.isfinite(logits).all())
-
-
-def test_training_a_paddleocr_vl_is_refused_naming_the_model(tmp_path) -> None:
-    """Until training takes PaddleOCR-VL, a run on one is a clear error (the trainer's load passes its
-    storage), never a run that treats it as an ERNIE 4.5 causal LM."""
-    from engine.models.initialize import init_model
-    from engine.models.loading import load_model
-    from engine.models.streaming import Storage
-
-    out = init_model("tiny-ocr-vl", tmp_path / "ocr")
-    with pytest.raises(ValueError, match=r"ocr: a PaddleOCR-VL model .* training it is not supported yet"):
-        load_model(str(out), storage=Storage())
