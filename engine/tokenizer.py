@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import numbers
@@ -158,6 +159,13 @@ class ErnieTokenizer:
             template_source if self.config.get("chat_template") else "ERNIE's built-in template"
         )
         self._template = compile_chat_template(self.chat_template, self.template_source)
+
+    def with_chat_template(self, source_text: str, source: str) -> ErnieTokenizer:
+        """This tokenizer (same vocabulary) rendering another chat template, compiled in the same sandbox."""
+        other = copy.copy(self)
+        other.chat_template, other.template_source = source_text, source
+        other._template = compile_chat_template(source_text, source)
+        return other
 
     # ---- ids ---------------------------------------------------------------------------------------
     @property

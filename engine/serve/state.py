@@ -9,7 +9,9 @@ import json
 import logging
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from engine.models.paddleocr_vl_config import MODEL_TYPE as PADDLEOCR_VL
 from engine.serve.generate import GenerationEngine, SamplingParams
 from engine.serve.metrics import ServerMetrics
 from engine.serve.protocol import (
@@ -63,10 +65,24 @@ class ServingState:
         self.metrics = ServerMetrics(engine.stats, served_model_name)
         self.created = int(time.time())
         self.vision_config = getattr(engine.model.config, "vision_config", None)
+        # PaddleOCR-VL: its own image processor and chat template (images first in a user turn, no "Picture N:")
+        self.ocr = getattr(engine.model.config, "model_type", None) == PADDLEOCR_VL
         self.processor = None
         # VL: the one folder whose pictures a chat may name by path (none: data: URLs only)
         self.media_dir = Path(media_dir).resolve() if media_dir else None
-        if self.vision_config is not None:
+        if self.ocr:
+            from engine.data.paddleocr_vl_processor import CHAT_TEMPLATE, OCRProcessorSettings
+
+            self.processor = (
+                OCRProcessorSettings.from_model_dir(model_dir) if model_dir else OCRProcessorSettings()
+            )
+            # The published chat_template.jinja when the directory has one; else the built-in copy of it, not a
+            # tokenizer_config.json template (copied tokenizers carry ERNIE's text-only one there).
+            if model_dir is None or not (Path(model_dir) / "chat_template.jinja").is_file():
+                self.tokenizer = self.tokenizer.with_chat_template(
+                    CHAT_TEMPLATE, "PaddleOCR-VL's chat template"
+                )
+        elif self.vision_config is not None:
             # the model directory's preprocessor_config.json (Baidu ships one), with the model's patch sizes
             from engine.data.vl_processor import ProcessorSettings
 
@@ -115,11 +131,9 @@ class ServingState:
         """Prompt token ids of the chat template over the messages, and the decoded images in order."""
         reject_unsupported_chat_fields(req)
         images: list = []
+        content = self.ocr_message_parts if self.ocr else self.message_text
         messages = [
-            {
-                "role": "system" if m.role == "developer" else m.role,
-                "content": self.message_text(m, i, images),
-            }
+            {"role": "system" if m.role == "developer" else m.role, "content": content(m, i, images)}
             for i, m in enumerate(req.messages)
         ]
         try:
@@ -130,12 +144,14 @@ class ServingState:
             raise APIError(
                 400, f"the chat template could not render these messages: {e}", param="messages"
             ) from e
+        if self.ocr:
+            text = self.expand_ocr_images(text, images)
         return self.tokenizer.encode(text), images
 
     def message_text(self, m: ChatMessage, i: int, images: list) -> str:
         """A message's content as prompt text; image parts become placeholders and append their pixels."""
         if not isinstance(m.content, list):
-            return m.content or ""
+            return self.checked_text(m.content or "", f"messages.{i}.content")
         return "".join(self.part_text(part, i, j, images) for j, part in enumerate(m.content))
 
     def part_text(self, part: ContentPart, i: int, j: int, images: list) -> str:
@@ -143,31 +159,103 @@ class ServingState:
         if part.type == "image_url" and self.vision_config is not None:
             return self.image_part(part, images, where)
         if part.type != "text" or part.text is None:
-            kinds = "text and image_url parts" if self.vision_config is not None else "only text parts"
-            raise APIError(
-                400,
-                f"messages[{i}].content[{j}]: this model takes {kinds}, got type {part.type!r}",
-                param=where,
-            )
-        return part.text
+            raise self.wrong_part(part, i, j)
+        return self.checked_text(part.text, where)
+
+    def wrong_part(self, part: ContentPart, i: int, j: int) -> APIError:
+        kinds = "text and image_url parts" if self.vision_config is not None else "only text parts"
+        where = f"messages.{i}.content.{j}"
+        return APIError(
+            400, f"messages[{i}].content[{j}]: this model takes {kinds}, got type {part.type!r}", param=where
+        )
+
+    def checked_text(self, text: str, where: str) -> str:
+        """Text that holds no image token: written as text, it would claim pixels no part sent."""
+        if self.vision_config is not None:
+            from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START
+
+            for token in (IMAGE_PLACEHOLDER, IMAGE_START, IMAGE_END):
+                if token in text:
+                    raise APIError(
+                        400,
+                        f"{where}: text may not contain the image token {token}; send each image as an "
+                        "image_url part",
+                        param=where,
+                    )
+        return text
 
     def image_part(self, part: ContentPart, images: list, where: str) -> str:
-        """Decode a base64 ``data:`` image through the official processor; return its prompt text, numbered
-        through the conversation as ERNIE 4.5 VL's chat template numbers pictures."""
-        from engine.data.vl_processor import VisionInputError, preprocess_image
+        """An ERNIE 4.5 VL image part's prompt text, numbered through the conversation as its chat template
+        numbers pictures; the decoded image joins ``images``."""
         from engine.tokenizer import IMAGE_PLACEHOLDER, picture_text
 
-        url = (getattr(part, "image_url", None) or {}).get("url", "")
-        try:
-            if url.startswith("data:") and ";base64," in url:
-                raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-                item = preprocess_image(raw, self.processor)
-            else:
-                item = preprocess_image(self.media_path(url, where), self.processor)
-        except (binascii.Error, VisionInputError) as e:
-            raise APIError(400, f"{where}: not a readable image: {e}", param=where) from e
+        item = self.decode_image(part, where)
         images.append(item)
         return picture_text(len(images), IMAGE_PLACEHOLDER * item.num_tokens)
+
+    def ocr_message_parts(self, m: ChatMessage, i: int, images: list) -> list[dict]:
+        """A message as PaddleOCR-VL's chat template reads it: ``{"type": "image"}`` and ``{"type": "text"}``
+        parts (the template places a user turn's images before its text); decoded images join ``images``."""
+        if not isinstance(m.content, list):
+            return [{"type": "text", "text": self.checked_text(m.content or "", f"messages.{i}.content")}]
+        parts: list[dict] = []
+        for j, part in enumerate(m.content):
+            where = f"messages.{i}.content.{j}"
+            if part.type == "image_url":
+                images.append(self.decode_image(part, where))
+                parts.append({"type": "image"})
+            elif part.type == "text" and part.text is not None:
+                parts.append({"type": "text", "text": self.checked_text(part.text, where)})
+            else:
+                raise self.wrong_part(part, i, j)
+        return parts
+
+    def expand_ocr_images(self, text: str, images: list) -> str:
+        """The rendered prompt with each image's placeholder repeated once per decoder token of the image."""
+        from engine.data.paddleocr_vl_processor import IMAGE_PLACEHOLDER, expand_image_placeholders
+
+        placed = text.count(IMAGE_PLACEHOLDER)
+        if placed != len(images):  # the template renders images of user turns only
+            raise APIError(
+                400,
+                f"messages: {len(images)} image_url parts, but the chat template placed {placed}; "
+                "PaddleOCR-VL reads images in user messages only",
+                param="messages",
+            )
+        return expand_image_placeholders(text, [item.grid_thw for item in images], self.processor.merge_size)
+
+    def decode_image(self, part: ContentPart, where: str):
+        """An image part's picture through the model's image processor: a base64 ``data:`` URL, or a path
+        inside ``--media-dir``; remote URLs are refused (this server fetches nothing)."""
+        if self.ocr:
+            from engine.data.paddleocr_vl_processor import preprocess_image
+        else:
+            from engine.data.vl_processor import preprocess_image
+        from engine.data.vl_processor import VisionInputError
+
+        image_url = getattr(part, "image_url", None)
+        url = image_url.get("url") if isinstance(image_url, dict) else None
+        if not isinstance(url, str) or not url:
+            raise APIError(400, f"{where}: image_url.url is missing", param=where)
+        scheme = urlsplit(url).scheme.lower() if ":" in url else ""
+        if scheme not in ("", "data", "file"):
+            raise APIError(
+                400,
+                f"{where}: {scheme}: URLs are not fetched (this server fetches nothing); send the image inline "
+                "as a data:image/...;base64,... URL",
+                param=where,
+            )
+        if scheme == "data" and ";base64," not in url:
+            raise APIError(
+                400, f"{where}: a data: URL must be base64 (data:image/png;base64,...)", param=where
+            )
+        try:
+            if scheme == "data":
+                raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+                return preprocess_image(raw, self.processor)
+            return preprocess_image(self.media_path(url, where), self.processor)
+        except (binascii.Error, VisionInputError) as e:
+            raise APIError(400, f"{where}: not a readable image: {e}", param=where) from e
 
     def media_path(self, url: str, where: str) -> Path:
         """A picture named by path (``file://`` or plain): only inside ``--media-dir``."""
