@@ -27,6 +27,7 @@ from engine.serve.fastdeploy import (
     gpu_share,
     installed_check,
     kill_recorded,
+    model_unsupported,
 )
 from studio.config import Settings
 from studio.db import session_factory
@@ -67,22 +68,34 @@ def choose_backend(backend: str, model_dir: Path | None) -> tuple[str, str]:
             return llamacpp.choose("llamacpp", model_dir or "")
         except ValueError as e:
             raise RuntimeError(f"llama.cpp refused: {e}") from e
-    if backend == "auto" and not fastdeploy_importable():
-        why = "FastDeploy is not installed"
-    else:
-        check = installed_check()
-        if check.ok:
-            return "fastdeploy", "FastDeploy is installed and takes every flag the launcher passes"
-        if backend == "fastdeploy":
-            raise RuntimeError(f"FastDeploy refused: {check.message}")
-        log.warning("not serving with FastDeploy: %s", check.message)
-        why = check.message
+    chosen, why = _fastdeploy_choice(backend, model_dir)
+    if chosen:
+        return chosen, why
     if model_dir is not None:
         chosen, why_not = llamacpp.choose("auto", model_dir)
         if chosen:
             return chosen, f"{why}; {why_not}"
         why = f"{why}; {why_not}"
     return "paddle", f"{why}; the built-in Paddle server serves it"
+
+
+def _fastdeploy_choice(backend: str, model_dir: Path | None) -> tuple[str | None, str]:
+    """("fastdeploy", why) when FastDeploy serves the deployment, else (None, why not); an explicit
+    `fastdeploy` that cannot is refused."""
+    unsupported = model_unsupported(model_dir)
+    if unsupported:
+        if backend == "fastdeploy":
+            raise RuntimeError(f"FastDeploy refused: {model_dir} is {unsupported}")
+        return None, f"not FastDeploy: {unsupported}"
+    if backend == "auto" and not fastdeploy_importable():
+        return None, "FastDeploy is not installed"
+    check = installed_check()
+    if check.ok:
+        return "fastdeploy", "FastDeploy is installed and takes every flag the launcher passes"
+    if backend == "fastdeploy":
+        raise RuntimeError(f"FastDeploy refused: {check.message}")
+    log.warning("not serving with FastDeploy: %s", check.message)
+    return None, check.message
 
 
 def _gguf_backend(backend: str, model: Path) -> tuple[str, str]:

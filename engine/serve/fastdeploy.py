@@ -290,11 +290,35 @@ def choose_backend(
     return "fastdeploy", "FastDeploy is installed and a GPU is present"
 
 
+def model_unsupported(model_dir: str | Path | None) -> str:
+    """Why the studio does not hand ``model_dir`` to FastDeploy ('' when it does). FastDeploy's own source
+    serves PaddleOCR-VL (docs/deploy.md), but this launch plan (``export_for_serving``, the chat fields) is
+    checked for ERNIE 4.5 models only."""
+    from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
+    from engine.models.paths import architecture_dir
+
+    if model_dir is None or not Path(model_dir).is_dir():
+        return ""
+    try:
+        ocr = is_paddleocr_vl_dir(architecture_dir(model_dir))  # a LoRA run: its base's
+    except FileNotFoundError:
+        return ""
+    if ocr:
+        return (
+            "a PaddleOCR-VL model: the studio's FastDeploy launch plan is checked for ERNIE 4.5 models only; "
+            "the built-in Paddle server serves it (backend paddle)"
+        )
+    return ""
+
+
 def _fastdeploy_unusable(
     model_dir: str | Path, importable: bool | None, gpu: bool | None, flags: FlagCheck | None
 ) -> tuple[str, str]:
     """Why FastDeploy cannot serve ``model_dir`` here: (the reason `auto` gives, the error for an explicit
     request); empty strings when it can. The --help check runs last, only when the rest holds."""
+    unsupported = model_unsupported(model_dir)
+    if unsupported:
+        return unsupported, f"{model_dir} is {unsupported}"
     if not (fastdeploy_importable() if importable is None else importable):
         return "FastDeploy is not installed", (
             "FastDeploy is not installed; install `fastdeploy-gpu` from Paddle's package index (it needs "

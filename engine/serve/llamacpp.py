@@ -97,6 +97,10 @@ def model_problem(model: str | Path) -> str:
         return "" if p.suffix == ".gguf" else f"{p} is not a .gguf file"
     if gguf_files(p):
         return ""
+    from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
+
+    if is_paddleocr_vl_dir(architecture_dir(p)):
+        return "no PaddleOCR-VL architecture in this GGUF writer (the built-in Paddle server serves it)"
     config_file = architecture_dir(p) / "config.json"
     try:
         config = ErnieConfig.from_dict(json.loads(config_file.read_text()))

@@ -96,3 +96,26 @@ def test_a_gguf_is_served_by_llamacpp_only(monkeypatch, tmp_path):
                 serving.choose_backend(backend, model)
         with pytest.raises(RuntimeError, match=r"llama\.cpp refused: .*llama-server is not installed"):
             serving.choose_backend("auto", model)
+
+
+def test_a_paddleocr_vl_goes_to_the_built_in_server(monkeypatch, tmp_path):
+    """PaddleOCR-VL: FastDeploy (the studio's launch plan is checked for ERNIE 4.5 only) and llama.cpp (no
+    GGUF architecture) are refused by name; auto serves it with the built-in Paddle server even where
+    FastDeploy is installed, and a LoRA run of it is judged by its base."""
+    import json
+
+    from engine.models.initialize import init_model
+    from engine.serve import llamacpp
+
+    model = init_model("tiny-ocr-vl", tmp_path / "ocr")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "adapter_config.json").write_text(json.dumps({"base_model": str(model), "r": 8, "lora_alpha": 16}))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # FastDeploy "installed"
+    monkeypatch.setattr(serving, "installed_check", lambda: FlagCheck(True, "2.3.0"))
+    for target in (model, run):
+        with pytest.raises(RuntimeError, match=r"FastDeploy refused: .* is a PaddleOCR-VL model"):
+            serving.choose_backend("fastdeploy", target)
+        backend, why = serving.choose_backend("auto", target)
+        assert backend == "paddle" and why.startswith("not FastDeploy: a PaddleOCR-VL model"), why
+        assert "no PaddleOCR-VL architecture" in llamacpp.model_problem(target)
