@@ -88,7 +88,8 @@ def unpack(archive: str | Path) -> Path:
 
 
 def member_problem(info: zipfile.ZipInfo) -> str | None:
-    """Why one member may not be unpacked (its path leaves the folder, a link, encryption), or None."""
+    """Why one member may not be unpacked (its path leaves the folder or is too long, a link, encryption),
+    or None. The studio's dataset upload checks its zips with it too."""
     n = info.filename
     if "\x00" in n:
         return "its name contains a NUL byte"
@@ -96,8 +97,11 @@ def member_problem(info: zipfile.ZipInfo) -> str | None:
         return "its name contains '\\'; archives must use '/' between folders"
     if n.startswith("/") or (len(n) > 1 and n[1] == ":"):
         return "it has an absolute path; archive members must be relative"
-    if ".." in [p for p in n.split("/") if p not in ("", ".")]:
+    parts = [p for p in n.split("/") if p not in ("", ".")]
+    if ".." in parts:
         return "its path contains '..' and would land outside the dataset folder"
+    if any(len(p.encode()) > 255 for p in parts) or len(n) > 1024:
+        return "its path is too long"
     if stat.S_ISLNK(info.external_attr >> 16):
         return "it is a symbolic link; put the file itself in the archive"
     if info.flag_bits & 0x1:

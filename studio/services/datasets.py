@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import shutil
-import stat
 import time
 import uuid
 import zipfile
@@ -18,6 +17,7 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from engine.data.archive import member_problem
 from engine.data.formats import FORMATS
 from engine.data.records import TABLE_SUFFIXES
 from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
@@ -399,27 +399,6 @@ def _create_from_archive(
     )
 
 
-def _member_problem(info: zipfile.ZipInfo) -> str | None:
-    """Why one archive member may not be extracted (path escapes, link, encryption), or None."""
-    n = info.filename
-    if "\x00" in n:
-        return "its name contains a NUL byte"
-    if "\\" in n:
-        return "its name contains '\\'; archives must use '/' between folders"
-    if n.startswith("/") or (len(n) > 1 and n[1] == ":"):
-        return "it has an absolute path; archive members must be relative"
-    parts = [p for p in n.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        return "its path contains '..' and would land outside the dataset folder"
-    if any(len(p.encode()) > 255 for p in parts) or len(n) > 1024:
-        return "its path is too long"
-    if stat.S_ISLNK(info.external_attr >> 16):
-        return "it is a symbolic link; put the file itself in the archive"
-    if info.flag_bits & 0x1:
-        return "it is encrypted; archives must not use a password"
-    return None
-
-
 def extract_archive(
     settings: Settings, archive: Path, dest: Path, filename: str, *, data_file: str | None = None
 ) -> tuple[str, int]:
@@ -464,7 +443,7 @@ def _archive_files(
     seen: set[str] = set()
     files: list[tuple[zipfile.ZipInfo, str]] = []
     for info in infos:
-        why = _member_problem(info)
+        why = member_problem(info)
         if why:
             raise InvalidInput(f"file: {filename}: member {info.filename!r} refused: {why}")
         rel = "/".join(p for p in info.filename.split("/") if p not in ("", "."))
