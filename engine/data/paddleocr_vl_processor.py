@@ -20,7 +20,6 @@ t * h * w / merge^2 times for its image.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ import numpy as np
 
 from engine.data.vl_processor import (
     DEFAULT_MAX_IMAGE_PIXELS,
-    MAX_ASPECT_RATIO,
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     ImageSource,
@@ -39,6 +37,7 @@ from engine.data.vl_processor import (
     header_size,
     load_image,
 )
+from engine.data.vl_processor import smart_resize as vl_smart_resize
 
 IMAGE_PLACEHOLDER = "<|IMAGE_PLACEHOLDER|>"
 TASK_PROMPTS = {
@@ -57,28 +56,9 @@ def smart_resize(
 ) -> tuple[int, int]:
     """(height, width) as multiples of ``factor`` within [min_pixels, max_pixels], keeping the aspect ratio;
     a side shorter than ``factor`` is first scaled up to it (the other side with it)."""
-    if height < 1 or width < 1:
-        raise VisionInputError(f"{width}x{height} pixels is empty; an image needs at least 1x1")
-    if height < factor:
-        width, height = round(width * factor / height), factor
-    if width < factor:
-        height, width = round(height * factor / width), factor
-    ratio = max(height, width) / min(height, width)
-    if ratio > MAX_ASPECT_RATIO:
-        raise VisionInputError(
-            f"{width}x{height} pixels has an aspect ratio of {ratio:.1f}, over the {MAX_ASPECT_RATIO} "
-            "PaddleOCR-VL accepts; crop or pad it"
-        )
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return vl_smart_resize(
+        height, width, factor, min_pixels, max_pixels, scale_short_sides=True, model="PaddleOCR-VL"
+    )
 
 
 @dataclass(frozen=True)

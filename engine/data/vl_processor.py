@@ -69,20 +69,33 @@ class VisionInputError(ValueError):
 
 
 def smart_resize(
-    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 6177
+    height: int,
+    width: int,
+    factor: int = 28,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 6177,
+    *,
+    scale_short_sides: bool = False,
+    model: str = "ERNIE 4.5 VL",
 ) -> tuple[int, int]:
     """(height, width) as multiples of ``factor`` within [min_pixels, max_pixels], keeping the aspect ratio.
 
     transformers' function of the same name defaults max_pixels to 14*14*4*1280; these are its image
-    processor's defaults, the values it actually uses.
+    processor's defaults, the values it actually uses. ``scale_short_sides`` (PaddleOCR-VL's processor):
+    a side shorter than ``factor`` is first scaled up to it, the other side with it. ``model`` names who
+    refuses an image in the errors.
     """
     if height < 1 or width < 1:
         raise VisionInputError(f"{width}x{height} pixels is empty; an image needs at least 1x1")
+    if scale_short_sides and height < factor:
+        width, height = round(width * factor / height), factor
+    if scale_short_sides and width < factor:
+        height, width = round(height * factor / width), factor
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
         raise VisionInputError(
             f"{width}x{height} pixels has an aspect ratio of {ratio:.1f}, over the {MAX_ASPECT_RATIO} "
-            "ERNIE 4.5 VL accepts; crop or pad it"
+            f"{model} accepts; crop or pad it"
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
