@@ -304,15 +304,7 @@ class ErnieForCausalLM(nn.Layer):
         return self.ernie.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def logits_from_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
-        # One 2-D [B*T, H] product rather than a 3-D batched one (no slower, sometimes faster on CPU; see
-        # docs/benchmarks.md). The tied embedding is [V, H], an untied head [H, V].
-        w, tied = self.output_weight(), self.config.tie_word_embeddings
-        h2 = h.reshape([-1, h.shape[-1]])
-        if w.dtype != h.dtype:  # held in bf16 on a node without bf16 matmul (engine.models.quantized)
-            flat = upcast_matmul(h2, w, transpose_y=tied)
-        else:
-            flat = paddle.matmul(h2, w, transpose_y=tied)
-        return flat.reshape([*h.shape[:-1], flat.shape[-1]])
+        return head_logits(h, self.output_weight(), self.config.tie_word_embeddings)
 
     # ---- forward -----------------------------------------------------------------------------------
     def forward(
@@ -424,3 +416,15 @@ def token_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
     """Token-balanced loss: every labelled token counts once, whichever sample or modality it is in."""
     ce, mask = per_token_loss(logits, labels)
     return ce.sum() / paddle.clip(mask.sum(), min=1.0)
+
+
+def head_logits(h: paddle.Tensor, w: paddle.Tensor, tied: bool) -> paddle.Tensor:
+    """The language-model head: hidden states [..., H] times the output weight, the tied embedding [V, H]
+    or an untied head [H, V]. One 2-D [B*T, H] product rather than a 3-D batched one (no slower, sometimes
+    faster on CPU; see docs/benchmarks.md)."""
+    h2 = h.reshape([-1, h.shape[-1]])
+    if w.dtype != h.dtype:  # held in bf16 on a node without bf16 matmul (engine.models.quantized)
+        flat = upcast_matmul(h2, w, transpose_y=tied)
+    else:
+        flat = paddle.matmul(h2, w, transpose_y=tied)
+    return flat.reshape([*h.shape[:-1], flat.shape[-1]])

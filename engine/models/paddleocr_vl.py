@@ -33,10 +33,16 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from engine.models.ernie import CausalLMOutput, DynamicCache, ErnieModel, decoder_mask, token_loss
+from engine.models.ernie import (
+    CausalLMOutput,
+    DynamicCache,
+    ErnieModel,
+    decoder_mask,
+    head_logits,
+    token_loss,
+)
 from engine.models.paddleocr_vl_config import OCRVisionConfig, PaddleOCRVLConfig
 from engine.models.positions import batch_positions
-from engine.models.quantized import upcast_matmul
 from engine.models.vision import VisionRotary, patch_positions, rotate_half
 
 Grid = tuple[int, int, int]
@@ -243,11 +249,7 @@ class PaddleOCRVLForConditionalGeneration(nn.Layer):
 
     def logits_from_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
         tied = self.config.text.tie_word_embeddings
-        w = self.ernie.embed_tokens.weight if tied else self.lm_head.weight
-        if w.dtype != h.dtype:  # a head held in bf16 on a node without bf16 matmul (emulated bf16 training)
-            h2 = h.reshape([-1, h.shape[-1]])
-            return upcast_matmul(h2, w, transpose_y=tied).reshape([*h.shape[:-1], -1])
-        return paddle.matmul(h, w, transpose_y=tied)
+        return head_logits(h, self.ernie.embed_tokens.weight if tied else self.lm_head.weight, tied)
 
     def forward(
         self,
