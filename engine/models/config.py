@@ -298,19 +298,7 @@ class ErnieConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> ErnieConfig:
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no config.json; a model directory needs one")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: config.json is not valid JSON: {e.msg}") from e
-        try:
-            return cls.from_dict(raw)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from e
+        return config_from_file(cls, path)
 
     @property
     def architecture(self) -> str:
@@ -405,3 +393,21 @@ def vision_parameter_count(v: VisionConfig, text_hidden: int) -> int:
     spatial = 2 * (s * s + s) + 2 * s
     temporal = (v.temporal_merge_size * s * s + s) + (s * s + s) + 2 * s
     return vit + spatial + temporal + s * text_hidden + 2 * text_hidden
+
+
+def config_from_file(cls: Any, path: str | Path) -> Any:
+    """``cls.from_dict`` of a model directory's config.json (or the file itself), every error naming the
+    file (and the line of a JSON error)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no config.json; a model directory needs one")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: config.json is not valid JSON: {e.msg}") from e
+    try:
+        return cls.from_dict(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e

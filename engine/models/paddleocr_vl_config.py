@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.models.config import ErnieConfig
+from engine.models.config import ErnieConfig, config_from_file
 
 log = logging.getLogger(__name__)
 
@@ -165,17 +165,7 @@ class PaddleOCRVLConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> PaddleOCRVLConfig:
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: config.json is not valid JSON: {e.msg}") from e
-        try:
-            return cls.from_dict(raw)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from e
+        return config_from_file(cls, path)
 
     # ---- writing ---------------------------------------------------------------------------------
     def _text_dict(self) -> dict[str, Any]:
