@@ -291,10 +291,15 @@ class DeployHandlers:
         url_dep, url_run = _url_params(request)
         return self.refresh(run_value, None, url_dep, saved, run_id=url_run)
 
-    def on_select(self, run_value: Any, current: Any, saved: Any, request: gr.Request) -> tuple[Any, ...]:
-        """Opening the tab keeps the shown deployment, else as :meth:`restore`."""
+    def on_select(
+        self, run_value: Any, current: Any, saved: Any, request: gr.Request | None
+    ) -> tuple[Any, ...]:
+        """Opening the tab shows the remembered deployment (a deployment just started elsewhere, as the
+        Runs tab's deploy buttons open it), else the shown one, else as :meth:`restore`. The dropdown's own
+        picks are remembered as they happen, so the two differ only while such a switch is on its way: the
+        dropdown still shows the deployment picked before it."""
         url_dep, url_run = _url_params(request)
-        return self.refresh(run_value, current, url_dep, saved, run_id=url_run)
+        return self.refresh(run_value, saved, current, url_dep, run_id=url_run)
 
     def relabel(self, current: Any, run_value: Any) -> tuple[Any, ...]:
         """After a language switch: the table, choices and status line in the new language (values kept)."""

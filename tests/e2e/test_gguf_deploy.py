@@ -89,8 +89,8 @@ def test_export_gguf_deploy_with_llamacpp_and_chat(page, studio, artifacts, tmp_
     ui.click("runs-gguf-deploy")
     deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
-    # the new deployment's own status line: a tick of the tab may still show the one picked before (an earlier
-    # test's deployment in this studio, "running") until the switch lands
+    # the new deployment's own status line, not the one picked before (an earlier test's deployment in this
+    # studio, "running": the tab's select event used to keep it, DeployHandlers.on_select)
     ui.expect_text("dep-status", re.compile(r"#\d+ run-\d+-gguf-q8_0 — running"), timeout=180_000)
     dep = next(d for d in api(studio, "/deployments") if d["model_dir"].endswith("model-q8_0.gguf"))
     assert dep["backend"] == "llamacpp" and dep["status"] == "running", dep

@@ -404,6 +404,32 @@ def test_the_deploy_tab_offers_images_only_for_a_vl_deployment(ctx, tmp_path):
     assert refused.value.duration is None  # the notice stays until the person closes it
 
 
+def test_opening_the_deploy_tab_shows_a_deployment_just_started_from_the_runs_tab(ctx, tiny_model_dir):
+    """A deploy button of the Runs tab remembers the new deployment and opens Deploy & Chat; the tab's select
+    event, which still sees the dropdown's earlier pick, must show the new one (it kept the earlier one, and
+    test_gguf_deploy waited 180 s on deployment #2 while #3 started)."""
+
+    import shutil
+
+    model = ctx.settings.models_dir / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+
+    def deploy() -> int:
+        spec = deployments_svc.DeploymentSpec(model=str(model))
+        return ctx.call(deployments_svc.create_deployment, ctx.settings, spec).id
+
+    earlier, new = deploy(), deploy()
+    handlers = DeployHandlers(ctx)
+    _, _, dropdown, status = handlers.on_select(None, earlier, new, None)
+    assert dropdown["value"] == new and f"#{new} " in status
+    # the tab opened by hand: the remembered deployment is the shown one
+    _, _, dropdown, status = handlers.on_select(None, earlier, earlier, None)
+    assert dropdown["value"] == earlier and f"#{earlier} " in status
+    # a remembered deployment that was deleted meanwhile: the shown one stays
+    _, _, dropdown, _ = handlers.on_select(None, earlier, new + 100, None)
+    assert dropdown["value"] == earlier
+
+
 def test_the_deploy_tab_offers_thinking_only_for_a_thinking_model(ctx, tiny_model_dir, tmp_path):
     """A model whose vocabulary holds </think> gets the thinking choice, unticked; ticked, the request asks
     the chat template for it (unticked, FastDeploy VL deployments get thinking off: fit_chat_request)."""
