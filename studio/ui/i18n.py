@@ -171,7 +171,6 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tr.na.model.text-moe": ("applies to text MoE models only", "仅适用于纯文本 MoE 模型"),
     "tr.problems": ("Fix before launching", "启动前请修正"),
     "tr.problem": ("⚠️ {message}", "⚠️ {message}"),
-    "tr.tristate.model": ("from the model", "沿用模型设置"),
     # runs
     "runs.table": ("Runs", "任务列表"),
     "runs.select": ("Run", "任务"),

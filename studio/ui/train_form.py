@@ -46,8 +46,9 @@ STUDIO_SOURCES: dict[str, str | None] = {
 # Keys whose None default is resolved per stage (STAGE_DEFAULTS): the form always holds a value for them.
 _RESOLVED = {key for values in STAGE_DEFAULTS.values() for key in values}
 OPTIONS_PER_ROW = 4
-# The choices of a flag that may be left to the model's config.json (``bool | None``): "" keeps the model's.
-MODEL_FLAG_CHOICES = ("", "true", "false")
+# The choices of a flag that may be left to the model's config.json (``bool | None``): the first keeps the
+# model's value (a name both languages show as it is).
+MODEL_FLAG_CHOICES = ("config.json", "true", "false")
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def form_value(key: str, value: Any) -> Any:
     if option is None:
         return value
     if option.kind == "model_flag":
-        return "" if value is None else str(bool(value)).lower()
+        return MODEL_FLAG_CHOICES[0] if value is None else str(bool(value)).lower()
     if option.kind == "choices":
         return (
             list(value) if isinstance(value, list | tuple) else [v for v in str(value or "").split(",") if v]
@@ -149,7 +150,7 @@ def config_value(key: str, value: Any) -> Any:
     if option is None:
         return value
     if option.kind == "model_flag":
-        return value == "true"
+        return None if value == MODEL_FLAG_CHOICES[0] else value == "true"
     if option.kind == "choices":
         return ",".join(value)  # a run's hyperparameters are plain values; the engine splits the list
     if option.kind == "int" and isinstance(value, float) and value.is_integer():

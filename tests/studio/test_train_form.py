@@ -131,6 +131,9 @@ def test_the_form_holds_every_key_but_the_studios_own(tab):
     assert tab.options.groups["schedule"].open and not tab.options.groups["elastic"].open
     assert tab.options.more["schedule"].open is False
     assert len(OPTION_KEYS) >= 75
+    # a flag the model's config.json decides until it is set: left out of the run by default
+    assert tab.fields["moe_use_aux_free"].value == "config.json"
+    assert "moe_use_aux_free" not in hyperparameters(form_defaults("SFT", "Full"))
 
 
 def test_a_new_schema_key_appears_in_the_form_with_no_ui_code(monkeypatch):
