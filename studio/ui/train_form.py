@@ -132,6 +132,8 @@ def form_value(key: str, value: Any) -> Any:
     if option is None:
         return value
     if option.kind == "model_flag":
+        if value in MODEL_FLAG_CHOICES:  # already a field value
+            return value
         return MODEL_FLAG_CHOICES[0] if value is None else str(bool(value)).lower()
     if option.kind == "choices":
         return (
