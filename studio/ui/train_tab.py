@@ -337,6 +337,8 @@ class TrainHandlers:
     def __init__(self, ctx: UIContext, keys: list[str]):
         self.ctx = ctx
         self.keys = keys
+        # the check of the form as event arguments (set by the layout), for events of other tabs to chain
+        self.review_wiring: dict[str, Any] = {}
 
     def spec(self, values: tuple[Any, ...]) -> runs_svc.RunSpec:
         return run_spec(dict(zip(self.keys, values, strict=True)))
@@ -533,7 +535,6 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
         with gr.Column(scale=2):
             side = _side_panel(t)
     handlers = TrainHandlers(ctx, list(fields))
-    _wire_choices(fields)
     _wire_search(options)
     _wire_actions(ctx, tab, handlers, fields, options, side, launched_run)
     ctx.demo.load(handlers.model_roots, None, roots)
@@ -544,15 +545,6 @@ def search_options(query: str) -> list[Any]:
     """The search box changed: options, groups and the no-match line (``search_updates``) in the session's
     language."""
     return search_updates(query, current_language())
-
-
-def _wire_choices(fields: dict[str, Any]) -> None:
-    choice_inputs = [fields[k] for k in CHOICE_KEYS]
-    choice_outputs = [fields[k] for k in STAGE_DEPENDENT_KEYS]
-    # Stage follows any change (a clone too); fine-tuning and compute type only the person's own input.
-    fields["stage"].change(choice_changed, choice_inputs, choice_outputs)
-    fields["fine_tuning"].input(choice_changed, choice_inputs, choice_outputs)
-    fields["compute_type"].input(choice_changed, choice_inputs, choice_outputs)
 
 
 def _wire_search(options: OptionGroups) -> None:
@@ -584,19 +576,20 @@ def _wire_actions(
         side.yaml_view,
         side.yaml_file,
     ]
-    gr.on(
-        [comp.change for comp in inputs],
-        handlers.review,
-        inputs,
-        review_outputs,
-        show_progress="hidden",
-        trigger_mode="always_last",
-    )
-    ctx.demo.load(handlers.review, inputs, review_outputs, show_progress="hidden")
+    review = {"fn": handlers.review, "inputs": inputs, "outputs": review_outputs, "show_progress": "hidden"}
+    # The person's own edits; a value set by a handler (a clone fills ~100 fields at once) is checked once,
+    # after that handler (change events would check the form once per field it set).
+    gr.on([comp.input for comp in inputs], trigger_mode="always_last", **review)
+    ctx.demo.load(**review)
+    for key in CHOICE_KEYS:
+        fields[key].input(
+            choice_changed, [fields[k] for k in CHOICE_KEYS], [fields[k] for k in STAGE_DEPENDENT_KEYS]
+        ).then(**review)
     # After a language switch the option tooltips are the help texts again: put the problems back.
     ctx.on_language(handlers.review, inputs, review_outputs, needs_selection=False)
     side.estimate_btn.click(handlers.show_estimate, inputs, side.estimate)
     side.launch.click(handlers.launch, inputs, [side.launch_status, launched_run], concurrency_limit=1)
     pickers = [fields["base_model"], fields["dataset_ids"], fields["eval_dataset_ids"]]
-    tab.select(handlers.refresh_choices, pickers, pickers)
-    ctx.demo.load(handlers.refresh_choices, pickers, pickers)
+    tab.select(handlers.refresh_choices, pickers, pickers).then(**review)
+    ctx.demo.load(handlers.refresh_choices, pickers, pickers).then(**review)
+    handlers.review_wiring = review
