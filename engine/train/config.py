@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import math
 import re
@@ -1545,12 +1546,15 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return {str(k): v for k, v in data.items()}, lines
 
 
-def _fields(cls: type) -> dict[str, Any]:
+@functools.cache
+def _fields(cls: type) -> Mapping[str, Any]:
+    # Cached: resolving the string annotations is ~3 ms, and a config checks every key it is given against
+    # them (a run config of 60 keys took 0.2 s to build; the Train form builds one per change).
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return types.MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls)})
 
 
-def _suggest(key: str, fields: dict[str, Any]) -> str:
+def _suggest(key: str, fields: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 

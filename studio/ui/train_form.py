@@ -169,6 +169,14 @@ def folded_groups() -> list[tuple[str, list[FormOption]]]:
     ]
 
 
+def folds() -> list[tuple[str, list[FormOption]]]:
+    """Every folded box with the options it holds, as (id, options): a group without common options (id: the
+    group), then each group's "More options" (id: ``<group>-more``). Their fields are put on the page when the
+    box is first opened (or a search or a wrong value opens it), so the tab opens with the common ones only."""
+    closed = [(group, options) for group, options in grouped_options() if not any(o.common for o in options)]
+    return [*closed, *((f"{group}-more", options) for group, options in folded_groups())]
+
+
 # ---- what applies ---------------------------------------------------------------------------------------
 
 
@@ -288,6 +296,12 @@ class OptionGroups:
     more: dict[str, gr.Accordion]
     search: gr.Textbox
     no_match: gr.Markdown
+    # Per fold (``folds()`` order): the box, and the column holding its fields (off the page until opened).
+    fold_boxes: dict[str, gr.Accordion]
+    bodies: dict[str, gr.Column]
+
+    def body_outputs(self) -> list[gr.Column]:
+        return [self.bodies[fold] for fold, _ in folds()]
 
 
 def option_field(t: Texts, option: FormOption, value: Any) -> gr.components.Component:
@@ -321,31 +335,63 @@ def _rows(t: Texts, options: list[FormOption], start: dict[str, Any], fields: di
                 fields[option.key] = option_field(t, option, start[option.key])
 
 
+def _folded_rows(
+    t: Texts, fold: str, options: list[FormOption], start: dict[str, Any], fields: dict[str, Any]
+) -> gr.Column:
+    # Not visible: Gradio leaves the column's fields off the page (their values are kept and sent as usual)
+    # until opening the box shows it; ~60 folded fields made the tab take seconds to open.
+    with gr.Column(visible=False, elem_id=f"tr-fold-{fold}") as body:
+        _rows(t, options, start, fields)
+    return body
+
+
 def build_option_groups(t: Texts, start: dict[str, Any]) -> OptionGroups:
     """The search box and one accordion per group: open when it holds common options (shown first), the
-    rest of its options folded under "More options"."""
+    rest of its options folded under "More options"; a folded box's fields are drawn when it first opens."""
     search = t.make(gr.Textbox, "tr.search", max_lines=1, elem_id="tr-search")
     no_match = gr.Markdown("", elem_id="tr-no-match")
     fields: dict[str, Any] = {}
     groups: dict[str, gr.Accordion] = {}
     more: dict[str, gr.Accordion] = {}
+    fold_boxes: dict[str, gr.Accordion] = {}
+    bodies: dict[str, gr.Column] = {}
     for group, options in grouped_options():
         common = [o for o in options if o.common]
         rest = [o for o in options if not o.common]
         elem = f"tr-group-{group}"
         with t.make(gr.Accordion, f"tr.group.{group}", open=bool(common), elem_id=elem) as box:
             groups[group] = box
-            _rows(t, common or rest, start, fields)
-            if common and rest:
+            if not common:
+                fold_boxes[group] = box
+                bodies[group] = _folded_rows(t, group, rest, start, fields)
+                continue
+            _rows(t, common, start, fields)
+            if rest:
                 with t.make(gr.Accordion, "tr.more", open=False, elem_id=f"{elem}-more") as folded:
-                    more[group] = folded
-                    _rows(t, rest, start, fields)
-    return OptionGroups(fields, groups, more, search, no_match)
+                    more[group] = fold_boxes[f"{group}-more"] = folded
+                    bodies[f"{group}-more"] = _folded_rows(t, f"{group}-more", rest, start, fields)
+    for fold, box in fold_boxes.items():
+        box.expand(show_fold, None, bodies[fold], queue=False, show_progress="hidden")
+    return OptionGroups(fields, groups, more, search, no_match, fold_boxes, bodies)
+
+
+def show_fold() -> dict[str, Any]:
+    """A folded box was opened: its fields go on the page."""
+    return gr.update(visible=True)
+
+
+def fold_updates(keys: set[str]) -> list[Any]:
+    """One update per fold (``folds()`` order): shown when it holds one of ``keys``, else left as it is."""
+    return [
+        gr.update(visible=True) if any(o.key in keys for o in options) else gr.skip()
+        for _, options in folds()
+    ]
 
 
 def search_updates(query: str, lang: str = DEFAULT_LANGUAGE) -> list[Any]:
     """The search box changed: one update per option (shown or not, in OPTION_KEYS order), then per group
-    and per "More options" accordion (in ``grouped_options`` order), then the no-match line."""
+    and per "More options" accordion (in ``grouped_options`` order), per fold's fields (``folds`` order),
+    then the no-match line."""
     found = set(matching_options(query))
     searching = bool((query or "").strip())
     out: list[Any] = [gr.update(visible=key in found) for key in OPTION_KEYS]
@@ -359,5 +405,6 @@ def search_updates(query: str, lang: str = DEFAULT_LANGUAGE) -> list[Any]:
     for _, folded in folded_groups():
         hit = any(o.key in found for o in folded)
         out.append(gr.update(open=True) if searching and hit else gr.skip())
+    out += fold_updates(found if searching else set())
     out.append(text("tr.search.none", lang, query=query) if searching and not found else "")
     return out

@@ -43,6 +43,7 @@ from studio.ui.train_form import (
     OptionGroups,
     build_option_groups,
     config_value,
+    fold_updates,
     folded_groups,
     form_value,
     grouped_options,
@@ -393,6 +394,7 @@ class TrainHandlers:
         for _, options in [*grouped_options(), *folded_groups()]:
             wrong = [o for o in options if o.key in by_field]
             out.append(gr.update(open=True) if wrong else gr.skip())
+        out += fold_updates(set(by_field))
         out.append(gr.update(interactive=not problems))
         out.append(problems_markdown(problems, lang))
         if problems:
@@ -552,6 +554,7 @@ def _wire_search(options: OptionGroups) -> None:
         *(options.fields[k] for k in OPTION_KEYS),
         *options.groups.values(),
         *options.more.values(),
+        *options.body_outputs(),
         options.no_match,
     ]
     options.search.change(search_options, options.search, outputs, show_progress="hidden")
@@ -571,6 +574,7 @@ def _wire_actions(
         *(fields[k] for k in OPTION_KEYS),
         *options.groups.values(),
         *options.more.values(),
+        *options.body_outputs(),
         side.launch,
         side.problems,
         side.yaml_view,

@@ -21,6 +21,8 @@ from engine.train.config import (
     not_applicable,
     option,
 )
+from studio.config import Settings
+from studio.migrate import upgrade
 from studio.services import datasets as datasets_svc
 from studio.ui import train_form
 from studio.ui.context import UIContext
@@ -130,6 +132,11 @@ def test_the_form_holds_every_key_but_the_studios_own(tab):
     assert list(tab.options.groups) == [g for g in OPTION_GROUPS if any(o.group == g for o in form_options())]
     assert tab.options.groups["schedule"].open and not tab.options.groups["elastic"].open
     assert tab.options.more["schedule"].open is False
+    # folded options are off the page until their box opens (the tab opens with the common ones only)
+    folded = {o.key for _, options in train_form.folds() for o in options}
+    assert folded == {o.key for o in form_options() if not o.common}
+    assert all(body.visible is False for body in tab.options.bodies.values())
+    assert set(tab.options.bodies) == {fold for fold, _ in train_form.folds()}
     assert len(OPTION_KEYS) >= 75
     # a flag the model's config.json decides until it is set: left out of the run by default
     assert tab.fields["moe_use_aux_free"].value == "config.json"
@@ -185,6 +192,10 @@ def test_search_finds_options_by_name_and_help_in_english_and_chinese():
     shown = {k for k, u in zip(OPTION_KEYS, updates, strict=False) if u["visible"]}
     assert {"recompute", "recompute_granularity", "use_recompute_moe"} <= shown and "lora_rank" not in shown
     assert search_updates("no such option at all")[-1] == "No option matches “no such option at all”."
+    # a match in a folded box puts its fields on the page
+    folds = [fold for fold, _ in train_form.folds()]
+    bodies = dict(zip(folds, updates[-1 - len(folds) : -1], strict=True))
+    assert bodies["precision"]["visible"] is True and bodies["gpas"] == gr.skip()
 
 
 def test_every_key_group_and_form_text_has_chinese():
@@ -208,9 +219,12 @@ def test_problems_land_on_the_field_they_name():
 # ---- the live check, against a real store ------------------------------------------------------------------
 
 
-@pytest.fixture
-def form(settings):
-    """A built Train tab on a real store, its handlers and the starting values with the demo dataset picked."""
+@pytest.fixture(scope="module")
+def form(tmp_path_factory):
+    """A built Train tab on a real store, its handlers and the starting values with the demo dataset picked
+    (one per module: the checks only read the store)."""
+    settings = Settings(home=tmp_path_factory.mktemp("form") / "home", max_upload_mb=2)
+    upgrade(settings)
     with gr.Blocks() as demo:
         built = build_train_tab(UIContext(settings=settings, texts=Texts(), demo=demo))
     ctx = built.handlers.ctx
@@ -221,12 +235,21 @@ def form(settings):
 
 
 def _review(built, values):
+    return _review_all(built, values)[:5]
+
+
+def _review_all(built, values):
+    """The review's updates: per option, per group and "More options" box, Launch, the problems, the YAML,
+    and per fold's fields (by fold id)."""
     out = built.handlers.review(*(values[k] for k in built.handlers.keys))
     n = len(OPTION_KEYS)
     updates = dict(zip(OPTION_KEYS, out[:n], strict=True))
-    groups = out[n : n + len(built.options.groups) + len(built.options.more)]
+    g = n + len(built.options.groups) + len(built.options.more)
+    groups = out[n:g]
+    folds = [fold for fold, _ in train_form.folds()]
+    bodies = dict(zip(folds, out[g : g + len(folds)], strict=True))
     launch, problems, yaml_text, _ = out[-4:]
-    return updates, groups, launch, problems, yaml_text
+    return updates, groups, launch, problems, yaml_text, bodies
 
 
 def test_each_change_shows_the_engines_message_beside_its_field_and_launch_waits(form):
@@ -267,12 +290,17 @@ def test_each_change_shows_the_engines_message_beside_its_field_and_launch_waits
 
 def test_with_no_dataset_the_options_are_still_checked(form):
     built, values, _ = form
-    updates, _, launch, problems, _ = _review(built, values | {"dataset_ids": [], "max_grad_norm": -1})
+    updates, _, launch, problems, _, bodies = _review_all(
+        built, values | {"dataset_ids": [], "max_grad_norm": -1}
+    )
     assert launch["interactive"] is False and "dataset_ids" in problems
     assert updates["max_grad_norm"]["info"] == "⚠️ max_grad_norm must be >= 0, got -1.0"
+    # a folded field with a wrong value is put on the page (its box opens), the others are left as they are
+    assert bodies["optimizer-more"] == {"__type__": "update", "visible": True}
+    assert all(u == gr.skip() for fold, u in bodies.items() if fold != "optimizer-more")
 
 
-def test_a_dpo_form_reaches_the_dpo_options(form, settings):
+def test_a_dpo_form_reaches_the_dpo_options(form):
     built, values, ids = form
     dpo = values | {
         "stage": "DPO",
