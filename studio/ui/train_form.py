@@ -270,6 +270,30 @@ def option_update(
     return gr.update(info=help_text(key, lang), interactive=True, elem_classes=["tr-option"])
 
 
+def option_mark(update: dict[str, Any]) -> list[Any]:
+    """What an ``option_update`` shows (help or message, enabled, classes), to compare with what is shown."""
+    return [update["info"], update["interactive"], list(update["elem_classes"])]
+
+
+def starting_marks(stage: str, fine_tuning: str, compute_type: str, lang: str) -> dict[str, list[Any]]:
+    """Each option's mark as the form is built (no model chosen yet, nothing wrong)."""
+    return {
+        key: option_mark(option_update(key, [], unmet(key, stage, fine_tuning, compute_type), lang))
+        for key in OPTION_KEYS
+    }
+
+
+def changed_updates(
+    updates: dict[str, dict[str, Any]], shown: dict[str, list[Any]] | None
+) -> tuple[list[Any], dict[str, list[Any]]]:
+    """The option updates (OPTION_KEYS order) whose mark differs from what the page shows (the rest skipped:
+    an update to a field off the page costs the browser a redraw), and the marks shown after them."""
+    marks = {key: option_mark(update) for key, update in updates.items()}
+    shown = shown or {}
+    out = [gr.skip() if shown.get(key) == marks[key] else updates[key] for key in OPTION_KEYS]
+    return out, marks
+
+
 # ---- search ------------------------------------------------------------------------------------------------
 
 
@@ -304,13 +328,18 @@ class OptionGroups:
         return [self.bodies[fold] for fold, _ in folds()]
 
 
-def option_field(t: Texts, option: FormOption, value: Any) -> gr.components.Component:
-    """One option's component, its kind from the schema; bounds are shown, and checked by the engine."""
+def option_field(
+    t: Texts, option: FormOption, value: Any, mark: list[Any] | None = None
+) -> gr.components.Component:
+    """One option's component, its kind from the schema; bounds are shown, and checked by the engine. ``mark``
+    (``starting_marks``) starts it disabled with the reason when it does not apply."""
+    info, interactive, classes = mark or (help_text(option.key, t.lang, option), True, ["tr-option"])
     common = {
         "value": form_value(option.key, value),
         "elem_id": option.elem_id,
-        "elem_classes": ["tr-option"],
-        "info": help_text(option.key, t.lang, option),
+        "elem_classes": classes,
+        "info": info,
+        "interactive": interactive,
     }
     label = f"tr.{option.key}"
     if option.kind == "choice":
@@ -329,10 +358,11 @@ def option_field(t: Texts, option: FormOption, value: Any) -> gr.components.Comp
 
 
 def _rows(t: Texts, options: list[FormOption], start: dict[str, Any], fields: dict[str, Any]) -> None:
+    marks = starting_marks(start["stage"], start["fine_tuning"], start["compute_type"], t.lang)
     for first in range(0, len(options), OPTIONS_PER_ROW):
         with gr.Row(equal_height=False):
             for option in options[first : first + OPTIONS_PER_ROW]:
-                fields[option.key] = option_field(t, option, start[option.key])
+                fields[option.key] = option_field(t, option, start[option.key], marks[option.key])
 
 
 def _folded_rows(

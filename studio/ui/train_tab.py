@@ -42,6 +42,7 @@ from studio.ui.train_form import (
     TOP_KEYS,
     OptionGroups,
     build_option_groups,
+    changed_updates,
     config_value,
     fold_updates,
     folded_groups,
@@ -51,6 +52,7 @@ from studio.ui.train_form import (
     problems_by_field,
     problems_markdown,
     search_updates,
+    starting_marks,
     unmet,
 )
 
@@ -377,20 +379,24 @@ class TrainHandlers:
             return [str(e.message), *runs_svc.config_problems(stage, fine_tuning, hyper)]
         return self.ctx.read(runs_svc.spec_problems, self.ctx.settings, spec, default=[])
 
-    def review(self, *values: Any) -> list[Any]:
+    def review(self, *args: Any) -> list[Any]:
         """After any change: each option shows the engine's message for its value, else why it does not
-        apply, else its help; groups holding a wrong value open; Launch is enabled only with no problem left;
-        the problems are listed beside Launch; then the YAML and its file (``review_outputs`` order)."""
+        apply, else its help (sent only where that differs from what the page shows, the marks after the
+        form values); groups holding a wrong value open; Launch is enabled only with no problem left; the
+        problems are listed beside Launch; then the YAML and its file, and the marks now shown
+        (``review_outputs`` order)."""
         lang = current_language()
+        values, shown = args[: len(self.keys)], (args[len(self.keys) :] or [None])[0]
         form = dict(zip(self.keys, values, strict=True))
         choices = [form.get(k) or _SCHEMA_DEFAULTS[k] for k in CHOICE_KEYS]
         model = self.model_of(form.get("base_model"))
         problems = self.problems(values)
         by_field = problems_by_field(problems)
-        out: list[Any] = [
-            option_update(key, by_field.get(key, []), unmet(key, *choices, model), lang)
+        updates = {
+            key: option_update(key, by_field.get(key, []), unmet(key, *choices, model), lang)
             for key in OPTION_KEYS
-        ]
+        }
+        out, marks = changed_updates(updates, shown)
         for _, options in [*grouped_options(), *folded_groups()]:
             wrong = [o for o in options if o.key in by_field]
             out.append(gr.update(open=True) if wrong else gr.skip())
@@ -398,8 +404,9 @@ class TrainHandlers:
         out.append(gr.update(interactive=not problems))
         out.append(problems_markdown(problems, lang))
         if problems:
-            return [*out, text("tr.msg.invalid", lang, message=localize_message(problems[0], lang)), None]
-        return [*out, *self.show_yaml(*values)]
+            invalid = text("tr.msg.invalid", lang, message=localize_message(problems[0], lang))
+            return [*out, invalid, None, marks]
+        return [*out, *self.show_yaml(*values), marks]
 
     def show_estimate(self, *values: Any) -> str:
         est = self.ctx.call(runs_svc.estimate_resources, self.ctx.settings, self.spec(values))
@@ -527,6 +534,8 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
     with t.make(gr.Tab, "tab.train", id="train") as tab, gr.Row():
         # Inside the tab: a bare State between two Tabs shifts Gradio's tab indices in the browser.
         launched_run = gr.State(None)
+        # What each option field shows (help or message, enabled): a check sends only what differs.
+        marks = gr.State(starting_marks(*(start[k] for k in CHOICE_KEYS), t.lang))
         with gr.Column(scale=3):
             fields, roots = _choice_rows(t, start)
             build_download_row(ctx, t, fields["base_model"])
@@ -538,7 +547,7 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
             side = _side_panel(t)
     handlers = TrainHandlers(ctx, list(fields))
     _wire_search(options)
-    _wire_actions(ctx, tab, handlers, fields, options, side, launched_run)
+    _wire_actions(ctx, tab, handlers, fields, options, side, launched_run, marks)
     ctx.demo.load(handlers.model_roots, None, roots)
     return TrainTab(tab=tab, fields=fields, launched_run=launched_run, handlers=handlers, options=options)
 
@@ -568,6 +577,7 @@ def _wire_actions(
     options: OptionGroups,
     side: _SidePanel,
     launched_run: gr.State,
+    marks: gr.State,
 ) -> None:
     inputs = [fields[k] for k in handlers.keys]
     review_outputs = [
@@ -579,8 +589,14 @@ def _wire_actions(
         side.problems,
         side.yaml_view,
         side.yaml_file,
+        marks,
     ]
-    review = {"fn": handlers.review, "inputs": inputs, "outputs": review_outputs, "show_progress": "hidden"}
+    review = {
+        "fn": handlers.review,
+        "inputs": [*inputs, marks],
+        "outputs": review_outputs,
+        "show_progress": "hidden",
+    }
     # The person's own edits; a value set by a handler (a clone fills ~100 fields at once) is checked once,
     # after that handler (change events would check the form once per field it set).
     gr.on([comp.input for comp in inputs], trigger_mode="always_last", **review)
@@ -590,7 +606,7 @@ def _wire_actions(
             choice_changed, [fields[k] for k in CHOICE_KEYS], [fields[k] for k in STAGE_DEPENDENT_KEYS]
         ).then(**review)
     # After a language switch the option tooltips are the help texts again: put the problems back.
-    ctx.on_language(handlers.review, inputs, review_outputs, needs_selection=False)
+    ctx.on_language(handlers.review, [*inputs, marks], review_outputs, needs_selection=False)
     side.estimate_btn.click(handlers.show_estimate, inputs, side.estimate)
     side.launch.click(handlers.launch, inputs, [side.launch_status, launched_run], concurrency_limit=1)
     pickers = [fields["base_model"], fields["dataset_ids"], fields["eval_dataset_ids"]]

@@ -58,6 +58,9 @@ def tab():
         return build_train_tab(UIContext(settings=None, texts=Texts(), demo=demo))
 
 
+TAB_START = train_form.starting_marks("SFT", "LoRA", "fp32", "en")
+
+
 def _other_value(key: str, default):
     """A value of ``key`` other than its default that the engine accepts (None: left to pass-through)."""
     option = OPTIONS[key]
@@ -98,7 +101,9 @@ def test_every_option_of_every_stage_and_method_is_reachable_with_the_engines_fa
         option = OPTIONS[key]
         assert isinstance(comp, KINDS[option.kind]), key
         assert (option.minimum, option.maximum) == (meta["minimum"], meta["maximum"]), key
-        assert range_text(option) in comp.info, key  # the bounds are shown; the engine checks them
+        assert range_text(option) in train_form.help_text(key), key  # bounds shown; the engine checks them
+        # the field starts as the first check would show it (help, or why it does not apply)
+        assert [comp.info, comp.interactive is not False] == TAB_START[key][:2], key
         if meta["choices"] is not None:
             assert [c[1] for c in comp.choices] == list(meta["choices"]), key
         assert option.group == meta["group"] in OPTION_GROUPS, key
@@ -248,7 +253,7 @@ def _review_all(built, values):
     groups = out[n:g]
     folds = [fold for fold, _ in train_form.folds()]
     bodies = dict(zip(folds, out[g : g + len(folds)], strict=True))
-    launch, problems, yaml_text, _ = out[-4:]
+    launch, problems, yaml_text, _, _ = out[-5:]
     return updates, groups, launch, problems, yaml_text, bodies
 
 
@@ -286,6 +291,22 @@ def test_each_change_shows_the_engines_message_beside_its_field_and_launch_waits
 
     # in Chinese, the help and the reasons are Chinese; unknown values keep the engine's words
     assert updates["learning_rate"]["info"].startswith("Peak learning rate")
+
+
+def test_a_check_sends_only_the_fields_whose_message_changed(form):
+    built, values, _ = form
+    args = [values[k] for k in built.handlers.keys]
+    start = train_form.starting_marks("SFT", "LoRA", "fp32", "en")
+    out = built.handlers.review(*args, start)
+    # the tiny dense model: only the options it cannot use change (e.g. the MoE ones), the rest are skipped
+    sent = {k for k, u in zip(OPTION_KEYS, out, strict=False) if u != gr.skip()}
+    assert sent and "moe_use_aux_free" in sent and "learning_rate" not in sent and "lora_rank" not in sent
+    marks = out[-1]
+    out = built.handlers.review(*[values[k] if k != "lora_rank" else 0 for k in built.handlers.keys], marks)
+    sent = {k for k, u in zip(OPTION_KEYS, out, strict=False) if u != gr.skip()}
+    assert sent == {"lora_rank"} and "lora_rank must be >= 1" in out[OPTION_KEYS.index("lora_rank")]["info"]
+    # the field is built as the first check would show it: an option that does not apply starts disabled
+    assert built.fields["beta"].interactive is False and built.fields["lora_rank"].interactive is not False
 
 
 def test_with_no_dataset_the_options_are_still_checked(form):
