@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import math
 import re
@@ -86,6 +87,78 @@ STAGE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+# What each training key is for: the studio's Train form groups its fields by these, in this order.
+OPTION_GROUPS = (
+    "data",
+    "schedule",
+    "optimizer",
+    "lora",
+    "dpo",
+    "moe",
+    "precision",
+    "elastic",
+    "gpas",
+    "evaluation",
+    "logging",
+    "run",
+)
+# Model kinds a key may need (Applies.model): an MoE model, a multimodal one, a text-only MoE model.
+MODEL_KINDS = ("moe", "vl", "text-moe")
+
+
+@dataclass(frozen=True)
+class Applies:
+    """When a training key has an effect: on these stages, on LoRA (adapters) or Full runs, with these compute
+    types, on this kind of model. Empty means any; a key without ``applies`` always has an effect."""
+
+    stages: tuple[str, ...] = ()
+    adapters: bool | None = None
+    compute_types: tuple[str, ...] = ()
+    model: str = ""
+
+    def unmet(
+        self, stage: str, fine_tuning: str, compute_type: str, model: ErnieConfig | None = None
+    ) -> list[tuple[str, str]]:
+        """The conditions a run of these choices does not meet, as ``(what, needed)`` pairs: ``("stage",
+        "DPO")``, ``("adapters", "LoRA")``, ``("compute_type", "fp8")``, ``("model", "moe")``. An unknown
+        model (None) meets every model condition."""
+        unmet: list[tuple[str, str]] = []
+        if self.stages and stage not in self.stages:
+            unmet.append(("stage", ", ".join(self.stages)))
+        adapters = fine_tuning == "LoRA" or compute_type in WEIGHT_ONLY_COMPUTE_TYPES
+        if self.adapters is not None and adapters != self.adapters:
+            unmet.append(("adapters", "LoRA" if self.adapters else "Full"))
+        if self.compute_types and compute_type not in self.compute_types:
+            unmet.append(("compute_type", ", ".join(self.compute_types)))
+        if self.model and model is not None and not _model_is(model, self.model):
+            unmet.append(("model", self.model))
+        return unmet
+
+
+def _model_is(model: ErnieConfig, kind: str) -> bool:
+    if kind == "moe":
+        return model.is_moe
+    if kind == "vl":
+        return model.is_vl
+    return model.is_moe and not model.is_vl
+
+
+UNMET_REASONS = {
+    "stage": "applies to stage {needed} only",
+    "adapters": "applies to {needed} runs only",
+    "compute_type": "applies with compute_type {needed} only",
+    "model": "applies to {needed} models only",
+}
+LORA_RUNS = Applies(adapters=True)
+FULL_RUNS = Applies(adapters=False)
+DPO_RUNS = Applies(stages=("DPO",))
+VL_SFT_RUNS = Applies(stages=("VL-SFT",))
+IMAGE_RUNS = Applies(stages=("VL-SFT", OCR_STAGE))  # the runs that read images
+MOE_MODELS = Applies(model="moe")
+ELASTIC_RUNS = Applies(stages=("PT", "SFT"), model="text-moe")
+FP8_RUNS = Applies(compute_types=("fp8",))
+
+
 def option(
     default: Any = dataclasses.MISSING,
     help: str = "",
@@ -94,9 +167,22 @@ def option(
     minimum: float | None = None,
     maximum: float | None = None,
     factory: Any = dataclasses.MISSING,
+    group: str | None = None,
+    common: bool = False,
+    applies: Applies | None = None,
 ) -> Any:
-    """A config field with the facts every front end reads: help text, allowed values and bounds."""
-    metadata = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum}
+    """A config field with the facts every front end reads: help text, allowed values and bounds; for the
+    studio's form also its group (one of OPTION_GROUPS), whether it is a common one (shown unfolded) and
+    when it has an effect."""
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "group": group,
+        "common": common,
+        "applies": applies,
+    }
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -314,66 +400,107 @@ class Notice:
 
 
 class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message says where and what to do."""
+    """A config file or override that cannot be used; the message says where and what to do. ``problems``
+    holds each problem on its own (without the file name), for front ends that show them by key."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 @dataclass
 class TrainConfig:
     """Everything one training run needs. Keys and defaults follow ERNIEKit's YAML configs."""
 
-    model_name_or_path: str = option("", "A model directory (config.json, weights, tokenizer).")
-    stage: str = option("SFT", "Training stage.", choices=STAGES)
+    model_name_or_path: str = option("", "A model directory (config.json, weights, tokenizer).", group="run")
+    stage: str = option("SFT", "Training stage.", choices=STAGES, group="run")
     fine_tuning: str = option(
-        "LoRA", "Train all weights (Full) or low-rank adapters (LoRA).", choices=FINE_TUNING
+        "LoRA", "Train all weights (Full) or low-rank adapters (LoRA).", choices=FINE_TUNING, group="run"
     )
-    output_dir: str = option("./output", "Run directory: metrics, checkpoints and the final model.")
+    output_dir: str = option(
+        "./output", "Run directory: metrics, checkpoints and the final model.", group="run"
+    )
     save_to_hf: bool = option(
         False,
         "Full runs: write the final model in the Hugging Face layout (PyTorch names; PaddleOCR-VL: "
         "transformers' config.json form) instead of the Paddle one (PaddleOCR-VL: its published form).",
+        group="run",
+        applies=Applies(adapters=False),
     )
     logging_dir: str = option(
         "",
         "Where report_to's TensorBoard / VisualDL / MLflow logs go (a folder per tool); empty means output_dir.",
+        group="logging",
     )
     report_to: list[str] | None = option(  # noqa: RUF009 (a field with a default_factory)
         help="Scalar logs besides metrics.jsonl: visualdl (ERNIEKit's default), tensorboard, all (both), "
         "mlflow (with the tracking extra), or none; comma-separated.",
         choices=REPORT_TO,
         factory=lambda: ["visualdl"],
+        group="logging",
     )
     # data
-    train_dataset_type: str = option("", "Format of each training file (comma-separated).")
-    train_dataset_path: str = option("", "Training files, comma-separated for mixing.")
-    train_dataset_prob: str = option("1.0", "Sampling probability of each training file.")
-    eval_dataset_type: str = option("", "Format of each evaluation file.")
-    eval_dataset_path: str = option("", "Evaluation files, comma-separated.")
-    eval_dataset_prob: str = option("1.0", "Sampling probability of each evaluation file.")
-    text_dataset_path: str = option("", "VL-SFT: text-only training files mixed in with the image data.")
-    text_dataset_prob: str = option("", "Sampling probability of each text_dataset_path file.")
+    train_dataset_type: str = option("", "Format of each training file (comma-separated).", group="data")
+    train_dataset_path: str = option("", "Training files, comma-separated for mixing.", group="data")
+    train_dataset_prob: str = option("1.0", "Sampling probability of each training file.", group="data")
+    eval_dataset_type: str = option("", "Format of each evaluation file.", group="data")
+    eval_dataset_path: str = option("", "Evaluation files, comma-separated.", group="data")
+    eval_dataset_prob: str = option("1.0", "Sampling probability of each evaluation file.", group="data")
+    text_dataset_path: str = option(
+        "",
+        "VL-SFT: text-only training files mixed in with the image data.",
+        group="data",
+        applies=VL_SFT_RUNS,
+    )
+    text_dataset_prob: str = option(
+        "", "Sampling probability of each text_dataset_path file.", group="data", applies=VL_SFT_RUNS
+    )
     min_pixels: int = option(
         0,
         "VL-SFT / OCR-VL-SFT: smallest image area after resizing, in pixels; 0 = the model's processor "
         "setting.",
         minimum=0,
+        group="data",
+        applies=IMAGE_RUNS,
     )
     max_pixels: int = option(
         0,
         "VL-SFT / OCR-VL-SFT: largest image area after resizing, in pixels; 0 = the model's processor "
         "setting.",
         minimum=0,
+        group="data",
+        applies=IMAGE_RUNS,
     )
     num_samples_each_epoch: int = option(
-        0, "Samples in one epoch (ERNIEKit's epoch) when training by epochs; 0 is one pass.", minimum=0
+        0,
+        "Samples in one epoch (ERNIEKit's epoch) when training by epochs; 0 is one pass.",
+        minimum=0,
+        group="data",
     )
     max_seq_len: int = option(
-        2048, "Longer samples drop their oldest turns first.", minimum=1, maximum=MAX_SEQ_LEN
+        2048,
+        "Longer samples drop their oldest turns first.",
+        minimum=1,
+        maximum=MAX_SEQ_LEN,
+        group="data",
+        common=True,
     )
     max_prompt_len: int = option(
-        1024, "DPO: longest prompt kept before the responses.", minimum=1, maximum=MAX_SEQ_LEN
+        1024,
+        "DPO: longest prompt kept before the responses.",
+        minimum=1,
+        maximum=MAX_SEQ_LEN,
+        group="dpo",
+        applies=DPO_RUNS,
     )
     packing: bool | None = option(
-        None, "Pack short samples into one sequence (no cross-attention); default per stage."
+        None,
+        "Pack short samples into one sequence (no cross-attention); default per stage.",
+        group="data",
+        common=True,
+    )
+    mix_strategy: str = option(
+        "random", "How several training files are mixed.", choices=MIX_STRATEGIES, group="data"
     )
     packing_size: int = option(
         0,
@@ -381,74 +508,153 @@ class TrainConfig:
         "as many as fit.",
         minimum=0,
         maximum=MAX_BATCH_SIZE,
+        group="data",
     )
-    mix_strategy: str = option("random", "How several training files are mixed.", choices=MIX_STRATEGIES)
     # batch and optimiser
     batch_size: int = option(
-        1, "Samples (or packed sequences) per step per device.", minimum=1, maximum=MAX_BATCH_SIZE
+        1,
+        "Samples (or packed sequences) per step per device.",
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        group="schedule",
     )
     per_device_train_batch_size: int = option(
-        0, "ERNIEKit's name for batch_size (wins when set).", minimum=0, maximum=MAX_BATCH_SIZE
+        0,
+        "ERNIEKit's name for batch_size (wins when set).",
+        minimum=0,
+        maximum=MAX_BATCH_SIZE,
+        group="schedule",
+        common=True,
     )
     per_device_eval_batch_size: int = option(
-        0, "Evaluation batch size; 0 means batch_size.", minimum=0, maximum=MAX_BATCH_SIZE
+        0, "Evaluation batch size; 0 means batch_size.", minimum=0, maximum=MAX_BATCH_SIZE, group="evaluation"
     )
     gradient_accumulation_steps: int = option(
-        1, "Micro-batches summed per optimizer step.", minimum=1, maximum=MAX_STEPS
+        1,
+        "Micro-batches summed per optimizer step.",
+        minimum=1,
+        maximum=MAX_STEPS,
+        group="schedule",
+        common=True,
     )
     learning_rate: float | None = option(
-        None, "Peak learning rate after warm-up; default per stage and fine-tuning.", minimum=0, maximum=1
+        None,
+        "Peak learning rate after warm-up; default per stage and fine-tuning.",
+        minimum=0,
+        maximum=1,
+        group="schedule",
+        common=True,
     )
-    lr_scheduler_type: str = option("cosine", "Learning-rate schedule after warm-up.", choices=SCHEDULERS)
-    min_lr: float = option(0.0, "Learning rate at the end of the schedule.", minimum=0, maximum=1)
-    warmup_steps: int = option(0, "Linear warm-up from 0 to learning_rate.", minimum=0, maximum=MAX_STEPS)
+    lr_scheduler_type: str = option(
+        "cosine", "Learning-rate schedule after warm-up.", choices=SCHEDULERS, group="schedule", common=True
+    )
+    min_lr: float = option(
+        0.0, "Learning rate at the end of the schedule.", minimum=0, maximum=1, group="schedule"
+    )
+    warmup_steps: int = option(
+        0,
+        "Linear warm-up from 0 to learning_rate.",
+        minimum=0,
+        maximum=MAX_STEPS,
+        group="schedule",
+        common=True,
+    )
     warmup_ratio: float = option(
-        0.0, "Warm-up as a share of all steps (when warmup_steps is 0).", minimum=0, maximum=1
+        0.0,
+        "Warm-up as a share of all steps (when warmup_steps is 0).",
+        minimum=0,
+        maximum=1,
+        group="schedule",
     )
     max_steps: int = option(
-        -1, "Optimizer steps; -1 (or 0) trains num_train_epochs.", minimum=-1, maximum=MAX_STEPS
+        -1,
+        "Optimizer steps; -1 (or 0) trains num_train_epochs.",
+        minimum=-1,
+        maximum=MAX_STEPS,
+        group="schedule",
+        common=True,
     )
     num_train_epochs: float = option(
-        1.0, "Passes over the data; used when max_steps is -1.", minimum=0, maximum=MAX_EPOCHS
+        1.0,
+        "Passes over the data; used when max_steps is -1.",
+        minimum=0,
+        maximum=MAX_EPOCHS,
+        group="schedule",
+        common=True,
     )
     optim: str = option(
-        "adamw", "Optimizer; adamw_custom (ERNIEKit's AdamW) is the same update.", choices=OPTIMIZERS
+        "adamw",
+        "Optimizer; adamw_custom (ERNIEKit's AdamW) is the same update.",
+        choices=OPTIMIZERS,
+        group="optimizer",
     )
-    weight_decay: float = option(0.0, "AdamW weight decay.", minimum=0)
-    adam_beta1: float = option(0.9, "AdamW beta1.", minimum=0, maximum=1)
-    adam_beta2: float = option(0.999, "AdamW beta2.", minimum=0, maximum=1)
-    adam_epsilon: float = option(1e-8, "AdamW epsilon.", minimum=0)
-    max_grad_norm: float = option(1.0, "Gradient clipping by global norm; 0 turns it off.", minimum=0)
+    weight_decay: float = option(0.0, "AdamW weight decay.", minimum=0, group="optimizer", common=True)
+    adam_beta1: float = option(0.9, "AdamW beta1.", minimum=0, maximum=1, group="optimizer")
+    adam_beta2: float = option(0.999, "AdamW beta2.", minimum=0, maximum=1, group="optimizer")
+    adam_epsilon: float = option(1e-8, "AdamW epsilon.", minimum=0, group="optimizer")
+    max_grad_norm: float = option(
+        1.0, "Gradient clipping by global norm; 0 turns it off.", minimum=0, group="optimizer"
+    )
     moe_gate_lr_ratio: float = option(
-        1.0, "Learning-rate multiplier of the MoE routers (Full runs).", minimum=0
+        1.0,
+        "Learning-rate multiplier of the MoE routers (Full runs).",
+        minimum=0,
+        group="optimizer",
+        applies=Applies(adapters=False, model="moe"),
     )
     vit_lr_ratio: float = option(
-        1.0, "Learning-rate multiplier of the vision encoder (VL, Full runs).", minimum=0
+        1.0,
+        "Learning-rate multiplier of the vision encoder (VL, Full runs).",
+        minimum=0,
+        group="optimizer",
+        applies=Applies(adapters=False, model="vl"),
     )
     freeze_config: str = option(
         "",
         "Weights that stay frozen in Full runs: freeze_vision and/or freeze_lm (space or comma separated).",
+        group="optimizer",
+        applies=Applies(adapters=False, model="vl"),
     )
     hidden_dropout_prob: float = option(
-        0.0, "Dropout on each decoder layer's attention and FFN outputs; layer i of N drops p*i/N.", minimum=0
+        0.0,
+        "Dropout on each decoder layer's attention and FFN outputs; layer i of N drops p*i/N.",
+        minimum=0,
+        group="optimizer",
     )
     dropout_warmup_steps: int = option(
-        0, "Dropout rises linearly from 0 to hidden_dropout_prob over these steps.", minimum=0
+        0,
+        "Dropout rises linearly from 0 to hidden_dropout_prob over these steps.",
+        minimum=0,
+        group="optimizer",
     )
-    ema_decay: float = option(0.0, "Exponential moving average of the weights; 0 turns it off.", minimum=0)
-    seed: int = option(42, "Seed for initialisation, shuffling and dropout.", minimum=0, maximum=2**32 - 1)
-    recompute: bool = option(False, "Recompute activations in backward (less memory, more time).")
+    ema_decay: float = option(
+        0.0, "Exponential moving average of the weights; 0 turns it off.", minimum=0, group="optimizer"
+    )
+    seed: int = option(
+        42,
+        "Seed for initialisation, shuffling and dropout.",
+        minimum=0,
+        maximum=2**32 - 1,
+        group="schedule",
+        common=True,
+    )
+    recompute: bool = option(
+        False, "Recompute activations in backward (less memory, more time).", group="precision"
+    )
     recompute_granularity: str = option(
         "full",
         "What recompute rebuilds in backward: full (every block of each decoder layer: attention, dense FFN "
         "and MoE), full_attn (the attention blocks), core_attn (the softmax attention inside them).",
         choices=RECOMPUTE_GRANULARITIES,
+        group="precision",
     )
     use_recompute_moe: bool = option(
         True,
         "Under recompute, rebuild the MoE blocks too (router, routed and shared experts), whatever the "
         "granularity; false keeps their activations. With expert parallelism only the routed and shared "
         "experts are rebuilt (the exchange is never replayed); those runs say so.",
+        group="precision",
+        applies=MOE_MODELS,
     )
     compute_type: str = option(
         "fp32",
@@ -456,51 +662,108 @@ class TrainConfig:
         "there are no bf16 kernels, fp16 needs a GPU); wint8/wint4 quantize the frozen base (LoRA); fp8 is "
         "FP8 QAT.",
         choices=COMPUTE_TYPES,
+        group="precision",
+        common=True,
     )
     # what runs, logging, checkpoints
-    do_train: bool = option(True, "Train; false only evaluates the model (needs do_eval and an eval set).")
-    do_eval: bool = option(True, "Evaluate on the eval set when one is given.")
+    do_train: bool = option(
+        True, "Train; false only evaluates the model (needs do_eval and an eval set).", group="evaluation"
+    )
+    do_eval: bool = option(True, "Evaluate on the eval set when one is given.", group="evaluation")
     evaluation_strategy: str = option(
-        "steps", "When to evaluate while training: every eval_steps, every epoch, or no.", choices=STRATEGIES
+        "steps",
+        "When to evaluate while training: every eval_steps, every epoch, or no.",
+        choices=STRATEGIES,
+        group="evaluation",
     )
     max_evaluate_steps: int = option(
-        -1, "Batches per evaluation; -1 (or 0) evaluates the whole eval set.", minimum=-1, maximum=MAX_STEPS
+        -1,
+        "Batches per evaluation; -1 (or 0) evaluates the whole eval set.",
+        minimum=-1,
+        maximum=MAX_STEPS,
+        group="evaluation",
     )
     save_strategy: str = option(
         "steps",
         "When to checkpoint: every save_steps, every epoch, or no (last step only).",
         choices=STRATEGIES,
+        group="evaluation",
     )
     save_total_limit: int = option(
-        0, "Keep the newest N checkpoints, deleting older ones; 0 keeps all.", minimum=0, maximum=MAX_STEPS
+        0,
+        "Keep the newest N checkpoints, deleting older ones; 0 keeps all.",
+        minimum=0,
+        maximum=MAX_STEPS,
+        group="evaluation",
     )
-    logging_steps: int = option(1, "Write a metrics point every N steps.", minimum=1, maximum=MAX_STEPS)
-    save_steps: int = option(500, "Resumable checkpoint every N steps.", minimum=1, maximum=MAX_STEPS)
+    logging_steps: int = option(
+        1, "Write a metrics point every N steps.", minimum=1, maximum=MAX_STEPS, group="logging", common=True
+    )
+    save_steps: int = option(
+        500,
+        "Resumable checkpoint every N steps.",
+        minimum=1,
+        maximum=MAX_STEPS,
+        group="evaluation",
+        common=True,
+    )
     eval_steps: int = option(
         0,
         "Evaluate every N steps (evaluation_strategy steps); 0 evaluates at the end only.",
         minimum=0,
         maximum=MAX_STEPS,
+        group="evaluation",
     )
-    disable_tqdm: bool = option(False, "No progress bar on stdout.")
+    disable_tqdm: bool = option(False, "No progress bar on stdout.", group="logging")
     # LoRA
-    lora_rank: int = option(8, "Rank of the low-rank update.", minimum=1, maximum=MAX_LORA_RANK)
-    lora_alpha: float = option(-1.0, "LoRA scale numerator; -1 means 2 x rank.")
-    lora_plus_scale: float = option(1.0, "LoRA+: learning-rate multiplier of the B matrices.", minimum=0)
-    rslora: bool = option(False, "Rank-stabilised LoRA scaling (alpha / sqrt(rank)).")
+    lora_rank: int = option(
+        8,
+        "Rank of the low-rank update.",
+        minimum=1,
+        maximum=MAX_LORA_RANK,
+        group="lora",
+        common=True,
+        applies=LORA_RUNS,
+    )
+    lora_alpha: float = option(
+        -1.0, "LoRA scale numerator; -1 means 2 x rank.", group="lora", common=True, applies=LORA_RUNS
+    )
+    lora_plus_scale: float = option(
+        1.0, "LoRA+: learning-rate multiplier of the B matrices.", minimum=0, group="lora", applies=LORA_RUNS
+    )
+    rslora: bool = option(
+        False, "Rank-stabilised LoRA scaling (alpha / sqrt(rank)).", group="lora", applies=LORA_RUNS
+    )
     lora_target_modules: list[str] = option(  # noqa: RUF009 (a field with a default_factory)
         help="Linear layers that get adapters; VL models also take vision, and resampler (ERNIE 4.5 VL) or "
         "projector (PaddleOCR-VL).",
         choices=LORA_TARGETS + LORA_VL_TARGETS,
         factory=lambda: list(LORA_TARGETS),
+        group="lora",
+        applies=LORA_RUNS,
     )
     # DPO
-    beta: float = option(0.1, "Strength of the KL anchor to the reference model.", minimum=0)
-    loss_type: str = option("sigmoid", "DPO loss.", choices=DPO_LOSSES)
-    pref_loss_ratio: float = option(1.0, "Weight of the preference loss.", minimum=0)
-    sft_loss_ratio: float = option(0.0, "Weight of the SFT loss on the chosen response.", minimum=0)
-    label_smoothing: float = option(0.0, "Conservative DPO: assumed share of flipped labels.", minimum=0)
-    reference_free: bool = option(False, "DPO without a reference model.")
+    beta: float = option(
+        0.1,
+        "Strength of the KL anchor to the reference model.",
+        minimum=0,
+        group="dpo",
+        common=True,
+        applies=DPO_RUNS,
+    )
+    loss_type: str = option(
+        "sigmoid", "DPO loss.", choices=DPO_LOSSES, group="dpo", common=True, applies=DPO_RUNS
+    )
+    pref_loss_ratio: float = option(
+        1.0, "Weight of the preference loss.", minimum=0, group="dpo", applies=DPO_RUNS
+    )
+    sft_loss_ratio: float = option(
+        0.0, "Weight of the SFT loss on the chosen response.", minimum=0, group="dpo", applies=DPO_RUNS
+    )
+    label_smoothing: float = option(
+        0.0, "Conservative DPO: assumed share of flipped labels.", minimum=0, group="dpo", applies=DPO_RUNS
+    )
+    reference_free: bool = option(False, "DPO without a reference model.", group="dpo", applies=DPO_RUNS)
     dpo_reference_dtype: str = option(
         "run",
         "Full DPO: how the frozen reference model is held: run (as the run holds its weights: fp32, or bf16 "
@@ -508,66 +771,109 @@ class TrainConfig:
         "approximate reference). LoRA DPO has no second model: its reference is the base with the adapters "
         "switched off.",
         choices=DPO_REFERENCE_DTYPES,
+        group="dpo",
+        applies=Applies(stages=("DPO",), adapters=False),
     )
     # MoE (None keeps the value in the model's config.json)
-    moe_aux_loss_lambda: float | None = option(None, "Weight of the load-balancing loss.", minimum=0)
-    moe_z_loss_lambda: float | None = option(None, "Weight of the router z-loss.", minimum=0)
-    moe_orthogonal_loss_lambda: float | None = option(
-        None, "Weight of the router orthogonal loss.", minimum=0
+    moe_aux_loss_lambda: float | None = option(
+        None,
+        "Weight of the load-balancing loss; empty keeps the model's config.json value.",
+        minimum=0,
+        group="moe",
+        applies=MOE_MODELS,
     )
-    moe_use_aux_free: bool | None = option(None, "Balance experts with correction biases (aux-free).")
-    moe_correction_bias_rate: float = option(1e-3, "Step size of the aux-free bias update.", minimum=0)
+    moe_z_loss_lambda: float | None = option(
+        None,
+        "Weight of the router z-loss; empty keeps the model's config.json value.",
+        minimum=0,
+        group="moe",
+        applies=MOE_MODELS,
+    )
+    moe_orthogonal_loss_lambda: float | None = option(
+        None,
+        "Weight of the router orthogonal loss; empty keeps the model's config.json value.",
+        minimum=0,
+        group="moe",
+        applies=MOE_MODELS,
+    )
+    moe_use_aux_free: bool | None = option(
+        None,
+        "Balance experts with correction biases (aux-free); empty keeps the model's config.json value.",
+        group="moe",
+        applies=MOE_MODELS,
+    )
+    moe_correction_bias_rate: float = option(
+        1e-3, "Step size of the aux-free bias update.", minimum=0, group="moe", applies=MOE_MODELS
+    )
     expert_parallel_degree: int = option(
         1,
         "Expert parallelism: split each MoE layer's routed experts over this many ranks (a divisor of the "
         "expert count and of the run's ranks); tokens travel to their expert's rank and back.",
         minimum=1,
         maximum=MAX_DEVICES,
+        group="moe",
+        applies=MOE_MODELS,
     )
     moe_group: str = option(
         "dummy",
         "ERNIEKit's expert-parallel group: dp (or data, world) splits the experts over all ranks; mp (model, "
         "tp) over the tensor-parallel group, one rank here; dummy (none) does not split.",
         choices=MOE_GROUPS,
+        group="moe",
+        applies=MOE_MODELS,
     )
     # GPAS (engine.models.gpas)
     gpas: bool = option(
         False,
         "GPAS: a learnable gate after every residual add scales activations down while gradients pass "
         "unchanged; starts as the plain model (Full runs; a model trained with GPAS keeps its gates).",
+        group="gpas",
+        applies=FULL_RUNS,
     )
     gpas_gate_grad_clip: float = option(
         0.0,
         "GPAS: clip the gates' gradients by this global norm after max_grad_norm (the reference's "
         "clip_gate_grad, 0.01 for its 1B and 7B runs); 0 turns it off.",
         minimum=0,
+        group="gpas",
+        applies=FULL_RUNS,
     )
     # elastic MoE training (engine.train.elastic)
     elastic: bool = option(
         False,
         "Elastic MoE training: each step trains a sub-model sampled over depth, experts and top-k, so one "
         "run yields a family of smaller models (PT / SFT on a text MoE model).",
+        group="elastic",
+        applies=ELASTIC_RUNS,
     )
     elastic_depth_choices: str = option(
         "",
         "Elastic: depths (decoder layers kept; the first and the last always stay) a sub-model may have, "
         "comma-separated, e.g. 20,24; empty keeps every layer.",
+        group="elastic",
+        applies=ELASTIC_RUNS,
     )
     elastic_depth_pattern: str = option(
         "contiguous",
         "Elastic: which layers a shallower sub-model drops: one contiguous block before the last layer, "
         "or evenly strided ones.",
         choices=ELASTIC_DEPTH_PATTERNS,
+        group="elastic",
+        applies=ELASTIC_RUNS,
     )
     elastic_experts_choices: str = option(
         "",
         "Elastic: routed experts per MoE layer a sub-model may keep (the first N; the router renormalises "
         "over them), comma-separated, e.g. 32,48; empty keeps every expert.",
+        group="elastic",
+        applies=ELASTIC_RUNS,
     )
     elastic_topk_choices: str = option(
         "",
         "Elastic: experts per token (k' <= moe_k) a sub-model may route to, comma-separated, e.g. 2,4; "
         "empty keeps moe_k.",
+        group="elastic",
+        applies=ELASTIC_RUNS,
     )
     elastic_full_share: float = option(
         0.5,
@@ -575,16 +881,28 @@ class TrainConfig:
         "from the elastic_* lists.",
         minimum=0,
         maximum=1,
+        group="elastic",
+        applies=ELASTIC_RUNS,
     )
     # quantization-aware training and weight-only bases
-    fp8_hadamard: bool = option(True, "FP8 QAT: rotate blocks with a Hadamard transform before quantizing.")
-    fp8_hadamard_block_size: int = option(32, "FP8 QAT: Hadamard block size (a power of two).", minimum=1)
-    fp8_scale_ema_rate: float = option(0.01, "FP8 QAT: EMA rate of activation scales.", minimum=0)
+    fp8_hadamard: bool = option(
+        True,
+        "FP8 QAT: rotate blocks with a Hadamard transform before quantizing.",
+        group="precision",
+        applies=FP8_RUNS,
+    )
+    fp8_hadamard_block_size: int = option(
+        32, "FP8 QAT: Hadamard block size (a power of two).", minimum=1, group="precision", applies=FP8_RUNS
+    )
+    fp8_scale_ema_rate: float = option(
+        0.01, "FP8 QAT: EMA rate of activation scales.", minimum=0, group="precision", applies=FP8_RUNS
+    )
     # sharded optimizer state over the data-parallel ranks (engine.train.sharding)
     sharding: str = option(
         "",
         "Split the optimizer state over the data-parallel devices: stage1 (AdamW state; CPU and GPU) or "
         "stage2 (gradients too; GPU only). Needs 2 or more devices; empty trains plain data-parallel.",
+        group="precision",
     )
     sharding_parallel_degree: int = option(
         -1,
@@ -592,13 +910,20 @@ class TrainConfig:
         "it must divide the run's devices (the rest replicate the split data-parallel).",
         minimum=-1,
         maximum=MAX_DEVICES,
+        group="precision",
     )
     tensorwise_offload_optimizer: bool = option(
         False,
         "GPU: keep AdamW's moments in host memory and bring each weight's to the device only for its "
         "update (on CPU they live in host memory already).",
+        group="precision",
     )
-    weight_quant_group_size: int = option(-1, "Weight-only bases: group size; -1 is per channel.")
+    weight_quant_group_size: int = option(
+        -1,
+        "Weight-only bases: group size; -1 is per channel.",
+        group="precision",
+        applies=Applies(compute_types=WEIGHT_ONLY_COMPUTE_TYPES),
+    )
 
     # Accepted ERNIEKit keys without effect here (set by the loader; not a key of the config itself).
     notices: typing.ClassVar[list[Notice]]
@@ -905,6 +1230,65 @@ def check_expert_parallel(cfg: TrainConfig, world: int) -> None:
         raise ConfigError(problem)
 
 
+def elastic_model_problems(cfg: TrainConfig, model: ErnieConfig) -> list[str]:
+    """Why an elastic run of ``cfg`` cannot train ``model`` (its elastic lists against the model's layers,
+    experts and moe_k, e.g. ``elastic_topk_choices`` above ``moe_k``); each message names its key."""
+    from engine.models.elastic_family import SubModel, member_problems
+
+    if not cfg.elastic:
+        return []
+    full = SubModel.full(model, cfg.elastic_depth_pattern) if model.is_moe else None
+    if full is None or model.is_vl:
+        return member_problems(model, SubModel(0, 0, 0))[:1]
+    problems: list[str] = []
+    for key, what in (
+        ("elastic_depth_choices", "depth"),
+        ("elastic_experts_choices", "experts"),
+        ("elastic_topk_choices", "k"),
+    ):
+        try:
+            values = cfg.elastic_choices(key)
+        except ValueError:
+            continue  # validate() names it
+        for v in values:
+            one = {"depth": full.depth, "experts": full.experts, "k": full.k, what: v}
+            if what == "experts":
+                one["k"] = min(full.k, v)  # k' <= experts is a property of a member, checked per member
+            member = SubModel(one["depth"], one["experts"], one["k"], full.pattern)
+            problems += [
+                p for p in member_problems(model, member, ELASTIC_TRAIN_KEYS) if p.startswith(f"{key} {v}")
+            ]
+    return list(dict.fromkeys(problems))
+
+
+# The elastic keys of a training config, as member_problems names them.
+ELASTIC_TRAIN_KEYS = {
+    "depth": "elastic_depth_choices",
+    "experts": "elastic_experts_choices",
+    "topk": "elastic_topk_choices",
+    "pattern": "elastic_depth_pattern",
+}
+
+
+def problem_key(message: str, cls: type = TrainConfig) -> str | None:
+    """The key a config problem is about: the first key (or ERNIEKit alias) the message names, None when it
+    names none (the studio shows such a problem beside Launch instead of beside a field)."""
+    fields = _fields(cls)
+    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message):
+        target = ERNIEKIT_ALIASES.get(word, word)
+        if target in fields:
+            return target
+    return None
+
+
+def not_applicable(
+    cls: type, name: str, stage: str, fine_tuning: str, compute_type: str, model: ErnieConfig | None = None
+) -> list[tuple[str, str]]:
+    """Why key ``name`` has no effect on a run of these choices (``Applies.unmet``); empty when it has one."""
+    applies = field_info(cls, name).get("applies")
+    return applies.unmet(stage, fine_tuning, compute_type, model) if applies else []
+
+
 def defaults_for(stage: str = "SFT", fine_tuning: str = "LoRA") -> dict[str, Any]:
     """Every training key's starting value for this stage and fine-tuning: what a config that leaves the key
     out gets (the studio's form shows these)."""
@@ -1127,6 +1511,7 @@ def _build(
     notices: list[Notice] = []
     found: list[str] = []
     refused: list[str] = []
+    wrong: list[str] = []
     for key, value in values.items():
         where = f"{source}:{lines[key]}" if lines.get(key, -1) > 0 else source
         target = _alias(cls, key)
@@ -1136,7 +1521,10 @@ def _build(
             )
             value = STAGE_ALIASES[value]
         if target in fields:
-            kwargs[target] = _coerce(value, fields[target], key, where)
+            try:
+                kwargs[target] = _coerce(value, fields[target], key, where)
+            except ConfigError as e:
+                wrong.append(str(e))
         elif cls is TrainConfig and key in REFUSED_DEGREES and _degree(value) > 1:
             refused.append(
                 f"{where}: {key}: {value} asks for {REFUSED_DEGREES[key]} parallelism, which this engine "
@@ -1150,13 +1538,13 @@ def _build(
     unknown = found + list(unknown or [])  # the file's keys in file order, then the overrides
     if unknown:
         head = f"{len(unknown)} unknown keys:\n" if len(unknown) > 1 else ""
-        raise ConfigError(head + "\n".join(unknown))
-    if refused:
-        raise ConfigError("\n".join(refused))
+        raise ConfigError(head + "\n".join(unknown), unknown)
+    if refused or wrong:
+        raise ConfigError("\n".join(refused + wrong), refused + wrong)
     config = cls(**kwargs)
     problems = config.validate()
     if problems:
-        raise ConfigError(f"{source}: " + "; ".join(problems))
+        raise ConfigError(f"{source}: " + "; ".join(problems), problems)
     # Not a field: it is what the file said beyond the schema, so asdict() (train_config.json, the studio's
     # comparisons) stays the effective config itself.
     config.notices = notices
@@ -1191,12 +1579,15 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return {str(k): v for k, v in data.items()}, lines
 
 
-def _fields(cls: type) -> dict[str, Any]:
+@functools.cache
+def _fields(cls: type) -> Mapping[str, Any]:
+    # Cached: resolving the string annotations is ~3 ms, and a config checks every key it is given against
+    # them (a run config of 60 keys took 0.2 s to build; the Train form builds one per change).
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return types.MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls)})
 
 
-def _suggest(key: str, fields: dict[str, Any]) -> str:
+def _suggest(key: str, fields: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 

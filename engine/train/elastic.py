@@ -27,10 +27,9 @@ from engine.models.elastic import (
     active_parameters,
     decode_tokens_per_second,
     family,
-    member_problems,
     set_submodel,
 )
-from engine.train.config import ConfigError, TrainConfig
+from engine.train.config import ConfigError, TrainConfig, elastic_model_problems
 
 # An elastic run's family at the end of the run (``ElasticTraining.summary``), in its output_dir.
 ELASTIC_FAMILY_FILE = "elastic_family.json"
@@ -48,42 +47,19 @@ def member_export_keys(name: str) -> dict[str, int]:
     return {"elastic_depth": m.depth, "elastic_experts": m.experts, "elastic_topk": m.k}
 
 
-# The training keys of each elastic dimension (lists of the values a member may take).
-TRAIN_KEYS = {
-    "depth": "elastic_depth_choices",
-    "experts": "elastic_experts_choices",
-    "topk": "elastic_topk_choices",
-    "pattern": "elastic_depth_pattern",
-}
-
-
 class ElasticTraining:
     """The family of one elastic run, the per-step sampler and its checkpointed state."""
 
     def __init__(self, cfg: TrainConfig, model):
         config = model.config
         self.pattern = cfg.elastic_depth_pattern
-        full = SubModel.full(config, self.pattern)
+        where = f"elastic options for {cfg.model_name_or_path}"
+        problems = elastic_model_problems(cfg, config)
+        if problems:
+            raise ConfigError(f"{where}: " + "; ".join(problems))
         depths = cfg.elastic_choices("elastic_depth_choices")
         experts = cfg.elastic_choices("elastic_experts_choices")
         topks = cfg.elastic_choices("elastic_topk_choices")
-        where = f"elastic options for {cfg.model_name_or_path}"
-        if not config.is_moe or config.is_vl:
-            raise ConfigError(f"{where}: " + member_problems(config, full)[0])
-        problems = []
-        for key, values in (
-            ("elastic_depth_choices", depths),
-            ("elastic_experts_choices", experts),
-            ("elastic_topk_choices", topks),
-        ):
-            for v in values:
-                problems += [
-                    p
-                    for p in member_problems(config, _one(full, key, v), TRAIN_KEYS)
-                    if p.startswith(f"{key} {v}")
-                ]
-        if problems:
-            raise ConfigError(f"{where}: " + "; ".join(dict.fromkeys(problems)))
         self.members = family(config, depths, experts, topks, self.pattern)
         self.full = self.members[0]
         if len(self.members) == 1 and cfg.elastic_full_share < 1:
@@ -203,16 +179,3 @@ class ElasticTraining:
             )
         self.rng.bit_generator.state = state["rng"]
         self.steps = dict(state["steps"])
-
-
-def _one(full: SubModel, key: str, value: int) -> SubModel:
-    """The full model with one elastic dimension set (to check each listed value on its own)."""
-    field = {
-        "elastic_depth_choices": "depth",
-        "elastic_experts_choices": "experts",
-        "elastic_topk_choices": "k",
-    }[key]
-    values = {"depth": full.depth, "experts": full.experts, "k": full.k, field: value}
-    if field == "experts":
-        values["k"] = min(full.k, value)  # k' <= experts is a property of a member, checked per member
-    return SubModel(values["depth"], values["experts"], values["k"], full.pattern)

@@ -26,6 +26,7 @@ from engine.train.config import (
     TrainConfig,
     check_expert_parallel,
     config_from_dict,
+    elastic_model_problems,
     sharding_device_problems,
 )
 from studio import queue
@@ -188,11 +189,27 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
     if spec.eval_dataset_ids:
         evals = _datasets_for(session, spec, spec.eval_dataset_ids, "eval_dataset_ids")
         cfg.update(_dataset_keys(settings, "eval", evals, [round(1.0 / len(evals), 6)] * len(evals)))
+    effective = effective_config(cfg)
     try:  # expert parallelism against the model and the devices, before anything is queued
-        check_expert_parallel(effective_config(cfg), spec.num_devices)
+        check_expert_parallel(effective, spec.num_devices)
     except ConfigError as e:
-        raise InvalidInput(f"hyperparameters: {e}") from None
+        raise InvalidInput(f"hyperparameters: {e}", details={"problems": e.problems}) from None
+    _check_elastic(session, settings, spec, effective)
     return cfg
+
+
+def _check_elastic(session: Session, settings: Settings, spec: RunSpec, cfg: TrainConfig) -> None:
+    """An elastic run's lists against the base model (e.g. elastic_topk_choices above its moe_k), before
+    anything is queued; a model that cannot be read yet (a download) is checked by the trainer."""
+    if not cfg.elastic:
+        return
+    try:
+        model = model_config(session, settings, spec.base_model)
+    except InvalidInput:
+        return
+    problems = elastic_model_problems(cfg, model)
+    if problems:
+        raise InvalidInput("hyperparameters: " + "; ".join(problems), details={"problems": problems})
 
 
 def _datasets_for(session: Session, spec: RunSpec, ids: list[int], field: str) -> list[Dataset]:
@@ -270,8 +287,45 @@ def effective_config(cfg: dict[str, Any]) -> TrainConfig:
     valid key) and every key it leaves out at the engine's default."""
     try:
         return config_from_dict(TrainConfig, cfg, source="run config")
+    except ConfigError as e:
+        raise InvalidInput(f"hyperparameters: {e}", details={"problems": e.problems}) from None
     except (ValueError, TypeError, KeyError) as e:
         raise InvalidInput(f"hyperparameters: {e}") from None
+
+
+def config_problems(stage: str, fine_tuning: str, hyperparameters: dict[str, Any]) -> list[str]:
+    """The engine's problems with `hyperparameters` alone, before a model and data are picked (placeholders
+    stand in for the keys the studio fills in)."""
+    cfg = {
+        "model_name_or_path": "<model>",
+        "train_dataset_path": "<data>",
+        "stage": stage,
+        "fine_tuning": fine_tuning,
+        **hyperparameters,
+    }
+    try:
+        effective_config(cfg)
+    except InvalidInput as e:
+        return (e.details or {}).get("problems") or [e.message]
+    return []
+
+
+def spec_problems(session: Session, settings: Settings, spec: RunSpec) -> list[str]:
+    """Everything `create_run` would refuse `spec` for, each problem on its own (the engine's own messages,
+    without the file or request prefix): the Train form shows them beside their fields as they change."""
+    checks = (
+        lambda: _check_devices(settings, spec),
+        lambda: _check_known_devices(session, settings, spec),
+        lambda: check_evaluate(session, settings, spec),
+        lambda: preview_config(session, settings, spec),
+    )
+    problems: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except ServiceError as e:
+            problems += (e.details or {}).get("problems") or [e.message]
+    return list(dict.fromkeys(problems))
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:

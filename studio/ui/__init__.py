@@ -194,7 +194,7 @@ def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
         train.handlers.clone_into_form,
         runs.selected,
         [*train.fields.values(), built.tabs, states.tab],
-    ).then(None, states.tab, None, js=SET_TAB_JS)
+    ).then(None, states.tab, None, js=SET_TAB_JS).then(**train.handlers.review_wiring)
     # Runs -> Deploy: after "deploy this run", open Deploy & Chat on the new deployment.
     runs.deployed.change(
         open_deployment,

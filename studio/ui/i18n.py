@@ -7,6 +7,7 @@ key goes to which property, and the language switch returns one ``gr.update`` pe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -20,7 +21,7 @@ from gradio.context import LocalContext
 
 from engine.data.formats import FORMATS, KINDS
 from engine.eval.config import BENCHMARK_TYPES
-from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig, field_info
+from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig
 
 LANGUAGES = {"en": "English", "zh": "中文"}
 DEFAULT_LANGUAGE = "en"
@@ -132,6 +133,44 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tr.estimate_btn": ("Estimate memory and time", "估算显存与时间"),
     "tr.launch": ("Launch run", "启动训练"),
     "tr.launch_status": ("Launch status", "启动状态"),
+    "tr.group.data": ("Data", "数据"),
+    "tr.group.schedule": ("Schedule and batch", "训练进度与批次"),
+    "tr.group.optimizer": ("Optimizer and regularisation", "优化器与正则化"),
+    "tr.group.lora": ("LoRA", "LoRA"),
+    "tr.group.dpo": ("DPO", "DPO"),
+    "tr.group.moe": ("MoE", "MoE"),
+    "tr.group.precision": ("Precision and memory", "精度与显存"),
+    "tr.group.elastic": ("Elastic MoE training", "弹性 MoE 训练"),
+    "tr.group.gpas": ("GPAS", "GPAS"),
+    "tr.group.evaluation": ("Evaluation and saving", "评估与保存"),
+    "tr.group.logging": ("Logging", "日志"),
+    "tr.group.run": ("Run", "任务"),
+    "tr.more": ("More options", "更多选项"),
+    "tr.search": ("Search options", "搜索选项"),
+    "tr.search.info": (
+        "Filters the options below by name or help text, in English or Chinese.",
+        "按名称或说明（中文或英文）筛选下面的选项。",
+    ),
+    "tr.search.none": ("No option matches “{query}”.", "没有选项匹配“{query}”。"),
+    "tr.dataset_probs": ("Dataset probabilities", "数据集采样概率"),
+    "tr.dataset_probs.info": (
+        "One sampling probability per training dataset, comma-separated; empty mixes them evenly.",
+        "每个训练数据集一个采样概率，逗号分隔；留空则均匀混合。",
+    ),
+    "tr.eval_dataset_ids": ("Evaluation data (eval_steps)", "评估数据（按 eval_steps）"),
+    "tr.eval_dataset_ids.info": (
+        "Datasets evaluated every eval_steps and at the end; the same kind as the training data.",
+        "每 eval_steps 步及训练结束时评估的数据集；与训练数据同类。",
+    ),
+    "tr.na": ("Not used here: {reasons}.", "此处不生效：{reasons}。"),
+    "tr.na.stage": ("applies to stage {needed} only", "仅适用于阶段 {needed}"),
+    "tr.na.adapters": ("applies to {needed} runs only", "仅适用于 {needed} 训练"),
+    "tr.na.compute_type": ("applies with compute_type {needed} only", "仅在 compute_type 为 {needed} 时适用"),
+    "tr.na.model.moe": ("applies to MoE models only", "仅适用于 MoE 模型"),
+    "tr.na.model.vl": ("applies to multimodal (VL) models only", "仅适用于多模态（VL）模型"),
+    "tr.na.model.text-moe": ("applies to text MoE models only", "仅适用于纯文本 MoE 模型"),
+    "tr.problems": ("Fix before launching", "启动前请修正"),
+    "tr.problem": ("⚠️ {message}", "⚠️ {message}"),
     # runs
     "runs.table": ("Runs", "任务列表"),
     "runs.select": ("Run", "任务"),
@@ -953,9 +992,101 @@ CONFIG_HELP_ZH: dict[str, str] = {
     "lora_rank": "低秩更新的秩。",
     "lora_alpha": "LoRA 缩放系数的分子；-1 表示 2 × rank。",
     "beta": "相对参考模型的 KL 约束强度。",
+    "model_name_or_path": "模型目录（config.json、权重、分词器）。",
+    "stage": "训练阶段。",
+    "fine_tuning": "训练全部权重（Full）或低秩适配器（LoRA）。",
+    "output_dir": "任务目录：指标、检查点和最终模型。",
+    "logging_dir": "report_to 的 TensorBoard / VisualDL / MLflow 日志目录（每个工具一个子目录）；留空即 output_dir。",
+    "report_to": "metrics.jsonl 之外的标量日志：visualdl（ERNIEKit 默认）、tensorboard、all（两者）、mlflow（需 tracking 扩展）或 none；逗号分隔。",
+    "train_dataset_type": "每个训练文件的格式（逗号分隔）。",
+    "train_dataset_path": "训练文件，多个文件用逗号分隔以混合。",
+    "train_dataset_prob": "每个训练文件的采样概率。",
+    "eval_dataset_type": "每个评估文件的格式。",
+    "eval_dataset_path": "评估文件，逗号分隔。",
+    "eval_dataset_prob": "每个评估文件的采样概率。",
+    "text_dataset_path": "VL-SFT：与图像数据混合的纯文本训练文件。",
+    "text_dataset_prob": "每个 text_dataset_path 文件的采样概率。",
+    "min_pixels": "VL-SFT：缩放后图像的最小面积（像素）；0 表示使用模型处理器的设置。",
+    "max_pixels": "VL-SFT：缩放后图像的最大面积（像素）；0 表示使用模型处理器的设置。",
+    "num_samples_each_epoch": "按轮训练时一轮的样本数（ERNIEKit 的 epoch）；0 表示遍历一次。",
+    "max_prompt_len": "DPO：回答之前保留的最长提示长度。",
+    "mix_strategy": "多个训练文件的混合方式。",
+    "batch_size": "每个设备每步的样本数（或打包后的序列数）。",
+    "per_device_eval_batch_size": "评估的 batch 大小；0 表示同 batch_size。",
+    "lr_scheduler_type": "预热之后的学习率调度方式。",
+    "min_lr": "调度结束时的学习率。",
+    "warmup_ratio": "预热步数占总步数的比例（warmup_steps 为 0 时生效）。",
+    "optim": "优化器；adamw_custom（ERNIEKit 的 AdamW）的更新与 adamw 相同。",
+    "weight_decay": "AdamW 权重衰减。",
+    "adam_beta1": "AdamW 的 beta1。",
+    "adam_beta2": "AdamW 的 beta2。",
+    "adam_epsilon": "AdamW 的 epsilon。",
+    "max_grad_norm": "按全局范数裁剪梯度；0 表示关闭。",
+    "moe_gate_lr_ratio": "MoE 路由器的学习率倍数（Full 训练）。",
+    "vit_lr_ratio": "视觉编码器的学习率倍数（VL 模型，Full 训练）。",
+    "freeze_config": "Full 训练中保持冻结的权重：freeze_vision 和/或 freeze_lm（空格或逗号分隔）。",
+    "hidden_dropout_prob": "每个解码层注意力和 FFN 输出上的 dropout；N 层中第 i 层的概率为 p*i/N。",
+    "dropout_warmup_steps": "dropout 在这些步内从 0 线性升到 hidden_dropout_prob。",
+    "ema_decay": "权重的指数滑动平均；0 表示关闭。",
+    "seed": "初始化、打乱数据和 dropout 使用的随机种子。",
+    "recompute": "反向传播时重算激活（省显存，耗时更多）。",
+    "recompute_granularity": "recompute 在反向时重建的部分：full（每个解码层的全部模块：注意力、稠密 FFN 和 MoE）、full_attn（注意力模块）、core_attn（其中的 softmax 注意力）。",
+    "use_recompute_moe": "开启 recompute 时也重建 MoE 模块（路由器、路由专家和共享专家），与粒度无关；false 则保留其激活。专家并行时只重建路由专家和共享专家（不重放通信），此类任务会提示。",
+    "do_train": "训练；false 时只评估模型（需要 do_eval 和评估集）。",
+    "do_eval": "给出评估集时进行评估。",
+    "evaluation_strategy": "训练中何时评估：每 eval_steps 步、每轮，或 no（不评估）。",
+    "max_evaluate_steps": "每次评估的批次数；-1（或 0）表示评估整个评估集。",
+    "save_strategy": "何时保存检查点：每 save_steps 步、每轮，或 no（只在最后一步）。",
+    "save_total_limit": "只保留最新的 N 个检查点，删除更早的；0 表示全部保留。",
+    "eval_steps": "每 N 步评估一次（evaluation_strategy 为 steps 时）；0 表示只在结束时评估。",
+    "disable_tqdm": "标准输出中不显示进度条。",
+    "lora_plus_scale": "LoRA+：B 矩阵的学习率倍数。",
+    "rslora": "秩稳定的 LoRA 缩放（alpha / sqrt(rank)）。",
+    "lora_target_modules": "加适配器的线性层；VL 模型还可选 vision 和 resampler。",
+    "loss_type": "DPO 损失函数。",
+    "pref_loss_ratio": "偏好损失的权重。",
+    "sft_loss_ratio": "chosen 回答上 SFT 损失的权重。",
+    "label_smoothing": "保守 DPO：假定标签被翻转的比例。",
+    "reference_free": "不使用参考模型的 DPO。",
+    "dpo_reference_dtype": "Full DPO 中冻结参考模型的保存方式：run（与训练权重相同：fp32，或 compute_type bf16 时为 bf16）、fp32，或其线性层仅权重量化为 wint8 / wint4（更省显存，参考模型为近似）。LoRA DPO 没有第二个模型：其参考模型是关闭适配器后的基座。",
+    "moe_aux_loss_lambda": "负载均衡损失的权重；留空沿用模型 config.json 中的值。",
+    "moe_z_loss_lambda": "路由器 z-loss 的权重；留空沿用模型 config.json 中的值。",
+    "moe_orthogonal_loss_lambda": "路由器正交损失的权重；留空沿用模型 config.json 中的值。",
+    "moe_use_aux_free": "用修正偏置平衡专家负载（aux-free）；留空沿用模型 config.json 中的值。",
+    "moe_correction_bias_rate": "aux-free 偏置更新的步长。",
+    "expert_parallel_degree": "专家并行：把每个 MoE 层的路由专家分到这么多个 rank 上（须整除专家数和任务的 rank 数）；token 发送到其专家所在的 rank 再返回。",
+    "moe_group": "ERNIEKit 的专家并行组：dp（或 data、world）把专家分到所有 rank；mp（model、tp）分到张量并行组，此处为一个 rank；dummy（none）不拆分。",
+    "gpas": "GPAS：每次残差相加后加一个可学习的门控，缩小激活而梯度不变；起始时与原模型相同（Full 训练；用 GPAS 训练的模型保留其门控）。",
+    "gpas_gate_grad_clip": "GPAS：在 max_grad_norm 之后按此全局范数裁剪门控的梯度（参考实现的 clip_gate_grad，其 1B 和 7B 训练取 0.01）；0 表示关闭。",
+    "elastic": "弹性 MoE 训练：每步训练一个在层数、专家数和 top-k 上采样的子模型，一次训练得到一族更小的模型（文本 MoE 模型上的 PT / SFT）。",
+    "elastic_depth_choices": "弹性：子模型可取的层数（保留的解码层；第一层和最后一层始终保留），逗号分隔，如 20,24；留空保留所有层。",
+    "elastic_depth_pattern": "弹性：较浅的子模型去掉哪些层：最后一层之前的一段连续层，或均匀间隔的层。",
+    "elastic_experts_choices": "弹性：子模型每个 MoE 层可保留的路由专家数（前 N 个；路由器在其上重新归一化），逗号分隔，如 32,48；留空保留所有专家。",
+    "elastic_topk_choices": "弹性：子模型每个 token 可路由的专家数（k' <= moe_k），逗号分隔，如 2,4；留空保持 moe_k。",
+    "elastic_full_share": "弹性：训练完整模型的步数比例；其余步从 elastic_* 列表中均匀采样子模型训练。",
+    "fp8_hadamard": "FP8 量化感知训练：量化前用 Hadamard 变换旋转各块。",
+    "fp8_hadamard_block_size": "FP8 量化感知训练：Hadamard 块大小（2 的幂）。",
+    "fp8_scale_ema_rate": "FP8 量化感知训练：激活缩放因子的 EMA 速率。",
+    "sharding": "把优化器状态切分到数据并行设备上：stage1（AdamW 状态；CPU 和 GPU）或 stage2（还有梯度；仅 GPU）。需要 2 个或更多设备；留空为普通数据并行。",
+    "sharding_parallel_degree": "一份优化器状态切分跨越的设备数：-1 为任务的全部设备，1 表示关闭切分；须整除任务的设备数（其余设备以数据并行复制该切分）。",
+    "tensorwise_offload_optimizer": "GPU：把 AdamW 的动量放在主机内存，只在更新某个权重时把它的动量搬到设备上（CPU 上本就在主机内存中）。",
+    "weight_quant_group_size": "仅权重量化的基座：分组大小；-1 表示按通道。",
 }
+
+
+def config_texts(cls: type) -> dict[str, tuple[str, str]]:
+    """The texts of every key of a config schema: its name as the label (the same in both languages: it is
+    what YAML files say) and the engine's help as the English tooltip. A key the schema gains shows its
+    English help in Chinese until CONFIG_HELP_ZH has it (tests/studio/test_train_form.py asks for it)."""
+    out: dict[str, tuple[str, str]] = {}
+    for f in dataclasses.fields(cls):
+        out[f"tr.{f.name}"] = (f.name, f.name)
+        out[f"tr.{f.name}.info"] = (f.metadata["help"], CONFIG_HELP_ZH.get(f.name, f.metadata["help"]))
+    return out
+
+
 STRINGS.update(
-    {f"tr.{key}.info": (field_info(TrainConfig, key)["help"], zh) for key, zh in CONFIG_HELP_ZH.items()}
+    {k: v for k, v in config_texts(TrainConfig).items() if k not in STRINGS or k.endswith(".info")}
 )
 
 # A shown header (in either language) -> the English header it stands for.

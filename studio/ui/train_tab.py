@@ -1,7 +1,10 @@
-"""Train tab: base model, stage, fine-tuning, compute type, hyperparameters, YAML, estimate, launch.
+"""Train tab: base model, stage, fine-tuning, compute type, every training option, YAML, estimate, launch.
 
-Every field's starting value, choices and bounds come from the engine's config schema (``defaults_for``,
-``field_info``), so the form starts where ``ernie-studio train`` with a minimal YAML starts.
+The option fields are built from the engine's config schema (``studio.ui.train_form``): their starting values,
+choices, bounds, groups and when they apply, so the form starts where ``ernie-studio train`` with a minimal
+YAML starts and reaches every key it reads. Each change is checked by the same service functions that
+``POST /api/v1/runs`` calls; a field shows the engine's message for its value, and Launch waits until none is
+left.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import gradio as gr
 import yaml
 from pydantic import ValidationError
 
+from engine.models.config import ErnieConfig
 from engine.train.config import (
     MAX_DEVICES,
     STAGE_DEFAULTS,
-    WEIGHT_ONLY_COMPUTE_TYPES,
     TrainConfig,
     defaults_for,
     field_info,
@@ -34,6 +37,24 @@ from studio.ui.datasets_tab import dataset_choices
 from studio.ui.evaluate_tab import build_evaluate_after_fields, evaluate_after_spec
 from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, text
 from studio.ui.model_download import build_download_row
+from studio.ui.train_form import (
+    OPTION_KEYS,
+    TOP_KEYS,
+    OptionGroups,
+    build_option_groups,
+    changed_updates,
+    config_value,
+    fold_updates,
+    folded_groups,
+    form_value,
+    grouped_options,
+    option_update,
+    problems_by_field,
+    problems_markdown,
+    search_updates,
+    starting_marks,
+    unmet,
+)
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
 _SCHEMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -42,30 +63,22 @@ DEFAULT_FINE_TUNING: str = _SCHEMA_DEFAULTS["fine_tuning"]
 # Keys whose starting value depends on stage and fine-tuning (the engine's per-stage defaults).
 STAGE_DEPENDENT_KEYS = tuple(dict.fromkeys(key for d in STAGE_DEFAULTS.values() for key in d))
 
-# Config keys in form order; their kind (number, checkbox, dropdown), value and bounds come from the schema.
-CHOICE_KEYS = ("stage", "fine_tuning", "compute_type")
-HPARAMS = (
-    "learning_rate",
-    "max_steps",
-    "num_train_epochs",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "max_seq_len",
-    "warmup_steps",
-    "lr_scheduler_type",
-    "weight_decay",
-    "logging_steps",
-    "save_steps",
-    "packing",
-    "seed",
+# Config keys in form order: the choice rows' keys, then every option of the schema (studio.ui.train_form).
+CHOICE_KEYS = TOP_KEYS
+CONFIG_KEYS = (*CHOICE_KEYS, *OPTION_KEYS)
+SPEC_FIELDS = (
+    "name",
+    "base_model",
+    "dataset_ids",
+    "dataset_probs",
+    "eval_dataset_ids",
+    "stage",
+    "fine_tuning",
+    "num_devices",
+    "num_nodes",
 )
-LORA_PARAMS = ("lora_rank", "lora_alpha")
-DPO_PARAMS = ("beta", "loss_type")
-CONFIG_KEYS = (*CHOICE_KEYS, *HPARAMS, *LORA_PARAMS, *DPO_PARAMS)
-SPEC_FIELDS = ("name", "base_model", "dataset_ids", "stage", "fine_tuning", "num_devices", "num_nodes")
 # "Evaluate after training" (studio/ui/evaluate_tab.py): RunSpec.evaluate, not hyperparameters.
 EVALUATE_FIELDS = ("eval_after", "eval_holdout", "eval_datasets", "eval_max_new_tokens")
-HPARAMS_PER_ROW = 4
 
 
 @dataclass
@@ -74,6 +87,7 @@ class TrainTab:
     fields: dict[str, gr.components.Component]
     launched_run: gr.State
     handlers: TrainHandlers
+    options: OptionGroups
 
 
 @dataclass
@@ -81,6 +95,7 @@ class _SidePanel:
     estimate_btn: gr.Button
     estimate: gr.Markdown
     launch: gr.Button
+    problems: gr.Markdown
     launch_status: gr.Markdown
     yaml_view: gr.Code
     yaml_file: gr.DownloadButton
@@ -92,49 +107,60 @@ class _SidePanel:
 def form_defaults(stage: str, fine_tuning: str) -> dict[str, Any]:
     """The values the form starts with for ``stage`` and ``fine_tuning``: the engine's, one per config key."""
     defaults = defaults_for(stage, fine_tuning)
-    return {key: defaults[key] for key in CONFIG_KEYS}
-
-
-def lora_applies(fine_tuning: str | None, compute_type: str | None) -> bool:
-    """LoRA keys matter for LoRA runs and for weight-only bases, which always train adapters."""
-    return fine_tuning == "LoRA" or compute_type in WEIGHT_ONLY_COMPUTE_TYPES
+    return {key: form_value(key, defaults[key]) for key in CONFIG_KEYS}
 
 
 def choice_changed(stage: str, fine_tuning: str, compute_type: str) -> tuple[Any, ...]:
     """Stage, fine-tuning or compute type changed: the stage-dependent fields restart from the engine's
-    defaults (in ``STAGE_DEPENDENT_KEYS`` order), then the LoRA and DPO boxes' visibility."""
+    defaults (in ``STAGE_DEPENDENT_KEYS`` order); which options apply follows in ``TrainHandlers.review``."""
     defaults = defaults_for(stage, fine_tuning)
-    return (
-        *(defaults[key] for key in STAGE_DEPENDENT_KEYS),
-        gr.update(visible=lora_applies(fine_tuning, compute_type)),
-        gr.update(visible=stage == "DPO"),
-    )
+    return tuple(form_value(key, defaults[key]) for key in STAGE_DEPENDENT_KEYS)
+
+
+def hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
+    """The form's training keys as a run's ``hyperparameters``: every option that applies to the chosen
+    stage, fine-tuning and compute type and holds a value (an option that needs another kind of model is
+    sent too: the engine names it when it cannot be used)."""
+    stage = values.get("stage") or DEFAULT_STAGE
+    fine_tuning = values.get("fine_tuning") or DEFAULT_FINE_TUNING
+    compute_type = values.get("compute_type") or _SCHEMA_DEFAULTS["compute_type"]
+    hyper: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        if key in ("stage", "fine_tuning") or key not in values:
+            continue
+        if any(what != "model" for what, _ in unmet(key, stage, fine_tuning, compute_type)):
+            continue
+        value = config_value(key, values[key])
+        if value is not None:
+            hyper[key] = value
+    return hyper
+
+
+def dataset_probs(value: Any) -> list[float] | None:
+    """The probabilities field (``0.7, 0.3``) as numbers; empty is None (an even mix)."""
+    if isinstance(value, list | tuple):
+        return [float(v) for v in value] or None
+    parts = [p for p in str(value or "").replace(",", " ").split() if p]
+    try:
+        return [float(p) for p in parts] or None
+    except ValueError:
+        raise refusal(f"dataset_probs: {value!r} is not numbers separated by commas") from None
 
 
 def run_spec(values: dict[str, Any]) -> runs_svc.RunSpec:
     """Form values -> the RunSpec the REST API takes too (compute_type and the rest are hyperparameters)."""
-    hyper: dict[str, Any] = {}
-    for key, value in values.items():
-        if key in SPEC_FIELDS or key in EVALUATE_FIELDS or value is None or value == "":
-            continue
-        if isinstance(value, float) and value.is_integer() and key != "learning_rate":
-            value = int(value)
-        hyper[key] = value
-    if not lora_applies(values.get("fine_tuning"), hyper.get("compute_type")):
-        for key in LORA_PARAMS:
-            hyper.pop(key, None)
-    if values.get("stage") != "DPO":
-        for key in DPO_PARAMS:
-            hyper.pop(key, None)
     ids = [parse_id(d) for d in values.get("dataset_ids") or []]
+    evals = [parse_id(d) for d in values.get("eval_dataset_ids") or []]
     try:
         return runs_svc.RunSpec(
             name=values.get("name") or None,
             base_model=values.get("base_model") or "",
             dataset_ids=[i for i in ids if i is not None],
+            dataset_probs=dataset_probs(values.get("dataset_probs")),
+            eval_dataset_ids=[i for i in evals if i is not None] or None,
             stage=values.get("stage") or DEFAULT_STAGE,
             fine_tuning=values.get("fine_tuning") or DEFAULT_FINE_TUNING,
-            hyperparameters=hyper,
+            hyperparameters=hyperparameters(values),
             num_devices=int(values.get("num_devices") or 1),
             num_nodes=int(values.get("num_nodes") or 1),
             evaluate=evaluate_after_spec(*(values.get(k) for k in EVALUATE_FIELDS)),
@@ -147,8 +173,13 @@ def run_spec(values: dict[str, Any]) -> runs_svc.RunSpec:
 
 
 def form_values(spec: runs_svc.RunSpec, keys: list[str]) -> list[Any]:
-    """A run's spec -> one value per form field (the clone button fills the form with these)."""
-    values = {**spec.hyperparameters, **spec.model_dump(include=set(SPEC_FIELDS))}
+    """A run's spec -> one value per form field (the clone button fills the form with these): every option,
+    the ones the run left out at the engine's defaults for its stage and fine-tuning."""
+    defaults = form_defaults(spec.stage, spec.fine_tuning)
+    values = defaults | {k: form_value(k, v) for k, v in spec.hyperparameters.items()}
+    values |= spec.model_dump(include=set(SPEC_FIELDS))
+    values["dataset_probs"] = ", ".join(f"{p:g}" for p in spec.dataset_probs or [])
+    values["eval_dataset_ids"] = spec.eval_dataset_ids or []
     values["name"] = f"{spec.name}-clone" if spec.name else ""
     if spec.evaluate is not None:
         values |= {
@@ -309,6 +340,8 @@ class TrainHandlers:
     def __init__(self, ctx: UIContext, keys: list[str]):
         self.ctx = ctx
         self.keys = keys
+        # the check of the form as event arguments (set by the layout), for events of other tabs to chain
+        self.review_wiring: dict[str, Any] = {}
 
     def spec(self, values: tuple[Any, ...]) -> runs_svc.RunSpec:
         return run_spec(dict(zip(self.keys, values, strict=True)))
@@ -324,6 +357,56 @@ class TrainHandlers:
             return text("tr.msg.invalid", lang, message=localize_message(err.message, lang)), None
         shown = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
         return shown, yaml_download(shown)
+
+    def model_of(self, base_model: Any) -> ErnieConfig | None:
+        """The chosen base model's architecture (None while none is chosen or it cannot be read)."""
+        if not base_model:
+            return None
+        return self.ctx.read(models_svc.model_config, self.ctx.settings, str(base_model), default=None)
+
+    def problems(self, values: tuple[Any, ...]) -> list[str]:
+        """Everything Launch would be refused for: the studio's and the engine's own checks of the form. With
+        no dataset picked yet, the options are still checked (by the engine alone)."""
+        form = dict(zip(self.keys, values, strict=True))
+        try:
+            spec = self.spec(values)
+        except gr.Error as e:
+            hyper = hyperparameters(form)
+            stage, fine_tuning = (
+                form.get("stage") or DEFAULT_STAGE,
+                form.get("fine_tuning") or DEFAULT_FINE_TUNING,
+            )
+            return [str(e.message), *runs_svc.config_problems(stage, fine_tuning, hyper)]
+        return self.ctx.read(runs_svc.spec_problems, self.ctx.settings, spec, default=[])
+
+    def review(self, *args: Any) -> list[Any]:
+        """After any change: each option shows the engine's message for its value, else why it does not
+        apply, else its help (sent only where that differs from what the page shows, the marks after the
+        form values); groups holding a wrong value open; Launch is enabled only with no problem left; the
+        problems are listed beside Launch; then the YAML and its file, and the marks now shown
+        (``review_outputs`` order)."""
+        lang = current_language()
+        values, shown = args[: len(self.keys)], (args[len(self.keys) :] or [None])[0]
+        form = dict(zip(self.keys, values, strict=True))
+        choices = [form.get(k) or _SCHEMA_DEFAULTS[k] for k in CHOICE_KEYS]
+        model = self.model_of(form.get("base_model"))
+        problems = self.problems(values)
+        by_field = problems_by_field(problems)
+        updates = {
+            key: option_update(key, by_field.get(key, []), unmet(key, *choices, model), lang)
+            for key in OPTION_KEYS
+        }
+        out, marks = changed_updates(updates, shown)
+        for _, options in [*grouped_options(), *folded_groups()]:
+            wrong = [o for o in options if o.key in by_field]
+            out.append(gr.update(open=True) if wrong else gr.skip())
+        out += fold_updates(set(by_field))
+        out.append(gr.update(interactive=not problems))
+        out.append(problems_markdown(problems, lang))
+        if problems:
+            invalid = text("tr.msg.invalid", lang, message=localize_message(problems[0], lang))
+            return [*out, invalid, None, marks]
+        return [*out, *self.show_yaml(*values), marks]
 
     def show_estimate(self, *values: Any) -> str:
         est = self.ctx.call(runs_svc.estimate_resources, self.ctx.settings, self.spec(values))
@@ -346,16 +429,19 @@ class TrainHandlers:
         """The folders the base-model picker lists local models from."""
         return model_roots_text(self.ctx.settings)
 
-    def refresh_choices(self, base_model: str | None, chosen: list[Any] | None) -> tuple[Any, Any]:
-        """Fresh base-model and dataset choices; values are only filled in when empty (this may land after
-        the person picked something)."""
+    def refresh_choices(
+        self, base_model: str | None, chosen: list[Any] | None, evals: list[Any] | None = None
+    ) -> tuple[Any, Any, Any]:
+        """Fresh base-model and dataset choices (training and evaluation); values are only filled in when
+        empty (this may land after the person picked something)."""
         models = self.ctx.read(models_svc.list_models, self.ctx.settings, default=[])
         choices = model_choices(models, current_language())
         items = self.ctx.read(datasets_svc.list_datasets, default=[])
         model_update = gr.update(choices=choices)
         if not base_model and choices:
             model_update["value"] = choices[0][1]
-        return model_update, gr.update(choices=dataset_choices(items))
+        datasets = dataset_choices(items)
+        return model_update, gr.update(choices=datasets), gr.update(choices=datasets)
 
     def clone_into_form(self, run_id: Any) -> list[Any]:
         """For "clone into Train": one value per form key from the run's choices, then the tabs opened on
@@ -368,20 +454,6 @@ class TrainHandlers:
 
 
 # ---- layout ----------------------------------------------------------------------------------------------
-
-
-def _config_field(t: Texts, key: str, value: Any) -> gr.components.Component:
-    """One config key's component: a dropdown for choices, a checkbox for flags, else a bounded number."""
-    info = field_info(TrainConfig, key)
-    common = {"value": value, "elem_id": f"tr-{key.replace('_', '-')}"}
-    if info["choices"] is not None:
-        return t.make(gr.Dropdown, f"tr.{key}", choices=list(info["choices"]), **common)
-    if isinstance(value, bool):
-        return t.make(gr.Checkbox, f"tr.{key}", **common)
-    bounds = {"minimum": info["minimum"], "maximum": info["maximum"]}
-    if isinstance(value, int):
-        return t.make(gr.Number, f"tr.{key}", precision=0, **bounds, **common)
-    return t.make(gr.Number, f"tr.{key}", **bounds, **common)
 
 
 def model_roots_text(settings: Settings) -> str:
@@ -426,36 +498,33 @@ def _choice_rows(t: Texts, start: dict[str, Any]) -> tuple[dict[str, gr.componen
     return fields, roots
 
 
-def _hparams_box(t: Texts, start: dict[str, Any]) -> dict[str, gr.components.Component]:
+def _data_rows(t: Texts) -> dict[str, gr.components.Component]:
+    """How the training datasets mix, and the evaluation datasets (the dataset keys the studio fills in)."""
     fields: dict[str, gr.components.Component] = {}
-    with t.make(gr.Accordion, "tr.hparams", open=True):
-        for first in range(0, len(HPARAMS), HPARAMS_PER_ROW):
-            with gr.Row(equal_height=True):
-                for key in HPARAMS[first : first + HPARAMS_PER_ROW]:
-                    fields[key] = _config_field(t, key, start[key])
+    with gr.Row():
+        fields["dataset_probs"] = t.make(
+            gr.Textbox, "tr.dataset_probs", max_lines=1, elem_id="tr-dataset-probs"
+        )
+        fields["eval_dataset_ids"] = t.make(
+            gr.Dropdown, "tr.eval_dataset_ids", choices=[], multiselect=True, elem_id="tr-eval-dataset-ids"
+        )
     return fields
-
-
-def _params_box(
-    t: Texts, label: str, keys: tuple[str, ...], start: dict[str, Any], fields: dict[str, Any], visible: bool
-) -> gr.Accordion:
-    """An accordion of config fields (LoRA, DPO) that shows only when they apply; fills ``fields``."""
-    with t.make(gr.Accordion, label, open=True, visible=visible) as box, gr.Row():
-        for key in keys:
-            fields[key] = _config_field(t, key, start[key])
-    return box
 
 
 def _side_panel(t: Texts) -> _SidePanel:
     estimate_btn = t.make(gr.Button, "tr.estimate_btn", prop="value", size="sm", elem_id="tr-estimate-btn")
     estimate = gr.Markdown("", elem_id="tr-estimate")
-    launch = t.make(gr.Button, "tr.launch", prop="value", variant="primary", elem_id="tr-launch")
+    # Enabled by the first check of the form (on load and after every change) when nothing is wrong.
+    launch = t.make(
+        gr.Button, "tr.launch", prop="value", variant="primary", elem_id="tr-launch", interactive=False
+    )
+    problems = gr.Markdown("", elem_id="tr-problems")
     launch_status = gr.Markdown("", elem_id="tr-launch-status")
     yaml_view = t.make(gr.Code, "tr.yaml", language="yaml", interactive=False, lines=18, elem_id="tr-yaml")
     yaml_file = t.make(
         gr.DownloadButton, "tr.yaml_download", prop="label", size="sm", elem_id="tr-yaml-download"
     )
-    return _SidePanel(estimate_btn, estimate, launch, launch_status, yaml_view, yaml_file)
+    return _SidePanel(estimate_btn, estimate, launch, problems, launch_status, yaml_view, yaml_file)
 
 
 def build_train_tab(ctx: UIContext) -> TrainTab:
@@ -465,31 +534,39 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
     with t.make(gr.Tab, "tab.train", id="train") as tab, gr.Row():
         # Inside the tab: a bare State between two Tabs shifts Gradio's tab indices in the browser.
         launched_run = gr.State(None)
+        # What each option field shows (help or message, enabled): a check sends only what differs.
+        marks = gr.State(starting_marks(*(start[k] for k in CHOICE_KEYS), t.lang))
         with gr.Column(scale=3):
             fields, roots = _choice_rows(t, start)
             build_download_row(ctx, t, fields["base_model"])
-            fields |= _hparams_box(t, start)
+            fields |= _data_rows(t)
             fields |= build_evaluate_after_fields(ctx, tab)
-            with gr.Row():
-                lora_visible = lora_applies(start["fine_tuning"], start["compute_type"])
-                lora_box = _params_box(t, "tr.lora", LORA_PARAMS, start, fields, lora_visible)
-                dpo_box = _params_box(t, "tr.dpo", DPO_PARAMS, start, fields, start["stage"] == "DPO")
+            options = build_option_groups(t, start)
+            fields |= options.fields
         with gr.Column(scale=2):
             side = _side_panel(t)
     handlers = TrainHandlers(ctx, list(fields))
-    _wire_choices(fields, lora_box, dpo_box)
-    _wire_actions(ctx, tab, handlers, fields, side, launched_run)
+    _wire_search(options)
+    _wire_actions(ctx, tab, handlers, fields, options, side, launched_run, marks)
     ctx.demo.load(handlers.model_roots, None, roots)
-    return TrainTab(tab=tab, fields=fields, launched_run=launched_run, handlers=handlers)
+    return TrainTab(tab=tab, fields=fields, launched_run=launched_run, handlers=handlers, options=options)
 
 
-def _wire_choices(fields: dict[str, Any], lora_box: gr.Accordion, dpo_box: gr.Accordion) -> None:
-    choice_inputs = [fields[k] for k in CHOICE_KEYS]
-    choice_outputs = [*(fields[k] for k in STAGE_DEPENDENT_KEYS), lora_box, dpo_box]
-    # Stage follows any change (a clone too); fine-tuning and compute type only the person's own input.
-    fields["stage"].change(choice_changed, choice_inputs, choice_outputs)
-    fields["fine_tuning"].input(choice_changed, choice_inputs, choice_outputs)
-    fields["compute_type"].input(choice_changed, choice_inputs, choice_outputs)
+def search_options(query: str) -> list[Any]:
+    """The search box changed: options, groups and the no-match line (``search_updates``) in the session's
+    language."""
+    return search_updates(query, current_language())
+
+
+def _wire_search(options: OptionGroups) -> None:
+    outputs = [
+        *(options.fields[k] for k in OPTION_KEYS),
+        *options.groups.values(),
+        *options.more.values(),
+        *options.body_outputs(),
+        options.no_match,
+    ]
+    options.search.change(search_options, options.search, outputs, show_progress="hidden")
 
 
 def _wire_actions(
@@ -497,20 +574,42 @@ def _wire_actions(
     tab: gr.Tab,
     handlers: TrainHandlers,
     fields: dict[str, Any],
+    options: OptionGroups,
     side: _SidePanel,
     launched_run: gr.State,
+    marks: gr.State,
 ) -> None:
     inputs = [fields[k] for k in handlers.keys]
-    for comp in inputs:
-        comp.change(
-            handlers.show_yaml,
-            inputs,
-            [side.yaml_view, side.yaml_file],
-            show_progress="hidden",
-            trigger_mode="always_last",
-        )
+    review_outputs = [
+        *(fields[k] for k in OPTION_KEYS),
+        *options.groups.values(),
+        *options.more.values(),
+        *options.body_outputs(),
+        side.launch,
+        side.problems,
+        side.yaml_view,
+        side.yaml_file,
+        marks,
+    ]
+    review = {
+        "fn": handlers.review,
+        "inputs": [*inputs, marks],
+        "outputs": review_outputs,
+        "show_progress": "hidden",
+    }
+    # The person's own edits; a value set by a handler (a clone fills ~100 fields at once) is checked once,
+    # after that handler (change events would check the form once per field it set).
+    gr.on([comp.input for comp in inputs], trigger_mode="always_last", **review)
+    ctx.demo.load(**review)
+    for key in CHOICE_KEYS:
+        fields[key].input(
+            choice_changed, [fields[k] for k in CHOICE_KEYS], [fields[k] for k in STAGE_DEPENDENT_KEYS]
+        ).then(**review)
+    # After a language switch the option tooltips are the help texts again: put the problems back.
+    ctx.on_language(handlers.review, [*inputs, marks], review_outputs, needs_selection=False)
     side.estimate_btn.click(handlers.show_estimate, inputs, side.estimate)
     side.launch.click(handlers.launch, inputs, [side.launch_status, launched_run], concurrency_limit=1)
-    pickers = [fields["base_model"], fields["dataset_ids"]]
-    tab.select(handlers.refresh_choices, pickers, pickers)
-    ctx.demo.load(handlers.refresh_choices, pickers, pickers)
+    pickers = [fields["base_model"], fields["dataset_ids"], fields["eval_dataset_ids"]]
+    tab.select(handlers.refresh_choices, pickers, pickers).then(**review)
+    ctx.demo.load(handlers.refresh_choices, pickers, pickers).then(**review)
+    handlers.review_wiring = review

@@ -100,17 +100,18 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts, browser):
     ui.expect_text("tr-estimate", "trainable parameters")
     ui.click("tr-launch")
     ui.expect_text("tr-launch-status", "queued")
-    ui.shot("train-form")
     run1 = api(studio, "/runs")[0]
     assert run1["config"]["learning_rate"] == 0.001 and run1["fine_tuning"] == "LoRA"
 
     # The trainer is held (SIGSTOP) at its second step until the page has been refreshed, so the refresh
     # lands mid-run however fast the machine. (Packed 2048-token rows stood in for that before, and kept a
-    # core busy through both runs beside the rest of the suite.)
+    # core busy through both runs beside the rest of the suite.) It is looked for before the screenshot: on
+    # an idle machine the 24 steps take ~5 s, less than a full-page shot of the Train form.
     output = Path(run1["output_dir"])
     trainer = wait_until(lambda: trainer_in(output.parent), 120, "the first run's trainer", interval=0.05)
     hold_after_steps(trainer, output / "metrics.jsonl", 2)
     try:
+        ui.shot("train-form")
         # 3. Runs tab: the live loss curve gains points while the run trains.
         ui.tab("runs")
         ui.expect_text("runs-status", f"#{run1['id']} lr-1e-3", timeout=10_000)

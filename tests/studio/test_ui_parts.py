@@ -48,14 +48,12 @@ from studio.ui.deploy_tab import (
 from studio.ui.i18n import STRINGS, Texts, text
 from studio.ui.runs_tab import VIEW_PARTS, RunsHandlers, run_rows
 from studio.ui.sampling import sampling_params
+from studio.ui.train_form import OPTION_KEYS
 from studio.ui.train_tab import (
     CONFIG_KEYS,
     DEFAULT_FINE_TUNING,
     DEFAULT_STAGE,
-    DPO_PARAMS,
     EVALUATE_FIELDS,
-    HPARAMS,
-    LORA_PARAMS,
     STAGE_DEPENDENT_KEYS,
     TrainHandlers,
     build_train_tab,
@@ -70,7 +68,7 @@ def test_every_text_has_english_and_chinese():
     for key, (en, zh) in STRINGS.items():
         assert en.strip() and zh.strip(), key
     # Every hyperparameter field has a label (and the tab names are translated, not copied).
-    for key in [*HPARAMS, *LORA_PARAMS, *DPO_PARAMS]:
+    for key in OPTION_KEYS:
         assert f"tr.{key}" in STRINGS
     assert text("tab.datasets", "zh") == "数据集" and text("tab.datasets", "en") == "Datasets"
 
@@ -78,7 +76,7 @@ def test_every_text_has_english_and_chinese():
 def test_config_tooltips_are_the_engines_help_in_english():
     # The schema holds the English; i18n only adds the Chinese. A key with help in both languages is one
     # the engine documents.
-    for key in [*HPARAMS, *LORA_PARAMS, *DPO_PARAMS, "compute_type"]:
+    for key in [*OPTION_KEYS, "compute_type"]:
         if f"tr.{key}.info" in STRINGS:
             assert text(f"tr.{key}.info", "en") == field_info(TrainConfig, key)["help"], key
     assert text("tr.max_steps.info") == "Optimizer steps; -1 (or 0) trains num_train_epochs."
@@ -219,7 +217,11 @@ def test_clone_fills_the_form_from_a_spec():
     keys = ["base_model", "stage", "fine_tuning", "dataset_ids", "name", "learning_rate", "max_steps", "seed"]
     values = form_values(spec, keys)
     assert values[:7] == ["tiny", "SFT", "LoRA", [3, 4], "lr-1e-3-clone", 0.001, 40]
-    assert values[7] == {"__type__": "update"}  # not in the spec: the form keeps its value
+    # "Clone into Train" keeps every option: one the run left out is the engine's default for its stage,
+    # not what the form held before.
+    spec.hyperparameters.pop("seed", None)
+    assert form_values(spec, keys)[7] == 42
+    assert form_values(spec, ["eval_after"]) == [{"__type__": "update"}]  # not a choice of this run
 
 
 def test_chat_messages_flatten_gradio6_content_parts():
@@ -497,12 +499,8 @@ def test_form_defaults_follow_stage_and_fine_tuning():
 
 def test_changing_stage_or_fine_tuning_restarts_the_dependent_fields_from_the_engine():
     assert STAGE_DEPENDENT_KEYS == ("learning_rate", "packing")
-    lr, packing, lora_box, dpo_box = choice_changed("DPO", "Full", "fp32")
-    assert (lr, packing) == (5e-7, False) and lora_box["visible"] is False and dpo_box["visible"] is True
-    lr, packing, lora_box, dpo_box = choice_changed("PT", "LoRA", "fp32")
-    assert (lr, packing) == (1e-4, True) and lora_box["visible"] is True and dpo_box["visible"] is False
-    # A weight-only base trains adapters, so the LoRA box shows whatever fine-tuning says.
-    assert choice_changed("SFT", "Full", "wint4/8")[2]["visible"] is True
+    assert choice_changed("DPO", "Full", "fp32") == (5e-7, False)
+    assert choice_changed("PT", "LoRA", "fp32") == (1e-4, True)
 
 
 def test_every_field_takes_choices_and_bounds_from_the_schema():
@@ -517,13 +515,17 @@ def test_every_field_takes_choices_and_bounds_from_the_schema():
         "name",
         "num_devices",
         "num_nodes",
+        "dataset_probs",
+        "eval_dataset_ids",
     ]
-    assert list(fields) == [*picked, *HPARAMS, *EVALUATE_FIELDS, *LORA_PARAMS, *DPO_PARAMS]
+    head = [*picked, *EVALUATE_FIELDS]
+    assert list(fields)[: len(head)] == head and sorted(list(fields)[len(head) :]) == sorted(OPTION_KEYS)
     assert fields["eval_max_new_tokens"].value == EvalConfig().max_new_tokens  # the engine's eval default
     assert (fields["num_devices"].minimum, fields["num_devices"].maximum) == (1, MAX_DEVICES)
     assert fields["stage"].value == "SFT" and fields["fine_tuning"].value == "LoRA"
     assert fields["lr_scheduler_type"].choices == [(c, c) for c in SCHEDULERS]
-    assert fields["max_steps"].minimum == -1 and fields["max_steps"].value == -1
+    # The bounds are shown and checked by the engine (Gradio's own check would hide the engine's message).
+    assert "[-1 … 100000000]" in fields["max_steps"].info and fields["max_steps"].value == -1
     assert fields["learning_rate"].value == 1e-4 and fields["packing"].value is False
 
 
