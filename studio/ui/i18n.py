@@ -989,6 +989,9 @@ CONFIG_HELP_ZH: dict[str, str] = {
     "logging_steps": "每 N 步记录一次指标。",
     "save_steps": "每 N 步保存一次可恢复的检查点。",
     "packing": "将短样本打包进同一序列（互不可见）；默认值随阶段而定。",
+    "packing_size": "打包时每个 max_seq_len 序列最多容纳的样本数（ERNIEKit 的 OCR 配置）；0 表示能放多少放多少。",
+    "save_to_hf": "全参训练：最终模型按 Hugging Face 布局保存（PyTorch 名称；PaddleOCR-VL 为 transformers 的 "
+    "config.json 形式），而非 Paddle 布局（PaddleOCR-VL 为其官方发布形式）。",
     "lora_rank": "低秩更新的秩。",
     "lora_alpha": "LoRA 缩放系数的分子；-1 表示 2 × rank。",
     "beta": "相对参考模型的 KL 约束强度。",
