@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,33 +312,71 @@ def chat(
 
 def chat_stream(
     session: Session, deployment_id: int, body: dict[str, Any], timeout: float = 300.0
-) -> Iterator[str]:
+) -> ChatStream:
     """The text deltas of a streamed chat completion (for the UI).
 
-    The deployment is looked up now; the returned iterator no longer needs ``session``, so a long reply
+    The deployment is looked up now; the returned stream no longer needs ``session``, so a long reply
     does not hold a database connection.
     """
     url = chat_url(session, deployment_id)
     dep = get_deployment(session, deployment_id)
     payload = fit_to_backend(prepare_chat_body({**body, "stream": True}), dep.backend, dep.model_dir)
-    return _stream_deltas(deployment_id, url, payload, timeout)
+    return ChatStream(deployment_id, url, payload, timeout)
 
 
-def _stream_deltas(deployment_id: int, url: str, payload: dict[str, Any], timeout: float) -> Iterator[str]:
-    with httpx.stream("POST", url, json=payload, timeout=timeout) as r:
-        if r.status_code >= 400:
-            raise ServiceError(f"deployment {deployment_id} answered {r.status_code}: {r.read()[:500]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            chunk = json.loads(data)
-            for choice in chunk.get("choices", []):
-                delta = (choice.get("delta") or {}).get("content")
-                if delta:
-                    yield delta
+class ChatStream:
+    """The text deltas of one streamed chat completion, iterated once.
+
+    :meth:`close` may be called from any thread, also while the stream is suspended between deltas (a
+    Gradio handler whose event was cancelled is never resumed) or another thread is reading it: the
+    connection closes there and then, so the model server stops generating, and a reader ends quietly.
+    """
+
+    def __init__(self, deployment_id: int, url: str, payload: dict[str, Any], timeout: float):
+        self.deployment_id = deployment_id
+        self._url, self._payload, self._timeout = url, payload, timeout
+        self._lock = threading.Lock()
+        self._response: httpx.Response | None = None
+        self.closed = False
+
+    def __iter__(self) -> Iterator[str]:
+        with httpx.stream("POST", self._url, json=self._payload, timeout=self._timeout) as r:
+            with self._lock:
+                if self.closed:
+                    return
+                self._response = r
+            if r.status_code >= 400:
+                raise ServiceError(
+                    f"deployment {self.deployment_id} answered {r.status_code}: {r.read()[:500]!r}"
+                )
+            try:
+                yield from _deltas(r.iter_lines())
+            except Exception:
+                if self.closed:  # closed from another thread mid-read: the end the closer asked for
+                    return
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            response = self._response
+        if response is not None:
+            response.close()
+
+
+def _deltas(lines: Iterator[str]) -> Iterator[str]:
+    """The content deltas of an OpenAI server-sent event stream, up to its ``[DONE]``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        for choice in chunk.get("choices", []):
+            delta = (choice.get("delta") or {}).get("content")
+            if delta:
+                yield delta
 
 
 # ---- state transitions made by the serving worker ------------------------------------------------------

@@ -19,7 +19,7 @@ from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
 from studio.services.errors import ServiceError
 from studio.ui.context import UIContext, echo, fmt_time, parse_id, refusal
-from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, status_text, text
+from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, status_text, text
 from studio.ui.sampling import sampling_controls, sampling_params
 
 DEPLOYMENT_COLUMNS = ["id", "name", "status", "backend", "url", "model", "started"]
@@ -258,9 +258,10 @@ class DeployHandlers:
 
     def __init__(self, ctx: UIContext):
         self.ctx = ctx
-        # When each browser session last pressed Stop (monotonic seconds), by Gradio session hash: a reply
-        # streaming since before then ends at its next token and closes its request to the model server.
-        self._stopped_at: dict[str, float] = {}
+        # The reply each browser session is streaming, by Gradio session hash: Stop closes it from its own
+        # request, so the model server stops whether or not the streaming handler is ever resumed (Stop
+        # also cancels that handler, and Gradio does not resume a cancelled one).
+        self._replies: dict[str, deployments_svc.ChatStream] = {}
         self._lock = threading.Lock()
 
     def refresh(self, run_value: Any, current: Any, *candidates: Any, run_id: Any = None) -> tuple[Any, ...]:
@@ -400,7 +401,6 @@ class DeployHandlers:
         """
         lang = current_language()
         session = getattr(request, "session_hash", None) or ""
-        started = time.monotonic()
         did = parse_id(dep_id)
         if did is None:
             raise refusal(text("dep.err.no_deployment", lang))
@@ -417,37 +417,39 @@ class DeployHandlers:
             **thinking_fields(thinking),
         }
         history = [*history, {"role": "assistant", "content": ""}]
-        deltas = self.ctx.stream(deployments_svc.chat_stream, did, body)
         shown_at = 0.0
+        reply: deployments_svc.ChatStream | None = None
         try:
-            for delta in deltas:
+            reply = self.ctx.call(deployments_svc.chat_stream, did, body)
+            with self._lock:
+                self._replies[session] = reply
+            for delta in reply:
                 history[-1]["content"] += delta
-                if self._stop_requested(session, started):
-                    break
                 now = time.monotonic()
                 if now - shown_at >= update_pause(len(history[-1]["content"])):
                     shown_at = now
                     yield history
         except (gr.Error, ServiceError, OSError) as e:
             message = getattr(e, "message", None) or str(e)
-            notice = text("dep.err.reply_failed", lang, message=message)
+            notice = text("dep.err.reply_failed", lang, message=localize_message(message, lang))
             gr.Warning(notice, duration=None)
             history[-1]["content"] += f"\n\n⚠️ {notice}"
         finally:
-            deltas.close()  # ends the HTTP request, so the model server stops generating
+            if reply is not None:
+                reply.close()  # ends the HTTP request, so the model server stops generating
+                with self._lock:
+                    if self._replies.get(session) is reply:
+                        del self._replies[session]
         yield history
 
     def stop_reply(self, request: gr.Request) -> None:
-        """Stop: the reply streaming in this browser session ends at its next token."""
+        """Stop: the reply streaming in this browser session ends now, and its request to the model server
+        with it."""
         session = getattr(request, "session_hash", None) or ""
         with self._lock:
-            self._stopped_at[session] = time.monotonic()
-            if len(self._stopped_at) > 10_000:
-                self._stopped_at.pop(next(iter(self._stopped_at)))
-
-    def _stop_requested(self, session: str, started: float) -> bool:
-        with self._lock:
-            return self._stopped_at.get(session, -1.0) >= started
+            reply = self._replies.pop(session, None)
+        if reply is not None:
+            reply.close()
 
 
 # ---- layout ----------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import base64
 import inspect
+import os
 import re
+import signal
 from pathlib import Path
 
 import httpx
@@ -71,6 +73,19 @@ def server_count(dep: dict, counter: re.Pattern = PROMPT_TOKENS) -> int:
     r = httpx.get(dep["url"].removesuffix("/v1") + "/metrics", timeout=10)
     r.raise_for_status()
     return int(counter.search(r.text).group(1))
+
+
+def server_pid(dep: dict) -> int:
+    """The pid of the deployment's model server (the worker starts `... serve ... --port N`), from /proc."""
+    port = str(dep["port"])
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if b"serve" in args and port.encode() in args and b"--port" in args:
+            return int(proc.name)
+    raise AssertionError(f"no model server process on port {port}")
 
 
 def prompt_tokens_so_far(dep: dict) -> int:
@@ -225,12 +240,19 @@ def test_a_long_reply_streams_stop_ends_it_and_a_reload_keeps_the_deployment(pag
     ui.el("dep-message").locator("textarea").fill("Tell me a long story.")
     ui.click("dep-send")
 
-    # Stop is clicked as soon as the reply shows on the page, while it still streams.
+    # Stop is clicked as soon as the reply shows on the page, while it still streams. The model server is
+    # held (SIGSTOP) from then until the page has taken the Stop, so the reply cannot outrun the click on a
+    # loaded machine (it did: a tiny model writes the 649 tokens left in less than a busy studio's answer).
     page.wait_for_function("() => window.__reply.lengths.length >= 2", timeout=120_000, polling=100)
+    server = server_pid(dep)
     grown_at = server_count(dep, GENERATED_TOKENS) - before
-    ui.el("dep-stop-gen").click(no_wait_after=True)
-    print(f"the reply grew on the page after {grown_at} tokens; Stop clicked")
-    ui.idle(timeout=60_000)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        ui.el("dep-stop-gen").click(no_wait_after=True)
+        print(f"the reply grew on the page after {grown_at} tokens; Stop clicked")
+        ui.idle(timeout=60_000)
+    finally:
+        os.kill(server, signal.SIGCONT)
     # The model server stops too: its count of generated tokens settles short of the 1,000 asked for.
     counts: list[int] = []
     wait_until(

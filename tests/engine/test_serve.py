@@ -20,6 +20,7 @@ from serve_support import free_port, running_server, sharp_model
 import engine
 from engine.serve.generate import GenerationEngine, generate_without_cache
 from engine.serve.server import create_app
+from studio.services.deployments import ChatStream
 
 QUESTIONS = [
     "Hello there, how are you?",
@@ -366,6 +367,38 @@ def test_metrics_and_client_disconnect_stops_generation(server):
     assert _metric(base, "ernie_num_requests_running") == 0
     # it stopped well short of the 400 tokens it asked for
     assert _metric(base, "ernie_generation_tokens_total") - generated_at_close < 200
+
+
+ABORTED = 'ernie_request_success_total{model_name="default",finished_reason="abort"}'
+
+
+def _aborted_once_more(base: str, before: float) -> bool:
+    for _ in range(200):
+        if _metric(base, ABORTED) > before:
+            break
+        time.sleep(0.05)
+    return _metric(base, ABORTED) == before + 1
+
+
+@pytest.mark.parametrize("reader", ["suspended", "reading"])
+def test_a_chat_stream_closed_from_another_thread_stops_the_generation(server, reader):
+    """The studio's Stop: ChatStream.close() from another thread ends the request to the model server whether
+    the reply's handler is suspended between deltas (Gradio never resumes a cancelled one) or reading."""
+    base = server[0]
+    aborted = _metric(base, ABORTED)
+    body = {"model": "default", "messages": _msgs("go on forever"), "max_tokens": 400, "ignore_eos": True}
+    stream = ChatStream(1, base + "/chat/completions", {**body, "stream": True}, timeout=30)
+    deltas = iter(stream)
+    got = [next(deltas) for _ in range(3)]
+    if reader == "reading":
+        ended = threading.Event()
+        threading.Thread(target=lambda: (got.extend(deltas), ended.set()), daemon=True).start()
+    threading.Thread(target=stream.close).start()
+    assert _aborted_once_more(base, aborted)
+    if reader == "reading":
+        assert ended.wait(10), "the reading thread ended quietly once the stream was closed"
+    assert len(got) < 200, len(got)
+    assert _metric(base, "ernie_num_requests_running") == 0
 
 
 def check_sse_wire_format(url: str) -> None:
