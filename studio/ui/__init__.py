@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 import gradio as gr
+from gradio.blocks import BlockContext
 
 from studio.config import Settings
 from studio.ui.compare_tab import CompareTab, build_compare_tab
@@ -120,9 +121,38 @@ def build_ui(settings: Settings) -> gr.Blocks:
         _wire_tab_changes(demo, built, states)
         _wire_language(ctx, texts, language, header, states)
         _wire_across_tabs(built, states)
+        narrow_progress(demo, gr.Markdown("", visible=False, elem_id="studio-progress"))
     # Table headers follow the session's language wherever a callback fills a table.
     texts.localize_tables(demo)
     return demo
+
+
+def narrow_progress(demo: gr.Blocks, sink: gr.Component, many: int = 20) -> None:
+    """Show no event's progress on a container (the tabs, a tab, a group of the Train form).
+
+    Gradio's page keeps a loading status for every component any event has ever targeted and, at each status
+    change of any event (two or more per event), looks each of them up in the page's tree and, for a
+    container, reads the state of every block inside it. With the tabs (~400 blocks) among the targets of
+    the page load, the language switch and the clone, each 2-second tick of the Runs tab cost the browser
+    about a second. An event keeps its other outputs as targets: while it runs they show it, and a value
+    typed into one of them is not overwritten when it lands. One whose outputs are all containers points
+    at ``sink`` (one hidden component), and so does a hidden-progress one with more than ``many`` outputs
+    (the form's check, the option search, the language switch, which change labels, marks and visibility,
+    not values: the page load's check alone put ~300 fields among the targets for good).
+    """
+    for fn in demo.fns.values():
+        if fn.show_progress_on is not None or not fn.outputs:
+            continue
+        leaves = [o for o in fn.outputs if not _container(o)]
+        if fn.show_progress == "hidden" and len(fn.outputs) > many:
+            fn.show_progress_on = [sink]
+        elif len(leaves) < len(fn.outputs):
+            fn.show_progress_on = leaves or [sink]
+
+
+def _container(block: Any) -> bool:
+    """A block with blocks inside (gr.HTML is a BlockContext that may have none)."""
+    return isinstance(block, BlockContext) and bool(block.children)
 
 
 def _browser_states() -> _BrowserStates:

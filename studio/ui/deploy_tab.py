@@ -18,7 +18,7 @@ from studio.models import RunStatus
 from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
 from studio.services.errors import ServiceError
-from studio.ui.context import UIContext, echo, fmt_time, parse_id, refusal
+from studio.ui.context import SentValues, UIContext, echo, fmt_time, parse_id, refusal
 from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, status_text, text
 from studio.ui.sampling import sampling_controls, sampling_params
 
@@ -263,6 +263,7 @@ class DeployHandlers:
         # also cancels that handler, and Gradio does not resume a cancelled one).
         self._replies: dict[str, deployments_svc.ChatStream] = {}
         self._lock = threading.Lock()
+        self._sent = SentValues()
 
     def refresh(self, run_value: Any, current: Any, *candidates: Any, run_id: Any = None) -> tuple[Any, ...]:
         """(finished-run dropdown, deployments table, deployment dropdown, status) keeping valid picks;
@@ -289,8 +290,14 @@ class DeployHandlers:
     def restore(self, run_value: Any, saved: Any, request: gr.Request) -> tuple[Any, ...]:
         """On page load: the deployment in ?deployment=N, else the one in browser storage, else a running
         deployment of ?run=N, else the newest running one."""
+        self._sent.forget(request)
         url_dep, url_run = _url_params(request)
         return self.refresh(run_value, None, url_dep, saved, run_id=url_run)
+
+    def pick(self, run_value: Any, current: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
+        """:meth:`refresh` for an event other than the tick (a pick, a deployment opened from elsewhere)."""
+        self._sent.forget(request)
+        return self.refresh(run_value, current)
 
     def on_select(
         self, run_value: Any, current: Any, saved: Any, request: gr.Request | None
@@ -299,6 +306,7 @@ class DeployHandlers:
         Runs tab's deploy buttons open it), else the shown one, else as :meth:`restore`. The dropdown's own
         picks are remembered as they happen, so the two differ only while such a switch is on its way: the
         dropdown still shows the deployment picked before it."""
+        self._sent.forget(request)
         url_dep, url_run = _url_params(request)
         return self.refresh(run_value, saved, current, url_dep, run_id=url_run)
 
@@ -325,9 +333,10 @@ class DeployHandlers:
             dep_u.pop("value", None)
         run_out = gr.skip() if same else run_u
         dep_out = gr.skip() if same and parse_id(current) is not None else dep_u
-        return run_out, rows, dep_out, md, sig
+        # and of the rest only what changed since this session's last tick (every value re-renders the page)
+        return self._sent.changed(request, (run_out, rows, dep_out, md, sig))
 
-    def deploy(self, run_id: Any) -> tuple[Any, ...]:
+    def deploy(self, run_id: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
         """(table, deployment dropdown, status, browser state) after starting a deployment of ``run_id``."""
         lang = current_language()
         rid = parse_id(run_id)
@@ -336,9 +345,11 @@ class DeployHandlers:
         spec = deployments_svc.DeploymentSpec(run_id=rid)
         dep = self.ctx.call(deployments_svc.create_deployment, self.ctx.settings, spec)
         gr.Info(text("dep.msg.starting", lang, id=dep.id))
+        self._sent.forget(request)
         return (*self.refresh(rid, dep.id)[1:], dep.id)
 
-    def stop(self, current: Any) -> str:
+    def stop(self, current: Any, request: gr.Request | None = None) -> str:
+        self._sent.forget(request)
         lang = current_language()
         did = parse_id(current)
         if did is None:
@@ -547,14 +558,18 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
     refresh_outputs = [run, d["table"], selected, d["status"]]
     _wire_chat(h, c, selected)
     d["deploy"].click(h.deploy, run, [d["table"], selected, d["status"], selected_state])
-    selected.input(h.refresh, [run, selected], refresh_outputs, show_progress="hidden")
+    selected.input(h.pick, [run, selected], refresh_outputs, show_progress="hidden")
     # However the deployment got selected (a click, a deploy, a restore), browser storage and the URL follow.
     selected.change(echo, selected, selected_state, show_progress="hidden").then(
         None, selected, None, js=URL_JS
     )
     d["stop_dep"].click(h.stop, selected, d["status"])
-    timer.tick(
-        h.tick, [run, selected, selected_state, shown], [*refresh_outputs, shown], show_progress="hidden"
+    timer.tick(  # its status on the table alone, as the Runs tab's tick
+        h.tick,
+        [run, selected, selected_state, shown],
+        [*refresh_outputs, shown],
+        show_progress="hidden",
+        show_progress_on=d["table"],
     )
     tab.select(h.on_select, [run, selected, selected_state], refresh_outputs, show_progress="hidden")
     ctx.demo.load(h.restore, [run, selected_state], refresh_outputs, show_progress="hidden")
@@ -564,7 +579,7 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
         run=run,
         selected=selected,
         timer=timer,
-        refresh_fn=h.refresh,
+        refresh_fn=h.pick,
         refresh_outputs=refresh_outputs,
     )
 

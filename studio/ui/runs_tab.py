@@ -21,7 +21,7 @@ from studio.services import runs as runs_svc
 from studio.services.exports import export_default
 from studio.services.run_parts import placement_of
 from studio.ui import charts
-from studio.ui.context import UIContext, echo, fmt_time, parse_id, ranks_text, refusal
+from studio.ui.context import SentValues, UIContext, echo, fmt_time, parse_id, ranks_text, refusal
 from studio.ui.i18n import DEFAULT_LANGUAGE, current_language, localize_message, status_text, text
 
 RUN_COLUMNS = ["id", "name", "stage", "tuning", "status", "progress", "loss", "ETA", "created"]
@@ -320,6 +320,7 @@ class RunsHandlers:
 
     def __init__(self, ctx: UIContext):
         self.ctx = ctx
+        self._sent = SentValues()
 
     def refresh_table(self, current: Any) -> tuple[Any, pd.DataFrame]:
         """Run choices (keeping ``current`` when it still exists) and the table rows."""
@@ -353,17 +354,29 @@ class RunsHandlers:
             out = update
         return out, rows, sig, update.get("value", parse_id(current))
 
+    def tick(self, current: Any, saved: Any, shown: list | None, request: gr.Request) -> tuple[Any, ...]:
+        """The timer's refresh in one event: (dropdown, table, choices now shown, *run view), each value only
+        when it differs from what this session's last tick sent."""
+        selected, rows, sig, run = self.tick_table(current, saved, shown, request)
+        return self._sent.changed(request, (selected, rows, sig, *self._view(run)))
+
     def restore(self, saved: Any, request: gr.Request) -> tuple[Any, pd.DataFrame]:
         """On page load: the run in ?run=N, else the one in browser storage."""
+        self._sent.forget(request)
         wanted = request.query_params.get("run") if request else None
         return self.refresh_table(parse_id(wanted) or parse_id(saved))
 
     def on_select(self, current: Any, saved: Any, request: gr.Request) -> tuple[Any, pd.DataFrame]:
         # Selecting the tab (also done programmatically on load, racing the restore) keeps any known run.
+        self._sent.forget(request)
         return self.refresh_table(_pick(current, saved, request))
 
-    def run_view(self, run_id: Any) -> tuple[Any, ...]:
+    def run_view(self, run_id: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
         """Everything the run view shows for ``run_id``, in ``VIEW_PARTS`` order."""
+        self._sent.forget(request)
+        return self._view(run_id)
+
+    def _view(self, run_id: Any) -> tuple[Any, ...]:
         rid = parse_id(run_id)
         if rid is None:
             return blank_view()
@@ -385,9 +398,9 @@ class RunsHandlers:
             ctx.read(placement_of, rid, default=[]),
         )
 
-    def show_run(self, run_id: Any) -> tuple[Any, ...]:
+    def show_run(self, run_id: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
         """Select ``run_id`` and show it: (dropdown, table, *run view)."""
-        return (*self.refresh_table(run_id), *self.run_view(run_id))
+        return (*self.refresh_table(run_id), *self.run_view(run_id, request))
 
     def cancel(self, run_id: Any) -> str:
         rid = self._call_on_run(runs_svc.cancel_run, run_id)
@@ -397,8 +410,9 @@ class RunsHandlers:
         rid = self._call_on_run(runs_svc.resume_run, run_id)
         return text("runs.msg.resumed", current_language(), id=rid)
 
-    def delete(self, run_id: Any) -> tuple[str, Any, pd.DataFrame]:
+    def delete(self, run_id: Any, request: gr.Request | None = None) -> tuple[str, Any, pd.DataFrame]:
         rid = self._call_on_run(runs_svc.delete_run, run_id)
+        self._sent.forget(request)
         update, rows = self.refresh_table(None)
         return text("runs.msg.deleted", current_language(), id=rid), update, rows
 
@@ -758,7 +772,6 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
     with t.make(gr.Tab, "tab.runs", id="runs") as tab:
         deployed = gr.State(None)  # inside the tab: see train_tab
         shown_choices = gr.State(None)
-        current_run = gr.State(None)  # the run the last tick resolved (the dropdown may be skipped)
         timer = gr.Timer(POLL_SECONDS, active=True)
         table = t.make(
             gr.Dataframe,
@@ -780,12 +793,15 @@ def build_runs_tab(ctx: UIContext, selected_state: gr.BrowserState) -> RunsTab:
     )
     h = RunsHandlers(ctx)
     quiet: dict[str, Any] = {"show_progress": "hidden"}
+    # A tick every 2 s: its status is kept on the table alone (each target costs the page a lookup at every
+    # status change of every event; see studio.ui.narrow_progress).
     timer.tick(
-        h.tick_table,
+        h.tick,
         [selected, selected_state, shown_choices],
-        [selected, table, shown_choices, current_run],
+        [selected, table, shown_choices, *view.outputs],
+        show_progress_on=table,
         **quiet,
-    ).then(h.run_view, current_run, view.outputs, **quiet)
+    )
     selected.input(h.run_view, selected, view.outputs)
     # However the run got selected (a click, a launch, a restore), the URL and browser storage follow it.
     selected.change(echo, selected, selected_state, **quiet).then(None, selected, None, js=URL_JS)

@@ -1,0 +1,64 @@
+"""How the page's events cost the browser: what an event shows its progress on, and what a timer re-sends.
+
+Gradio's page keeps a loading status for every component any event has targeted and looks each one up in
+the page's tree (walking a container's whole subtree) at every status change of every event; it redoes its
+state for every value it receives. An idle Runs tab cost the renderer 90% of a core before these rules
+(docs/benchmarks.md, "The studio page in the browser").
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+import pandas as pd
+from gradio.blocks import BlockContext
+
+from studio.ui import build_ui
+from studio.ui.context import SentValues
+
+
+def test_no_event_shows_progress_on_a_container(settings):
+    demo = build_ui(settings)
+    for fn in demo.fns.values():
+        shown = fn.show_progress_on if fn.show_progress_on is not None else fn.outputs
+        assert not [b for b in shown if isinstance(b, BlockContext) and b.children], (fn.name, shown)
+    # the page load that opens the remembered tab updates the tabs and shows its progress elsewhere
+    tabs = [fn for fn in demo.fns.values() if any(isinstance(o, gr.Tabs) for o in fn.outputs)]
+    assert tabs and all(fn.show_progress_on for fn in tabs)
+
+
+def _request(session: str) -> SimpleNamespace:
+    return SimpleNamespace(session_hash=session)
+
+
+def test_a_tick_sends_only_what_changed_for_each_session():
+    sent = SentValues()
+    frame = pd.DataFrame([[1, "a"], [2, "b"]], columns=["id", "name"])
+    first = ("run 1", frame, gr.update(value=3, visible=True))
+    assert sent.changed(_request("s1"), first) == first  # a session's first tick sends everything
+    again = sent.changed(_request("s1"), ("run 1", frame.copy(), gr.update(visible=True, value=3)))
+    assert all(v == gr.skip() for v in again)
+    # one cell of the table changed: the table alone is sent
+    changed = frame.copy()
+    changed.loc[1, "name"] = "c"
+    out = sent.changed(_request("s1"), ("run 1", changed, gr.update(value=3, visible=True)))
+    assert out[0] == gr.skip() and out[1] is changed and out[2] == gr.skip()
+    # another browser session has its own record
+    assert sent.changed(_request("s2"), first) == first
+    # a value the handler skips itself keeps the page's, and the record of it
+    assert sent.changed(_request("s1"), (gr.skip(), changed, gr.skip()))[1] == gr.skip()
+    assert sent.changed(_request("s1"), ("run 1", changed, gr.update(value=3, visible=True)))[0] == gr.skip()
+    # an event other than the tick wrote these outputs: everything is sent again
+    sent.forget(_request("s1"))
+    assert sent.changed(_request("s1"), ("run 1", changed, 3)) == ("run 1", changed, 3)
+    # without a session (a call from Python) nothing is skipped
+    assert sent.changed(None, ("run 1",)) == ("run 1",)
+
+
+def test_the_record_keeps_a_bounded_number_of_sessions():
+    sent = SentValues(sessions=2)
+    for s in ("a", "b", "c"):
+        sent.changed(_request(s), ("x",))
+    assert sent.changed(_request("a"), ("x",)) == ("x",)  # the oldest was dropped: sent again
+    assert sent.changed(_request("c"), ("x",)) == (gr.skip(),)
