@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,6 +104,37 @@ def _transport_options(settings: Settings) -> dict:
     return {}
 
 
+def embedded_transport() -> type:
+    """kombu's filesystem transport, with each message written under a hidden name and renamed into place.
+
+    kombu's own `_put` opens `<ms>_<uuid>.<queue>.msg` and then writes it, while a consumer that lists the
+    folder moves and reads any such file at once: a serve worker read one empty and died of the JSON error
+    (an e2e run, 2026-11-28), leaving every later deployment to wait. A rename is atomic, so a consumer sees
+    a whole message or none.
+    """
+    from kombu.transport import filesystem
+    from kombu.utils.encoding import str_to_bytes
+    from kombu.utils.json import dumps
+
+    class Channel(filesystem.Channel):
+        def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+            name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+            final = os.path.join(self.data_folder_out, name)
+            hidden = os.path.join(self.data_folder_out, f".{name}.part")  # not `<x>.<queue>.msg`: never read
+            try:
+                with open(hidden, "wb") as f:
+                    f.write(str_to_bytes(dumps(payload)))
+                os.replace(hidden, final)
+            except OSError as exc:
+                raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    class Transport(filesystem.Transport):
+        pass
+
+    Transport.Channel = Channel
+    return Transport
+
+
 def make_celery(settings: Settings) -> Celery:
     """A Celery app on the settings' broker, configured for long, late-acknowledged tasks."""
     from celery import Celery
@@ -131,6 +163,8 @@ def make_celery(settings: Settings) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
     )
+    if settings.uses_embedded_broker:
+        app.conf.broker_transport = embedded_transport()
     app.conf.ernie_settings = settings
     return app
 
