@@ -24,7 +24,7 @@ TABS = ("datasets", "train", "runs", "deploy")
 def idle_cost(page, url: str, seconds: float) -> dict[str, tuple[float, float, int]]:
     """Per tab: (busy share of the renderer, script seconds, events sent) over ``seconds`` of idling."""
     joins: list[str] = []
-    page.on("request", lambda r: joins.append(r.url) if r.url.endswith("/queue/join") else None)
+    page.on("request", lambda r: joins.append(r.url) if "/queue/join" in r.url else None)
     cdp = page.context.new_cdp_session(page)
     cdp.send("Performance.enable")
     page.goto(f"{url}/?tab=datasets")
