@@ -10,6 +10,7 @@ left.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,21 @@ def choice_changed(stage: str, fine_tuning: str, compute_type: str) -> tuple[Any
     defaults (in ``STAGE_DEPENDENT_KEYS`` order); which options apply follows in ``TrainHandlers.review``."""
     defaults = defaults_for(stage, fine_tuning)
     return tuple(form_value(key, defaults[key]) for key in STAGE_DEPENDENT_KEYS)
+
+
+def choice_changed_js() -> str:
+    """``choice_changed`` as a browser function, the defaults of every stage and fine-tuning inlined.
+
+    It runs in the page at the click: a server round trip could answer after the person had typed into a field
+    it sets (a learning rate typed right after clicking Full was overwritten by Full's default, CI seed 703238).
+    Its inputs are the choice fields, then the dependent fields, whose values it keeps for a pair the table
+    lacks."""
+    table = {f"{stage}|{ft}": list(choice_changed(stage, ft, "")) for stage, ft in STAGE_DEFAULTS}
+    n = len(CHOICE_KEYS)
+    return (
+        f"(...v) => {{ const t = {json.dumps(table)}; "
+        f"return t[v[0] + '|' + v[1]] ?? v.slice({n}); }}"
+    )
 
 
 def hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
@@ -601,9 +617,10 @@ def _wire_actions(
     # after that handler (change events would check the form once per field it set).
     gr.on([comp.input for comp in inputs], trigger_mode="always_last", **review)
     ctx.demo.load(**review)
+    dependent = [fields[k] for k in STAGE_DEPENDENT_KEYS]
     for key in CHOICE_KEYS:
         fields[key].input(
-            choice_changed, [fields[k] for k in CHOICE_KEYS], [fields[k] for k in STAGE_DEPENDENT_KEYS]
+            None, [*(fields[k] for k in CHOICE_KEYS), *dependent], dependent, js=choice_changed_js()
         ).then(**review)
     # After a language switch the option tooltips are the help texts again: put the problems back.
     ctx.on_language(handlers.review, [*inputs, marks], review_outputs, needs_selection=False)

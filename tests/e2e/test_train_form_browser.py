@@ -109,6 +109,8 @@ def test_the_form_opens_with_every_group_checks_live_and_starts_elastic_and_gpas
     ui.idle()
     gpas = _launch(ui, studio)
     assert gpas["name"] == "gpas-form" and gpas["fine_tuning"] == "Full" and gpas["config"]["gpas"] is True
+    # The Full click set Full's learning rate in the page (studio.ui.train_tab.choice_changed_js).
+    assert elastic["config"]["learning_rate"] == 1e-4 and gpas["config"]["learning_rate"] == 1e-5
     assert "elastic_topk_choices" not in gpas["config"]
 
     for run in (elastic, gpas):

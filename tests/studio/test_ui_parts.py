@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ from engine.train.config import (
     FINE_TUNING,
     MAX_DEVICES,
     SCHEDULERS,
+    STAGE_DEFAULTS,
     STAGES,
     TrainConfig,
     config_from_dict,
@@ -58,6 +60,7 @@ from studio.ui.train_tab import (
     TrainHandlers,
     build_train_tab,
     choice_changed,
+    choice_changed_js,
     form_defaults,
     form_values,
     run_spec,
@@ -501,6 +504,15 @@ def test_changing_stage_or_fine_tuning_restarts_the_dependent_fields_from_the_en
     assert STAGE_DEPENDENT_KEYS == ("learning_rate", "packing")
     assert choice_changed("DPO", "Full", "fp32") == (5e-7, False)
     assert choice_changed("PT", "LoRA", "fp32") == (1e-4, True)
+
+
+def test_the_page_sets_the_dependent_fields_from_the_same_table():
+    js = choice_changed_js()
+    table = json.loads(re.search(r"const t = (\{.*?\});", js).group(1))
+    assert table == {f"{s}|{f}": list(choice_changed(s, f, "")) for s, f in STAGE_DEFAULTS}
+    assert len(table) == 10 and table["DPO|Full"] == [5e-7, False]
+    # a pair the table lacks keeps the fields' values (the inputs after the three choice fields)
+    assert "v.slice(3)" in js
 
 
 def test_every_field_takes_choices_and_bounds_from_the_schema():
