@@ -127,10 +127,7 @@ def choice_changed_js() -> str:
     lacks."""
     table = {f"{stage}|{ft}": list(choice_changed(stage, ft, "")) for stage, ft in STAGE_DEFAULTS}
     n = len(CHOICE_KEYS)
-    return (
-        f"(...v) => {{ const t = {json.dumps(table)}; "
-        f"return t[v[0] + '|' + v[1]] ?? v.slice({n}); }}"
-    )
+    return f"(...v) => {{ const t = {json.dumps(table)}; return t[v[0] + '|' + v[1]] ?? v.slice({n}); }}"
 
 
 def hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
