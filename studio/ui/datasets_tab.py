@@ -284,7 +284,10 @@ class DatasetsHandlers:
         return gr.update(value=shown or None, visible=bool(shown))
 
     def upload(self, path: str | None, name_value: str, format_value: str) -> tuple[Any, ...]:
-        """(result, problems, summary, dropdown, table, file, name) after validating an upload."""
+        """(result, problems, summary, dropdown, table, file, name, stored pick) after validating an upload.
+
+        The page stores the new dataset as the open one in this response: a reload right after the upload
+        reopens it (the dropdown's change event stores it too, but a round trip later)."""
         lang = current_language()
         if not path:
             raise refusal(text("ds.err.no_file", lang))
@@ -302,7 +305,7 @@ class DatasetsHandlers:
         if err is not None:
             head, problems = rejected_upload(filename, err, lang)
             choices = gr.update(choices=dataset_choices(items))
-            return head, problems, "", choices, dataset_rows(items), gr.update(), gr.update()
+            return head, problems, "", choices, dataset_rows(items), gr.update(), gr.update(), gr.update()
         gr.Info(text("ds.msg.added_info", lang, name=d.name, records=d.num_records, format=d.format))
         return (
             text("ds.msg.added", lang, name=d.name, format=d.format, kind=d.kind, records=d.num_records),
@@ -312,6 +315,7 @@ class DatasetsHandlers:
             dataset_rows(items),
             None,
             "",
+            d.id,
         )
 
     def compute_stats(self, dataset_id: Any, model: str, seq_len: Any) -> tuple[str, pd.DataFrame]:
@@ -511,7 +515,16 @@ def build_datasets_tab(ctx: UIContext, selected_state: gr.BrowserState) -> Datas
     c["upload_btn"].click(
         h.upload,
         [c["upload"], c["name"], c["fmt"]],
-        [c["upload_result"], c["problems"], c["summary"], selected, table, c["upload"], c["name"]],
+        [
+            c["upload_result"],
+            c["problems"],
+            c["summary"],
+            selected,
+            table,
+            c["upload"],
+            c["name"],
+            selected_state,
+        ],
         concurrency_limit=2,
         api_name="upload_dataset",  # a stable name for Gradio API clients (and the security tests)
     )
