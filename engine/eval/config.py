@@ -34,8 +34,12 @@ from engine.train.scalars import REPORT_TO, report_to_problems
 # benchmark files are scored by option log-likelihood (multiple_choice) or by the final number (gsm8k).
 CHAT_TYPES = ("erniekit", "alpaca", "chatml")
 BENCHMARK_TYPES = ("multiple_choice", "gsm8k")
-DATASET_TYPES = ("auto", *CHAT_TYPES, *BENCHMARK_TYPES)
-METRICS = ("loss", "exact_match", "contains", "regex", "rouge_l", "bleu", "judge")
+# OCR sets (images with the text they show) are read by a PaddleOCR-VL model and scored by character error
+# rate and exact match (engine.eval.ocr); a text model cannot read them, nor a PaddleOCR-VL model the others.
+OCR_TYPES = ("ocr",)
+OCR_METRICS = ("cer", "exact_match")
+DATASET_TYPES = ("auto", *CHAT_TYPES, *BENCHMARK_TYPES, *OCR_TYPES)
+METRICS = ("loss", "exact_match", "contains", "regex", "rouge_l", "bleu", "judge", "cer")
 NORMALIZATIONS = ("lower", "punctuation", "whitespace", "articles")
 TEXT_UNITS = ("auto", "words", "chars")
 JUDGE_MODES = ("score", "pairwise")
@@ -66,7 +70,8 @@ class EvalConfig:
     eval_dataset_type: str = option(
         "auto",
         "Kind of each eval file (comma-separated): erniekit / alpaca / chatml records are generated and "
-        "scored, multiple_choice and gsm8k files are benchmarks; auto detects all of them.",
+        "scored, multiple_choice and gsm8k files are benchmarks, ocr sets (image + text pairs) are read by a "
+        "PaddleOCR-VL model; auto detects all of them.",
     )
     eval_dataset_path: str = option(
         "", "Eval files, comma-separated (JSONL, JSON array; CSV for benchmarks)."
@@ -78,7 +83,8 @@ class EvalConfig:
     max_samples: int = option(0, "Score at most this many records per file; 0 scores all.", minimum=0)
     metrics: list[str] = option(  # noqa: RUF009 (a field with a default_factory)
         help="What chat files are scored by: loss (eval_loss / eval_ppl), exact_match, contains, regex, "
-        "rouge_l, bleu, judge.",
+        "rouge_l, bleu, judge. OCR sets are scored by cer (character error rate) and exact_match; name only "
+        "those (or leave the default) when evaluating a PaddleOCR-VL model.",
         choices=METRICS,
         factory=lambda: ["loss", "exact_match", "rouge_l", "bleu"],
     )

@@ -81,6 +81,21 @@ def bleu_metric(stats: list[dict[str, Any]], resamples: int, confidence: float, 
 MEAN_SCORES = ("exact_match", "contains", "regex", "rouge_l", "acc", "acc_norm", "accuracy", "judge")
 
 
+def cer_metric(rows: list[dict[str, Any]], resamples: int, confidence: float, rng) -> dict[str, Any]:
+    """Corpus character error rate (every reading's edits over every reference's characters, as
+    engine.eval.ocr scores a set), its interval from resampled readings, and the mean reading's CER."""
+    edits = np.array([r["edits"] for r in rows], dtype=np.float64)
+    chars = np.array([r["reference_chars"] for r in rows], dtype=np.float64)
+    out: dict[str, Any] = {"score": float(edits.sum() / chars.sum()), "n": len(rows)}
+    ci = bootstrap_interval(
+        np.arange(len(rows)), lambda idx: edits[idx].sum() / chars[idx].sum(), resamples, confidence, rng
+    )
+    if ci is not None:
+        out["ci_low"], out["ci_high"] = ci
+    out["sample_mean"] = float(np.mean([r["scores"]["cer"] for r in rows]))
+    return out
+
+
 def aggregate(rows: list[dict[str, Any]], resamples: int, confidence: float, seed: int) -> dict[str, Any]:
     """Every metric of one dataset's sample rows."""
     rng = np.random.default_rng(seed)
@@ -95,6 +110,9 @@ def aggregate(rows: list[dict[str, Any]], resamples: int, confidence: float, see
     bleu = [r["scores"]["bleu"] for r in rows if isinstance(r["scores"].get("bleu"), dict)]
     if bleu:
         metrics["bleu"] = bleu_metric(bleu, resamples, confidence, rng)
+    read = [r for r in rows if "cer" in r["scores"]]
+    if read:
+        metrics["cer"] = cer_metric(read, resamples, confidence, rng)
     return metrics
 
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engine.eval.config import CHAT_TYPES, EvalConfig, run_notices
+from engine.eval.config import CHAT_TYPES, OCR_METRICS, OCR_TYPES, EvalConfig, run_notices
 from engine.eval.items import ChatItem, ChoiceItem, EvalDataError, EvalFile, NumberItem, read_eval_file
 from engine.eval.judge import Judge, JudgeSettings, api_key
 from engine.eval.results import RESULTS_FILE, SAMPLES_FILE, SampleLog, aggregate, headline
@@ -50,11 +50,26 @@ def sample_id(f: EvalFile, line: int) -> str:
 
 
 def read_files(cfg: EvalConfig) -> list[EvalFile]:
-    """Every eval file's items; the problems of all files in one EvalDataError."""
-    files, problems = [], []
+    """Every eval file's items; the problems of all files in one EvalDataError. A PaddleOCR-VL model reads
+    OCR sets only, and a text model every other kind."""
+    ocr_model = model_reads_images(cfg.model_name_or_path)
+    files, problems = [], option_problems(cfg, ocr_model)
+    tokenizer = None
     for path, type_ in zip(cfg.paths, cfg.types, strict=True):
+        kind = file_type(path, type_)
+        mismatch = family_problem(cfg.model_name_or_path, path, kind, ocr_model)
+        if mismatch:
+            problems.append(mismatch)
+            continue
         try:
-            files.append(read_eval_file(path, type_, cfg.max_samples))
+            if kind in OCR_TYPES:
+                if tokenizer is None:
+                    import engine
+
+                    tokenizer = engine.load_tokenizer(cfg.model_name_or_path)
+                files.append(read_ocr_file(path, tokenizer, cfg.max_samples))
+            else:
+                files.append(read_eval_file(path, type_, cfg.max_samples))
         except EvalDataError as e:
             problems += e.problems
     names = [f.name for f in files]
@@ -66,6 +81,83 @@ def read_files(cfg: EvalConfig) -> list[EvalFile]:
     if problems:
         raise EvalDataError(problems)
     return files
+
+
+def model_reads_images(model: str) -> bool:
+    """Whether ``model`` (a model directory, or a LoRA run of one) is a PaddleOCR-VL model."""
+    from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
+    from engine.models.paths import architecture_dir
+
+    try:
+        return is_paddleocr_vl_dir(architecture_dir(model))
+    except FileNotFoundError:  # the loader says what is missing
+        return False
+
+
+def file_type(path: str, type_: str) -> str:
+    """``type_``, with ``auto`` resolved to ``ocr`` for a file of OCR pairs (others resolve as they are read)."""
+    if type_ != "auto" or not Path(path).is_file():
+        return type_
+    from engine.data.formats import detect_format
+
+    try:
+        fmt, _ = detect_format(path)
+    except ValueError:
+        return type_
+    return fmt if fmt in OCR_TYPES else type_
+
+
+def family_problem(model: str, path: str, kind: str, ocr_model: bool) -> str | None:
+    """Why ``model`` cannot be scored on the file, when it cannot: OCR sets for PaddleOCR-VL, the rest for
+    text models."""
+    if kind in OCR_TYPES and not ocr_model:
+        return (
+            f"{path}: an OCR set (images with the text they show) is read by a PaddleOCR-VL model, and {model} "
+            "is not one; evaluate a PaddleOCR-VL model (or a run fine-tuned from one) on it"
+        )
+    if ocr_model and kind not in OCR_TYPES:
+        what = "chat or benchmark" if kind == "auto" else kind
+        return (
+            f"{path}: holds {what} records, and {model} is a PaddleOCR-VL model, which reads images; evaluate "
+            "it on an OCR set (image + text pairs), and this file with a text model"
+        )
+    return None
+
+
+def option_problems(cfg: EvalConfig, ocr_model: bool) -> list[str]:
+    """Options that would score nothing: text-metric settings for a PaddleOCR-VL model (its sets are scored
+    by cer and exact_match as read), cer for a text model. The defaults pass for either."""
+    default = EvalConfig()
+    if not ocr_model:
+        if "cer" in cfg.metrics:
+            return [
+                f"{cfg.where('metrics')}: metrics names cer, which scores OCR sets read by a PaddleOCR-VL model, "
+                f"and {cfg.model_name_or_path} is not one; score its answers by exact_match, rouge_l or bleu"
+            ]
+        return []
+    problems = []
+    extra = [m for m in cfg.metrics if m not in OCR_METRICS]
+    if extra and cfg.metrics != default.metrics:
+        problems.append(
+            f"{cfg.where('metrics')}: metrics names {', '.join(extra)}, which score text answers; a "
+            f"PaddleOCR-VL model's readings are scored by {' and '.join(OCR_METRICS)}"
+        )
+    for key in ("normalize", "answer_regex", "text_units"):
+        if getattr(cfg, key) != getattr(default, key):
+            problems.append(
+                f"{cfg.where(key)}: {key} shapes text metrics, and a PaddleOCR-VL model's readings are compared "
+                f"with their references as read (cer counts every character); leave {key} out"
+            )
+    return problems
+
+
+def read_ocr_file(path: str, tokenizer, max_samples: int) -> EvalFile:
+    """An OCR set's records (engine.eval.ocr), every problem by line."""
+    from engine.eval.ocr import read_ocr_set
+
+    if not Path(path).is_file():
+        raise EvalDataError([f"{path}: eval file does not exist"])
+    return EvalFile(path, "ocr", read_ocr_set(path, tokenizer, max_samples))
 
 
 class Evaluation:
@@ -86,6 +178,7 @@ class Evaluation:
         self.encoder = SampleEncoder(self.tok, cfg.max_seq_len)
         self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
         self._engine = None
+        self._ocr_reader = None
 
     # -- setup --
     def _judge(self) -> Judge | None:
@@ -138,6 +231,8 @@ class Evaluation:
             part = pending[start : start + chunk]
             if f.type == "multiple_choice":
                 rows = self.score_choices(f, part)
+            elif f.type in OCR_TYPES:
+                rows = self.score_readings(f, part)
             else:
                 rows = self.score_generations(f, part)
             self.samples.write(rows)
@@ -211,6 +306,59 @@ class Evaluation:
         if self.judge is not None and isinstance(items[0], ChatItem):
             self._judge_rows(rows)
         return rows
+
+    def score_readings(self, f: EvalFile, items: list) -> list[dict[str, Any]]:
+        """A PaddleOCR-VL model's readings of OCR records (images in the training prompt form), each scored by
+        its character error rate and exact match as engine.eval.ocr scores them."""
+        from engine.data.paddleocr_vl_processor import preprocess_image
+        from engine.eval.generation import generate_batch
+        from engine.eval.ocr import edit_distance, prompt_ids
+        from engine.serve.generate import SamplingParams
+
+        cfg = self.cfg
+        encoder, settings = self.ocr_reader
+        prompts = [prompt_ids(encoder, it) for it in items]
+        images = [[preprocess_image(p, settings) for p in it.images] for it in items]
+        params = [
+            SamplingParams(
+                max_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                seed=(cfg.seed + zlib.crc32(sample_id(f, it.line).encode())) % 2**32,
+            )
+            for it in items
+        ]
+        # both by default; a metrics list of OCR metrics (option_problems refuses others) picks among them
+        wanted = OCR_METRICS if cfg.metrics == EvalConfig().metrics else cfg.metrics
+        predictions = generate_batch(self.generator, prompts, params, images)
+        rows = []
+        for it, ids, pred in zip(items, prompts, predictions, strict=True):
+            edits, chars = edit_distance(pred.text, it.reference), max(len(it.reference), 1)
+            scores = {"cer": edits / chars, "exact_match": float(pred.text == it.reference)}
+            rows.append(
+                {
+                    "id": sample_id(f, it.line), "dataset": f.name, "line": it.line, "task": "ocr",
+                    "prompt": self.tok.decode(ids, skip_special_tokens=False),
+                    "images": [str(p) for p in it.images], "reference": it.reference, "prediction": pred.text,
+                    "finish_reason": pred.finish_reason, "prompt_tokens": pred.prompt_tokens,
+                    "completion_tokens": pred.completion_tokens, "edits": edits, "reference_chars": chars,
+                    "scores": {k: v for k, v in scores.items() if k in wanted},
+                }
+            )  # fmt: skip
+        return rows
+
+    @property
+    def ocr_reader(self):
+        """PaddleOCR-VL's prompt encoder and the model's image processor settings (a run's: what it trained
+        with)."""
+        if self._ocr_reader is None:
+            from engine.data.ocr import OCRSampleEncoder
+            from engine.data.paddleocr_vl_processor import OCRProcessorSettings
+            from engine.train.trainer import processor_dir
+
+            settings = OCRProcessorSettings.from_model_dir(processor_dir(self.cfg.model_name_or_path))
+            self._ocr_reader = OCRSampleEncoder(self.tok, self.cfg.max_seq_len, settings), settings
+        return self._ocr_reader
 
     def _generation_row(self, f: EvalFile, it, ids: list[int], pred) -> dict[str, Any]:
         from engine.eval.answers import final_number

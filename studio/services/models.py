@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from engine.models.config import ErnieConfig
 from engine.models.counts import count_parameters
 from engine.models.paths import architecture_dir, is_lora_dir, lora_base_dir, read_adapter_config
-from engine.models.presets import OFFICIAL
+from engine.models.presets import OCR_PRESETS, OFFICIAL, ocr_preset_config
 from engine.models.presets import preset_config as engine_preset_config
 from studio.config import Settings
 from studio.models import Run, RunStatus
@@ -32,7 +32,7 @@ from studio.services.store import MAX_ID, get_or_404
 log = logging.getLogger(__name__)
 
 # Presets `ernie-studio init-model` can build locally without downloads.
-BUILDABLE_PRESETS = ("tiny", "tiny-moe", "tiny-vl")
+BUILDABLE_PRESETS = ("tiny", "tiny-moe", "tiny-vl", "tiny-ocr-vl")
 _build_lock = threading.Lock()
 
 
@@ -143,12 +143,19 @@ def list_models(session: Session, settings: Settings) -> list[dict]:
 
 def preset_config(preset: str) -> dict[str, Any]:
     """A preset's config.json as `init-model` writes it (for listing a preset before it is built)."""
+    if preset in OCR_PRESETS:
+        return ocr_preset_config(preset, vocab_size=TINY_VOCAB).official_dict("bfloat16")
     return _preset_config(preset).to_dict()
 
 
+# Tiny presets get their vocab from the tokenizer init-model trains; 1024 is what it builds.
+TINY_VOCAB = 1024
+
+
 def _preset_config(preset: str) -> ErnieConfig:
-    # Tiny presets get their vocab from the tokenizer init-model trains; 1024 is what it builds.
-    return engine_preset_config(preset, vocab_size=1024)
+    if preset in OCR_PRESETS:  # read as its config.json will be once built (decoder and vision encoder)
+        return ErnieConfig.from_dict(preset_config(preset))
+    return engine_preset_config(preset, vocab_size=TINY_VOCAB)
 
 
 def model_config(session: Session, settings: Settings, ref: str, *, field: str = "base_model") -> ErnieConfig:
