@@ -210,6 +210,38 @@ def run_notices(cfg: EvalConfig) -> list[Notice]:
     return []
 
 
+def option_problems(cfg: EvalConfig, ocr_model: bool) -> list[str]:
+    """Options that would score nothing: text-metric settings for a PaddleOCR-VL model (its sets are scored
+    by cer and exact_match as read), cer for a text model. The defaults pass for either."""
+
+    def at(key: str) -> str:
+        return f"{cfg.locations[key]}: {key}" if key in cfg.locations else key
+
+    default = EvalConfig()
+    if not ocr_model:
+        if "cer" in cfg.metrics:
+            return [
+                f"{at('metrics')}: cer scores OCR sets read by a PaddleOCR-VL model, and "
+                f"{cfg.model_name_or_path} is not one; score its answers by exact_match, rouge_l or bleu"
+            ]
+        return []
+    problems = []
+    extra = [m for m in cfg.metrics if m not in OCR_METRICS]
+    if extra and cfg.metrics != default.metrics:
+        problems.append(
+            f"{at('metrics')}: {', '.join(extra)} {'is a text metric' if len(extra) == 1 else 'are text metrics'}"
+            f"; a PaddleOCR-VL model's readings are scored by {' and '.join(OCR_METRICS)}: name only those, or "
+            "leave metrics out"
+        )
+    for key in ("normalize", "answer_regex", "text_units"):
+        if getattr(cfg, key) != getattr(default, key):
+            problems.append(
+                f"{at(key)}: it shapes text metrics, and a PaddleOCR-VL model's readings are compared with "
+                f"their references as read (cer counts every character); leave {key} out"
+            )
+    return problems
+
+
 def load_eval_config(path: str | Path | None, overrides: list[str] | None = None) -> EvalConfig:
     """Read an eval YAML (ERNIEKit's run_eval.yaml works as it is) and ``key=value`` overrides."""
     eval_fields = {f.name for f in dataclasses.fields(EvalConfig)}

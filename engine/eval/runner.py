@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engine.eval.config import CHAT_TYPES, OCR_METRICS, OCR_TYPES, EvalConfig, run_notices
+from engine.eval.config import CHAT_TYPES, OCR_METRICS, OCR_TYPES, EvalConfig, option_problems, run_notices
 from engine.eval.items import ChatItem, ChoiceItem, EvalDataError, EvalFile, NumberItem, read_eval_file
 from engine.eval.judge import Judge, JudgeSettings, api_key
 from engine.eval.results import RESULTS_FILE, SAMPLES_FILE, SampleLog, aggregate, headline
@@ -122,33 +122,6 @@ def family_problem(model: str, path: str, kind: str, ocr_model: bool) -> str | N
             "it on an OCR set (image + text pairs), and this file with a text model"
         )
     return None
-
-
-def option_problems(cfg: EvalConfig, ocr_model: bool) -> list[str]:
-    """Options that would score nothing: text-metric settings for a PaddleOCR-VL model (its sets are scored
-    by cer and exact_match as read), cer for a text model. The defaults pass for either."""
-    default = EvalConfig()
-    if not ocr_model:
-        if "cer" in cfg.metrics:
-            return [
-                f"{cfg.where('metrics')}: metrics names cer, which scores OCR sets read by a PaddleOCR-VL model, "
-                f"and {cfg.model_name_or_path} is not one; score its answers by exact_match, rouge_l or bleu"
-            ]
-        return []
-    problems = []
-    extra = [m for m in cfg.metrics if m not in OCR_METRICS]
-    if extra and cfg.metrics != default.metrics:
-        problems.append(
-            f"{cfg.where('metrics')}: metrics names {', '.join(extra)}, which score text answers; a "
-            f"PaddleOCR-VL model's readings are scored by {' and '.join(OCR_METRICS)}"
-        )
-    for key in ("normalize", "answer_regex", "text_units"):
-        if getattr(cfg, key) != getattr(default, key):
-            problems.append(
-                f"{cfg.where(key)}: {key} shapes text metrics, and a PaddleOCR-VL model's readings are compared "
-                f"with their references as read (cer counts every character); leave {key} out"
-            )
-    return problems
 
 
 def read_ocr_file(path: str, tokenizer, max_samples: int) -> EvalFile:

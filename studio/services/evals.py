@@ -23,8 +23,9 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
+from engine.data.formats import resolve_image
 from engine.data.records import iter_raw
-from engine.eval.config import BENCHMARK_TYPES, CHAT_TYPES, EvalConfig
+from engine.eval.config import BENCHMARK_TYPES, CHAT_TYPES, OCR_TYPES, EvalConfig, option_problems
 from engine.train.config import ConfigError, config_from_dict
 from studio.config import Settings
 from studio.models import (
@@ -44,7 +45,7 @@ from studio.services import jobs
 from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput
 from studio.services.events import add_event
-from studio.services.models import model_dir_for
+from studio.services.models import is_ocr_model, model_dir_for
 from studio.services.paths import confine
 from studio.services.run_lifecycle import _insert_ignore
 from studio.services.store import RowId, get_or_404
@@ -131,9 +132,16 @@ def _plain(value: Any) -> bool:
 
 
 def engine_config(
-    model_dir: str, files: list[tuple[str, str]], options: dict[str, Any], output_dir: str, field: str
+    model_dir: str,
+    files: list[tuple[str, str]],
+    options: dict[str, Any],
+    output_dir: str,
+    field: str,
+    *,
+    ocr_model: bool,
 ) -> dict[str, Any]:
-    """The `ernie-studio eval` config, checked by the engine (choices, bounds, required keys)."""
+    """The `ernie-studio eval` config, checked by the engine (choices, bounds, required keys, and options
+    that would score nothing for the model's kind: `ocr_model` is a PaddleOCR-VL model's)."""
     cfg = {
         **options,
         "model_name_or_path": model_dir,
@@ -142,25 +150,29 @@ def engine_config(
         "eval_dataset_path": ",".join(p for p, _ in files),
     }
     try:
-        config_from_dict(EvalConfig, cfg, source="eval")
+        config = config_from_dict(EvalConfig, cfg, source="eval")
     except (ConfigError, ValueError, TypeError) as e:
         raise InvalidInput(f"{field}: {str(e).removeprefix('eval: ')}") from None
+    problems = [f"{field}.{p}" for p in option_problems(config, ocr_model)]
+    if problems:
+        raise InvalidInput("; ".join(problems), details=problems)
     return cfg
 
 
 def eval_datasets(session: Session, settings: Settings, ids: list[int], field: str) -> list[Dataset]:
-    """The datasets `ids` name; each must hold chat records the engine generates and scores, or benchmark
-    questions (multiple_choice, gsm8k)."""
+    """The datasets `ids` name; each must hold chat records the engine generates and scores, benchmark
+    questions (multiple_choice, gsm8k), or OCR pairs a PaddleOCR-VL model reads (`check_model_reads`)."""
     datasets = [get_dataset(session, i) for i in ids]
     if len(set(ids)) != len(ids):
         raise InvalidInput(f"{field}: a dataset is listed twice")
     for ds in datasets:
-        chat = ds.kind == "sft" and ds.format in CHAT_TYPES
+        chat = ds.kind == "sft" and ds.format in (*CHAT_TYPES, *OCR_TYPES)
         if not chat and not (ds.kind == BENCHMARK and ds.format in BENCHMARK_TYPES):
             raise InvalidInput(
                 f"{field}: dataset {ds.id} ({ds.name}) holds {ds.format} {ds.kind} records; evaluation "
-                f"scores chat records ({', '.join(CHAT_TYPES)}) whose last answer is the reference, or "
-                f"benchmark files ({', '.join(BENCHMARK_TYPES)})"
+                f"scores chat records ({', '.join(CHAT_TYPES)}) whose last answer is the reference, "
+                f"benchmark files ({', '.join(BENCHMARK_TYPES)}), or OCR sets (image + text pairs) read by a "
+                "PaddleOCR-VL model"
             )
     names = [Path(ds.path).name for ds in datasets]
     for ds, n in zip(datasets, names, strict=True):
@@ -170,6 +182,23 @@ def eval_datasets(session: Session, settings: Settings, ids: list[int], field: s
                 "by file name, so evaluate them separately"
             )
     return datasets
+
+
+def check_model_reads(datasets: list[Dataset], ocr_model: bool, model: str, field: str) -> None:
+    """A PaddleOCR-VL model is evaluated on OCR sets only, and other models never on them."""
+    for ds in datasets:
+        if ds.format in OCR_TYPES and not ocr_model:
+            raise InvalidInput(
+                f"{field}: dataset {ds.id} ({ds.name}) is an OCR set (images with the text they show), which a "
+                f"PaddleOCR-VL model reads, and {model} is not one; evaluate a PaddleOCR-VL model (or a run "
+                "fine-tuned from one) on it"
+            )
+        if ocr_model and ds.format not in OCR_TYPES:
+            raise InvalidInput(
+                f"{field}: dataset {ds.id} ({ds.name}) holds {ds.format} records, and {model} is a PaddleOCR-VL "
+                "model, which reads images; evaluate it on an OCR set (image + text pairs) and this dataset "
+                "with a text model"
+            )
 
 
 def _resolve_model(session: Session, settings: Settings, spec: EvalSpec) -> tuple[str, str, int | None, str]:
@@ -294,10 +323,12 @@ def create_eval(session: Session, settings: Settings, spec: EvalSpec) -> Evaluat
     check_options(spec.options, "options")
     ref, model_dir, run_id, default_name = _resolve_model(session, settings, spec)
     datasets = eval_datasets(session, settings, list(spec.dataset_ids), "dataset_ids")
+    ocr_model = is_ocr_model(ref, model_dir)
+    check_model_reads(datasets, ocr_model, ref, "dataset_ids")
     options = dict(spec.options)
     _judge_options(session, settings, spec, options)
     files = [(str(dataset_path(settings, ds)), ds.format) for ds in datasets]
-    engine_config(model_dir, files, options, "<eval dir>/output", "options")
+    engine_config(model_dir, files, options, "<eval dir>/output", "options", ocr_model=ocr_model)
     total = sum(_limited(ds.num_valid or ds.num_records, options) for ds in datasets)
     key = spec.judge_api_key.get_secret_value() if spec.judge_api_key is not None else None
     return _queue_eval(
@@ -338,7 +369,9 @@ def _queue_eval(
     session.flush()
     out = eval_dir(settings, ev.id) / "output"
     ev.output_dir = str(out)
-    ev.config = engine_config(model_dir, files, options, str(out), "options")
+    ev.config = engine_config(
+        model_dir, files, options, str(out), "options", ocr_model=is_ocr_model(model, model_dir)
+    )
     # Before the commit (a worker may take the eval at once); a key left by an insert that was rolled back
     # (its id is used again) goes.
     if judge_api_key:
@@ -676,9 +709,9 @@ def hold_out(
     {"path", "type", "records"})."""
     records = []
     for ds in datasets:
-        if ds.format not in CHAT_TYPES:
+        if ds.format not in (*CHAT_TYPES, *OCR_TYPES):
             raise InvalidInput(
-                f"{field}: dataset {ds.id} ({ds.name}) is {ds.format}; hold out chat records only"
+                f"{field}: dataset {ds.id} ({ds.name}) is {ds.format}; hold out chat records or OCR pairs only"
             )
         rows = [
             r.record for r in iter_raw(dataset_path(settings, ds)) if r.error is None and r.record is not None
@@ -704,11 +737,39 @@ def hold_out(
                 f"{field}: holding out {holdout} records leaves dataset {ds.id} ({ds.name}) nothing to train "
                 "on; hold out fewer"
             )
-        train_paths.append(str(_write_jsonl(folder / f"{name}.train.jsonl", keep)))
+        where = folder
+        if ds.format in OCR_TYPES:  # images are read relative to the data file: the split gets their links
+            where = folder / name
+            _link_images(dataset_path(settings, ds).parent, rows, where)
+        train_paths.append(str(_write_jsonl(where / f"{name}.train.jsonl", keep)))
         if held:
-            path = _write_jsonl(folder / f"{name}.holdout.jsonl", held)
+            path = _write_jsonl(where / f"{name}.holdout.jsonl", held)
             held_files.append({"path": str(path), "type": ds.format, "records": len(held)})
     return train_paths, held_files
+
+
+def _link_images(base: Path, rows: list[Any], folder: Path) -> None:
+    """Every local image OCR records name (inside the dataset folder `base`), hard-linked (copied across file
+    systems) into `folder` at the same relative path, so split files there read them as the upload did. An
+    image that is missing or outside the folder is left for the trainer to report by line; a URL is fetched
+    by the run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    root = base.resolve()
+    for r in rows:
+        url = r.get("image") if isinstance(r, dict) else None
+        if not isinstance(url, str) or url.startswith(("http://", "https://")):
+            continue
+        path, why = resolve_image(url, base)
+        if path is None or why is not None:
+            continue
+        target = folder / path.relative_to(root)
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
 
 
 def eval_data_dir(settings: Settings, run_id: int) -> Path:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from engine.models.config import ErnieConfig
 from engine.models.counts import count_parameters
+from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
 from engine.models.paths import architecture_dir, is_lora_dir, lora_base_dir, read_adapter_config
 from engine.models.presets import OCR_PRESETS, OFFICIAL, ocr_preset_config
 from engine.models.presets import preset_config as engine_preset_config
@@ -175,6 +176,17 @@ def model_config(session: Session, settings: Settings, ref: str, *, field: str =
         return ErnieConfig.from_dict(raw)
     except (TypeError, ValueError) as e:
         raise InvalidInput(f"{field}: {d}/config.json: {e}") from None
+
+
+def is_ocr_model(ref: str, directory: str | Path) -> bool:
+    """Whether model `ref` living in `directory` is a PaddleOCR-VL model (a LoRA run: its base; a preset:
+    even before it is built)."""
+    if ref.strip() in OCR_PRESETS:
+        return True
+    try:
+        return is_paddleocr_vl_dir(architecture_dir(directory))
+    except FileNotFoundError:
+        return False
 
 
 MODEL_REFS = (

@@ -21,6 +21,7 @@ from engine.train.config import (
     ERNIEKIT_NOTICES,
     FINE_TUNING,
     MAX_DEVICES,
+    OCR_STAGE,
     STAGES,
     ConfigError,
     TrainConfig,
@@ -37,7 +38,7 @@ from studio.services import metric_series
 from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput, ServiceError
 from studio.services.events import add_event
-from studio.services.models import model_config, model_dir_for
+from studio.services.models import is_ocr_model, model_config, model_dir_for
 from studio.services.paths import confine_list
 from studio.services.run_lifecycle import dispatch_run, withdraw_run
 from studio.services.store import RowId, get_or_404
@@ -165,7 +166,8 @@ class RunSpec(RequestModel):
         "and needs its run directory on storage every node shares (docs/training.md)",
     )
     evaluate: EvaluateAfter | None = Field(
-        default=None, description="evaluate the base and the result once the run has succeeded (SFT runs)"
+        default=None,
+        description="evaluate the base and the result once the run has succeeded (SFT and OCR-VL-SFT runs)",
     )
 
 
@@ -177,6 +179,7 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
     if len(probs) != len(datasets) or any(p <= 0 for p in probs):
         raise InvalidInput("dataset_probs: give one positive probability per dataset")
     model_dir = model_dir_for(session, settings, spec.base_model)
+    _check_model_family(spec, model_dir)
     cfg: dict[str, Any] = {
         "model_name_or_path": str(model_dir),
         "stage": spec.stage,
@@ -196,6 +199,22 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
         raise InvalidInput(f"hyperparameters: {e}", details={"problems": e.problems}) from None
     _check_elastic(session, settings, spec, effective)
     return cfg
+
+
+def _check_model_family(spec: RunSpec, model_dir: Path) -> None:
+    """Stage OCR-VL-SFT trains PaddleOCR-VL models and no other stage trains them (the trainer's rule,
+    before the run waits in a queue)."""
+    ocr = is_ocr_model(spec.base_model, model_dir)
+    if spec.stage == OCR_STAGE and not ocr:
+        raise InvalidInput(
+            f"stage: {OCR_STAGE} fine-tunes PaddleOCR-VL models, and base_model {spec.base_model!r} is not one; "
+            "pick a PaddleOCR-VL model (such as the tiny-ocr-vl preset) or another stage"
+        )
+    if ocr and spec.stage != OCR_STAGE:
+        raise InvalidInput(
+            f"stage: base_model {spec.base_model!r} is a PaddleOCR-VL model, which trains with stage "
+            f"{OCR_STAGE} (its prompt form and image processor), not {spec.stage}"
+        )
 
 
 def _check_elastic(session: Session, settings: Settings, spec: RunSpec, cfg: TrainConfig) -> None:
@@ -404,17 +423,21 @@ def create_run(
     return run
 
 
+# Stages whose runs "evaluate after training" scores: SFT on chat records, OCR-VL-SFT on OCR sets (CER).
+EVALUATED_STAGES = ("SFT", OCR_STAGE)
+
+
 def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
     """What can be checked of "evaluate after training" before the run exists (`create_run` splits the data)."""
-    from studio.services.evals import check_options, eval_datasets
+    from studio.services.evals import check_model_reads, check_options, eval_datasets
 
     ev = spec.evaluate
     if ev is None:
         return
-    if spec.stage != "SFT":
+    if spec.stage not in EVALUATED_STAGES:
         raise InvalidInput(
-            f"evaluate: runs of stage SFT are evaluated after training (chat records with reference answers); "
-            f"this run is {spec.stage}"
+            f"evaluate: runs of stage {' or '.join(EVALUATED_STAGES)} are evaluated after training (records "
+            f"with reference answers: chat records, or images with their text); this run is {spec.stage}"
         )
     if not ev.holdout and not ev.dataset_ids:
         raise InvalidInput(
@@ -422,7 +445,11 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
         )
     check_options(ev.options, "evaluate.options")
     if ev.dataset_ids:
-        eval_datasets(session, settings, list(ev.dataset_ids), "evaluate.dataset_ids")
+        datasets = eval_datasets(session, settings, list(ev.dataset_ids), "evaluate.dataset_ids")
+        model_dir = model_dir_for(session, settings, spec.base_model)
+        check_model_reads(
+            datasets, is_ocr_model(spec.base_model, model_dir), spec.base_model, "evaluate.dataset_ids"
+        )
 
 
 def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run) -> dict[str, Any]:
@@ -442,9 +469,11 @@ def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run
     files = [(f["path"], f["type"]) for f in plan["holdout_files"]]
     evals = [get_dataset(session, i) for i in ev.dataset_ids or []]
     files += [(str(dataset_path(settings, ds)), ds.format) for ds in evals]
+    model_dir = run.config["model_name_or_path"]
     engine_config(
-        run.config["model_name_or_path"], files, ev.options, "<eval dir>/output", "evaluate.options"
-    )
+        model_dir, files, ev.options, "<eval dir>/output", "evaluate.options",
+        ocr_model=is_ocr_model(spec.base_model, model_dir),
+    )  # fmt: skip
     return plan
 
 

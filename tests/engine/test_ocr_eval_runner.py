@@ -71,14 +71,14 @@ def test_options_that_would_score_nothing_are_refused(tiny_ocr_model_dir, tiny_m
     with pytest.raises(EvalDataError) as e:
         run_eval(_config(tmp_path, tiny_ocr_model_dir, LINES, metrics="cer,rouge_l", normalize="lower"))
     assert e.value.problems == [
-        "metrics: metrics names rouge_l, which score text answers; a PaddleOCR-VL model's readings are "
-        "scored by cer and exact_match",
-        "normalize: normalize shapes text metrics, and a PaddleOCR-VL model's readings are compared with "
-        "their references as read (cer counts every character); leave normalize out",
+        "metrics: rouge_l is a text metric; a PaddleOCR-VL model's readings are scored by cer and "
+        "exact_match: name only those, or leave metrics out",
+        "normalize: it shapes text metrics, and a PaddleOCR-VL model's readings are compared with their "
+        "references as read (cer counts every character); leave normalize out",
     ]
     with pytest.raises(EvalDataError) as e:
         run_eval(_config(tmp_path, tiny_model_dir, QA, metrics="cer"))
-    assert e.value.problems[0].startswith("metrics: metrics names cer, which scores OCR sets")
+    assert e.value.problems[0].startswith("metrics: cer scores OCR sets read by a PaddleOCR-VL model")
     only_cer = run_eval(_config(tmp_path, tiny_ocr_model_dir, LINES, metrics="cer", max_samples=2))
     assert only_cer.status == "succeeded" and only_cer.datasets["lines_eval.jsonl"]["samples"] == 2
     assert set(only_cer.metrics) == {"lines_eval/cer"}
