@@ -34,9 +34,10 @@ from engine.train.scalars import REPORT_TO, report_to_problems
 # benchmark files are scored by option log-likelihood (multiple_choice) or by the final number (gsm8k).
 CHAT_TYPES = ("erniekit", "alpaca", "chatml")
 BENCHMARK_TYPES = ("multiple_choice", "gsm8k")
-# OCR sets (images with the text they show) are read by a PaddleOCR-VL model and scored by character error
-# rate and exact match (engine.eval.ocr); a text model cannot read them, nor a PaddleOCR-VL model the others.
-OCR_TYPES = ("ocr",)
+# OCR sets (images with the text they show: OCR pairs, or ERNIEKit's image_info / text_info records) are read
+# by a PaddleOCR-VL model and scored by character error rate and exact match (engine.eval.ocr); a text model
+# cannot read them, nor a PaddleOCR-VL model the others.
+OCR_TYPES = ("ocr", "erniekit_vl")
 OCR_METRICS = ("cer", "exact_match")
 DATASET_TYPES = ("auto", *CHAT_TYPES, *BENCHMARK_TYPES, *OCR_TYPES)
 METRICS = ("loss", "exact_match", "contains", "regex", "rouge_l", "bleu", "judge", "cer")
@@ -70,8 +71,8 @@ class EvalConfig:
     eval_dataset_type: str = option(
         "auto",
         "Kind of each eval file (comma-separated): erniekit / alpaca / chatml records are generated and "
-        "scored, multiple_choice and gsm8k files are benchmarks, ocr sets (image + text pairs) are read by a "
-        "PaddleOCR-VL model; auto detects all of them.",
+        "scored, multiple_choice and gsm8k files are benchmarks, ocr / erniekit_vl sets (images with their "
+        "text) are read by a PaddleOCR-VL model; auto detects all of them.",
     )
     eval_dataset_path: str = option(
         "", "Eval files, comma-separated (JSONL, JSON array; CSV for benchmarks)."

@@ -67,7 +67,7 @@ def read_files(cfg: EvalConfig) -> list[EvalFile]:
                     import engine
 
                     tokenizer = engine.load_tokenizer(cfg.model_name_or_path)
-                files.append(read_ocr_file(path, tokenizer, cfg.max_samples))
+                files.append(read_ocr_file(path, kind, tokenizer, cfg.max_samples))
             else:
                 files.append(read_eval_file(path, type_, cfg.max_samples))
         except EvalDataError as e:
@@ -95,16 +95,22 @@ def model_reads_images(model: str) -> bool:
 
 
 def file_type(path: str, type_: str) -> str:
-    """``type_``, with ``auto`` resolved to ``ocr`` for a file of OCR pairs (others resolve as they are read)."""
+    """``type_``, with ``auto`` resolved to the OCR format of an OCR set (others resolve as they are read)."""
     if type_ != "auto" or not Path(path).is_file():
         return type_
+    found = data_format(path)
+    return found if found in OCR_TYPES else type_
+
+
+def data_format(path: str) -> str | None:
+    """The dataset format of a file (a zip's or a labels file's as training reads it), None when unknown."""
+    from engine.data.archive import dataset_file
     from engine.data.formats import detect_format
 
     try:
-        fmt, _ = detect_format(path)
-    except ValueError:
-        return type_
-    return fmt if fmt in OCR_TYPES else type_
+        return detect_format(dataset_file(path)[0])[0]
+    except (OSError, ValueError):
+        return None
 
 
 def family_problem(model: str, path: str, kind: str, ocr_model: bool) -> str | None:
@@ -124,13 +130,22 @@ def family_problem(model: str, path: str, kind: str, ocr_model: bool) -> str | N
     return None
 
 
-def read_ocr_file(path: str, tokenizer, max_samples: int) -> EvalFile:
-    """An OCR set's records (engine.eval.ocr), every problem by line."""
+def read_ocr_file(path: str, kind: str, tokenizer, max_samples: int) -> EvalFile:
+    """An OCR set's records (engine.eval.ocr, which reads the format from the file), every problem by line."""
     from engine.eval.ocr import read_ocr_set
 
     if not Path(path).is_file():
         raise EvalDataError([f"{path}: eval file does not exist"])
-    return EvalFile(path, "ocr", read_ocr_set(path, tokenizer, max_samples))
+    from engine.data.archive import dataset_file
+    from engine.data.formats import detect_format
+
+    try:
+        found = detect_format(dataset_file(path)[0])[0]
+    except (OSError, ValueError) as e:
+        raise EvalDataError([str(e)]) from None
+    if found != kind:  # engine.eval.ocr reads what the file holds; a type saying otherwise is a mistake
+        raise EvalDataError([f"{path}: eval_dataset_type says {kind}, and the file holds {found} records"])
+    return EvalFile(path, kind, read_ocr_set(path, tokenizer, max_samples))
 
 
 class Evaluation:

@@ -171,8 +171,8 @@ def eval_datasets(session: Session, settings: Settings, ids: list[int], field: s
             raise InvalidInput(
                 f"{field}: dataset {ds.id} ({ds.name}) holds {ds.format} {ds.kind} records; evaluation "
                 f"scores chat records ({', '.join(CHAT_TYPES)}) whose last answer is the reference, "
-                f"benchmark files ({', '.join(BENCHMARK_TYPES)}), or OCR sets (image + text pairs) read by a "
-                "PaddleOCR-VL model"
+                f"benchmark files ({', '.join(BENCHMARK_TYPES)}), or OCR sets ({', '.join(OCR_TYPES)}: images "
+                "with their text) read by a PaddleOCR-VL model"
             )
     names = [Path(ds.path).name for ds in datasets]
     for ds, n in zip(datasets, names, strict=True):
@@ -711,7 +711,8 @@ def hold_out(
     for ds in datasets:
         if ds.format not in (*CHAT_TYPES, *OCR_TYPES):
             raise InvalidInput(
-                f"{field}: dataset {ds.id} ({ds.name}) is {ds.format}; hold out chat records or OCR pairs only"
+                f"{field}: dataset {ds.id} ({ds.name}) is {ds.format}; hold out chat records "
+                f"({', '.join(CHAT_TYPES)}) or OCR sets ({', '.join(OCR_TYPES)}) only"
             )
         rows = [
             r.record for r in iter_raw(dataset_path(settings, ds)) if r.error is None and r.record is not None
@@ -755,9 +756,8 @@ def _link_images(base: Path, rows: list[Any], folder: Path) -> None:
     by the run."""
     folder.mkdir(parents=True, exist_ok=True)
     root = base.resolve()
-    for r in rows:
-        url = r.get("image") if isinstance(r, dict) else None
-        if not isinstance(url, str) or url.startswith(("http://", "https://")):
+    for url in (u for r in rows for u in _image_refs(r)):
+        if url.startswith(("http://", "https://")):
             continue
         path, why = resolve_image(url, base)
         if path is None or why is not None:
@@ -770,6 +770,15 @@ def _link_images(base: Path, rows: list[Any], folder: Path) -> None:
             os.link(path, target)
         except OSError:
             shutil.copy2(path, target)
+
+
+def _image_refs(record: Any) -> list[str]:
+    """The image paths an OCR record names: an OCR pair's `image`, ERNIEKit's `image_info[].image_url`."""
+    if not isinstance(record, dict):
+        return []
+    infos = record.get("image_info")
+    urls = [i.get("image_url") for i in infos if isinstance(i, dict)] if isinstance(infos, list) else []
+    return [u for u in [record.get("image"), *urls] if isinstance(u, str) and u]
 
 
 def eval_data_dir(settings: Settings, run_id: int) -> Path:

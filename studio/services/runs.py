@@ -444,12 +444,13 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
             "evaluate: give holdout (records kept out of training) or dataset_ids (eval datasets)"
         )
     check_options(ev.options, "evaluate.options")
+    ocr = is_ocr_model(spec.base_model, model_dir_for(session, settings, spec.base_model))
+    if ev.holdout:  # the held-out records are scored as their datasets' kind
+        training = [get_dataset(session, i) for i in spec.dataset_ids]
+        check_model_reads(training, ocr, spec.base_model, "evaluate.holdout")
     if ev.dataset_ids:
         datasets = eval_datasets(session, settings, list(ev.dataset_ids), "evaluate.dataset_ids")
-        model_dir = model_dir_for(session, settings, spec.base_model)
-        check_model_reads(
-            datasets, is_ocr_model(spec.base_model, model_dir), spec.base_model, "evaluate.dataset_ids"
-        )
+        check_model_reads(datasets, ocr, spec.base_model, "evaluate.dataset_ids")
 
 
 def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run) -> dict[str, Any]:

@@ -82,3 +82,28 @@ def test_options_that_would_score_nothing_are_refused(tiny_ocr_model_dir, tiny_m
     only_cer = run_eval(_config(tmp_path, tiny_ocr_model_dir, LINES, metrics="cer", max_samples=2))
     assert only_cer.status == "succeeded" and only_cer.datasets["lines_eval.jsonl"]["samples"] == 2
     assert set(only_cer.metrics) == {"lines_eval/cer"}
+
+
+def test_erniekit_vl_records_are_read_as_the_same_ocr_set(tiny_ocr_model_dir, tmp_path):
+    """ERNIEKit's image_info / text_info form of the same lines reads and scores as the OCR pairs do."""
+    import shutil
+
+    shutil.copytree(LINES.parent / "images", tmp_path / "images")
+    records = [json.loads(x) for x in LINES.read_text(encoding="utf-8").splitlines()]
+    vl = tmp_path / "lines_vl.jsonl"
+    vl.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "image_info": [{"matched_text_index": 0, "image_url": r["image"]}],
+                    "text_info": [{"text": "OCR:", "tag": "mask"}, {"text": r["text"], "tag": "no_mask"}],
+                }
+            )
+            + "\n"
+            for r in records
+        )
+    )
+    pairs = run_eval(_config(tmp_path / "pairs", tiny_ocr_model_dir, LINES))
+    erniekit = run_eval(_config(tmp_path / "vl", tiny_ocr_model_dir, vl))
+    assert erniekit.datasets["lines_vl.jsonl"]["type"] == "erniekit_vl"
+    assert erniekit.metrics["lines_vl/cer"] == pytest.approx(pairs.metrics["lines_eval/cer"])

@@ -91,6 +91,14 @@ def test_ocr_holdout_keeps_the_images_and_evals_pair_ocr_sets_with_ocr_models(cl
         "evaluate.options.metrics: rouge_l is a text metric; a PaddleOCR-VL model's readings are scored by "
         "cer and exact_match: name only those, or leave metrics out"
     )
+    r = client.post(
+        "/api/v1/runs",
+        json={"dataset_ids": [ds["id"]], "base_model": "tiny", "stage": "SFT", "evaluate": {"holdout": 12}},
+    )
+    assert r.status_code == 422 and r.json()["message"].startswith(
+        f"evaluate.holdout: dataset {ds['id']} (lines) is an OCR set (images with the text they show), which a "
+        "PaddleOCR-VL model reads, and tiny is not one"
+    )
     assert not list((settings.home / "runs").glob("*/data"))  # nothing of the refused runs is left
 
     r = client.post("/api/v1/runs", json=ocr_run(dataset_ids=[ds["id"]], evaluate={"holdout": 12}))
