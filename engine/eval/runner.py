@@ -56,6 +56,9 @@ def read_files(cfg: EvalConfig) -> list[EvalFile]:
     files, problems = [], option_problems(cfg, ocr_model)
     tokenizer = None
     for path, type_ in zip(cfg.paths, cfg.types, strict=True):
+        if not Path(path).is_file():
+            problems.append(f"{path}: eval file does not exist")
+            continue
         kind = file_type(path, type_)
         mismatch = family_problem(cfg.model_name_or_path, path, kind, ocr_model)
         if mismatch:
@@ -96,7 +99,7 @@ def model_reads_images(model: str) -> bool:
 
 def file_type(path: str, type_: str) -> str:
     """``type_``, with ``auto`` resolved to the OCR format of an OCR set (others resolve as they are read)."""
-    if type_ != "auto" or not Path(path).is_file():
+    if type_ != "auto":
         return type_
     found = data_format(path)
     return found if found in OCR_TYPES else type_
@@ -132,12 +135,9 @@ def family_problem(model: str, path: str, kind: str, ocr_model: bool) -> str | N
 
 def read_ocr_file(path: str, kind: str, tokenizer, max_samples: int) -> EvalFile:
     """An OCR set's records (engine.eval.ocr, which reads the format from the file), every problem by line."""
-    from engine.eval.ocr import read_ocr_set
-
-    if not Path(path).is_file():
-        raise EvalDataError([f"{path}: eval file does not exist"])
     from engine.data.archive import dataset_file
     from engine.data.formats import detect_format
+    from engine.eval.ocr import read_ocr_set
 
     try:
         found = detect_format(dataset_file(path)[0])[0]

@@ -5,7 +5,7 @@ part, and the base and the result evals read back through REST: the result's hel
 is far below the base's, side by side in the evals' comparison and in the paired samples.
 
 Measured on this shared 2-core CPU (40 LoRA steps on 36 records, 12 held out, readings of at most 24 tokens):
-held-out CER 4.29 -> 0.91 (exact match 0 -> 0), the whole test in about 105 s under a load average of 8 (three
+held-out CER 4.29 -> 0.91 (exact match 0 -> 0), the whole test in 78 to 108 s under a load average of 7-8 (three
 Paddle processes start: the trainer and the two evals; the preset is built once). The engine's own longer run
 (tests/engine/test_ocr_learns.py, 100 steps) reaches 0.43. The bound, the result below half the base, leaves
 room for other CPUs' rounding and fails when the result reads no better than its base (checked by evaluating
