@@ -325,3 +325,29 @@ def test_no_path_in_the_file_reaches_the_filesystem(settings, session, tmp_path,
     assert imported.base_model is None and imported.dataset_ids == [] and imported.eval_dataset_ids == []
     assert [m.path for m in imported.missing] == [str(secret / "sft_demo.jsonl"), "../../../../etc/passwd"]
     assert not (secret / "out").exists()
+
+
+def test_the_rest_api_imports_a_yaml_and_refuses_each_attack_with_its_status(client):
+    with open(DATA / "sft_demo.jsonl", "rb") as f:
+        sft = client.post("/api/v1/datasets", files={"file": ("sft_demo.jsonl", f)}).json()
+    headers = {"content-type": "application/yaml"}
+    r = client.post("/api/v1/runs/import", content=LORA, headers=headers)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["stage"], body["fine_tuning"], body["base_model"]) == ("SFT", "LoRA", "tiny")
+    assert body["dataset_ids"] == [sft["id"]] and body["hyperparameters"]["lora_rank"] == 32
+    missing = [d for d in body["datasets"] if d["dataset_id"] is None]
+    assert [(d["path"], d["line"]) for d in missing] == [("/data/other/not_uploaded.jsonl", 6)]
+    assert body["not_applied"] == {"freeze_config": ["applies to Full runs only"]}
+    assert "fuse_rope" in body["notices"] and "output_dir" in body["studio_set"]
+    r = client.post(
+        "/api/v1/runs/import", content="seed: !!python/object/apply:os.getpid []\n", headers=headers
+    )
+    assert r.status_code == 422 and "request body:1: YAML tag" in r.text
+    r = client.post("/api/v1/runs/import", content=BILLION_LAUGHS, headers=headers)
+    assert r.status_code == 422 and "anchors and aliases" in r.text
+    r = client.post(
+        "/api/v1/runs/import", content=b"seed: 1\n" + b"#" * MAX_IMPORT_BYTES * 4, headers=headers
+    )
+    assert r.status_code == 413 and f"at most {MAX_IMPORT_BYTES:,} bytes" in r.text
+    assert "/api/v1/runs/import" in client.get("/openapi.json").json()["paths"]
