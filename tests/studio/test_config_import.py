@@ -23,8 +23,8 @@ from studio.services import runs as runs_svc
 from studio.services.config_import import MAX_IMPORT_BYTES, import_train_yaml, path_name
 from studio.services.errors import InvalidInput, PayloadTooLarge
 from studio.ui.context import UIContext
-from studio.ui.i18n import Texts
-from studio.ui.train_import import import_summary, imported_form_values
+from studio.ui.i18n import Texts, localize_message, untranslated_words
+from studio.ui.train_import import ImportHandlers, import_summary, imported_form_values
 from studio.ui.train_tab import build_train_tab, run_spec
 
 DATA = REPO / "examples" / "data"
@@ -351,3 +351,51 @@ def test_the_rest_api_imports_a_yaml_and_refuses_each_attack_with_its_status(cli
     )
     assert r.status_code == 413 and f"at most {MAX_IMPORT_BYTES:,} bytes" in r.text
     assert "/api/v1/runs/import" in client.get("/openapi.json").json()["paths"]
+
+
+def test_the_import_box_and_its_refusals_are_chinese_in_chinese(uploaded, settings, session):
+    imported = import_train_yaml(session, settings, LORA, source="lora.yaml")
+    shown = import_summary(imported, "zh")
+    # names the file and the person gave, and the engine's announcements (the same English a run prints)
+    data = [
+        imported.model_path,
+        imported.base_model,
+        *imported.hyperparameters,
+        *(m.path for m in imported.datasets),
+    ]
+    data += [k for k, _, _ in imported.studio_set] + [f"{k} {m}" for k, m in imported.notices]
+    data += ["SFT", "LoRA", "fp32", "sft_demo", "freeze_config"]
+    assert untranslated_words(shown, data) == [], shown
+    attacks = [
+        "seed: !!python/object/apply:os.system ['x']\n",
+        BILLION_LAUGHS,
+        "a: 1\n---\nb: 2\n",
+        "x: " + "[" * 9 + "]" * 9 + "\n",
+        "stage: SFT\nseed: [1\n",
+        " \n",
+        "seed: 1\n" + "#" * MAX_IMPORT_BYTES,
+    ]
+    for text in attacks:
+        with pytest.raises((InvalidInput, PayloadTooLarge)) as e:
+            import_train_yaml(session, settings, text, source="lora.yaml")
+        zh = localize_message(e.value.message, "zh")
+        assert zh != e.value.message, e.value.message
+        parser = "expected ',' or ']', but got '<stream end>'"  # PyYAML's own words, quoted
+        assert untranslated_words(zh, ["lora.yaml", "!!python/object/apply:os.system", parser]) == [], zh
+
+
+def test_a_refused_import_leaves_every_field_as_it_was_and_says_why(tab, settings, tmp_path):
+    handlers = ImportHandlers(UIContext(settings=settings, texts=Texts(), demo=None), tab.handlers.keys)
+    out = handlers.import_text("stage: SFT\nlearning_rat: 1e-4\n")
+    assert all(v == gr.skip() for v in out[:-1]) and len(out) == len(tab.handlers.keys) + 1
+    assert "Not imported" in out[-1] and "pasted YAML:2: unknown key 'learning_rat'" in out[-1]
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"seed: 1\n" + b"#" * (3 * MAX_IMPORT_BYTES))
+    out = handlers.import_file(str(big))
+    assert all(v == gr.skip() for v in out[:-1]) and f"at most {MAX_IMPORT_BYTES:,} bytes" in out[-1]
+    ok = tmp_path / "run.yaml"
+    ok.write_text("stage: DPO\nfine_tuning: Full\nbeta: 0.2\n")
+    form = dict(zip(tab.handlers.keys, handlers.import_file(str(ok)), strict=False))
+    assert (form["stage"], form["fine_tuning"], form["beta"]) == ("DPO", "Full", 0.2)
+    assert form["learning_rate"] == defaults_for("DPO", "Full")["learning_rate"]  # the stage's own default
+    assert form["name"] == gr.skip()  # what the file does not say stays as the person left it
