@@ -477,7 +477,8 @@ class ConfigImportOut(BaseModel):
     dataset_probs: list[float] | None
     eval_dataset_ids: list[int]
     hyperparameters: dict[str, Any] = Field(
-        description="every other training key of the file, the engine's value"
+        description="every other training key of the file that has an effect on this run, as POST /runs takes "
+        "it (the engine's value; lists comma-separated)"
     )
     datasets: list[ImportedDatasetOut]
     notices: dict[str, str] = Field(description="ERNIEKit keys the engine accepts without effect, and why")

@@ -109,6 +109,16 @@ class ImportedConfig:
     def missing(self) -> list[DatasetMatch]:
         return [m for m in self.datasets if m.dataset_id is None]
 
+    def spec_hyperparameters(self) -> dict[str, Any]:
+        """The keys as ``RunSpec.hyperparameters`` takes them, as the Train form sends them: lists
+        comma-separated, the keys without effect on this run and the ones left to the model (null) out."""
+        skipped = {key for key, _ in self.not_applied}
+        return {
+            key: ",".join(value) if isinstance(value, list) else value
+            for key, value in self.hyperparameters.items()
+            if key not in skipped and value is not None
+        }
+
 
 def import_train_yaml(
     session: Session, settings: Settings, data: str | bytes, source: str = "imported YAML"
@@ -131,7 +141,10 @@ def import_train_yaml(
         raise InvalidInput("\n".join(problems), details={"problems": problems})
     values = keys.values
     _check_holdable(values, source, lines)
-    run = TrainConfig(**values)  # not validated: the form shows what the engine refuses, by field
+    try:  # not validated: the form shows what the engine refuses, by field
+        run = TrainConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f"{source}: {e}") from None
     file_keys = {_field_of(k): k for k in raw}
     datasets = _match_datasets(session, values, lines, file_keys)
     model_path = values.get("model_name_or_path") or None

@@ -351,6 +351,15 @@ def test_the_rest_api_imports_a_yaml_and_refuses_each_attack_with_its_status(cli
     )
     assert r.status_code == 413 and f"at most {MAX_IMPORT_BYTES:,} bytes" in r.text
     assert "/api/v1/runs/import" in client.get("/openapi.json").json()["paths"]
+    # the answer is a run spec once the missing datasets are uploaded: POST /runs takes it as it is
+    text = "stage: SFT\nlora_target_modules: [qkv_proj, o_proj]\nmax_steps: 2\nfreeze_config: freeze_vision\n"
+    text += "train_dataset_path: /elsewhere/sft_demo.jsonl\nmodel_name_or_path: tiny\n"
+    body = client.post("/api/v1/runs/import", content=text, headers=headers).json()
+    assert body["hyperparameters"] == {"lora_target_modules": "qkv_proj,o_proj", "max_steps": 2}
+    spec = {k: body[k] for k in ("stage", "fine_tuning", "base_model", "dataset_ids", "hyperparameters")}
+    run = client.post("/api/v1/runs", json=spec)
+    assert run.status_code == 201, run.text
+    assert run.json()["config"]["lora_target_modules"] == "qkv_proj,o_proj"
 
 
 def test_the_import_box_and_its_refusals_are_chinese_in_chinese(uploaded, settings, session):

@@ -117,7 +117,7 @@ def _import_out(imported: ImportedConfig) -> ConfigImportOut:
         dataset_ids=imported.dataset_ids,
         dataset_probs=imported.dataset_probs,
         eval_dataset_ids=imported.eval_dataset_ids,
-        hyperparameters=imported.hyperparameters,
+        hyperparameters=imported.spec_hyperparameters(),
         datasets=[{**dataclasses.asdict(m), "note": m.note} for m in imported.datasets],
         notices=dict(imported.notices),
         not_applied={
