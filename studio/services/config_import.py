@@ -161,7 +161,7 @@ def import_train_yaml(
         base_model=_match_model(session, settings, model_path) if model_path else None,
         model_path=model_path,
         dataset_ids=[m.dataset_id for m in datasets if m.key == "train_dataset_path" and m.dataset_id],
-        dataset_probs=_probs(values, datasets),
+        dataset_probs=_probs(values, datasets, _where(source, lines, "train_dataset_prob")),
         eval_dataset_ids=[m.dataset_id for m in datasets if m.key == "eval_dataset_path" and m.dataset_id],
         datasets=datasets,
         notices=[(n.key, n.message) for n in keys.notices],
@@ -260,9 +260,14 @@ def _check_holdable(values: dict[str, Any], source: str, lines: dict[str, int]) 
     for message in check_fields(config):
         key = problem_key(message)
         if key in bad:
-            line = next((n for k, n in lines.items() if _field_of(k) == key), None)
-            problems.append(f"{source}:{line}: {message}" if line else f"{source}: {message}")
+            problems.append(f"{_where(source, lines, key)}: {message}")
     raise InvalidInput("\n".join(problems), details={"problems": problems})
+
+
+def _where(source: str, lines: dict[str, int], key: str) -> str:
+    """``source:line`` of the file's key for field ``key`` (an ERNIEKit alias of it counts)."""
+    line = next((n for k, n in lines.items() if _field_of(k) == key), None)
+    return f"{source}:{line}" if line else source
 
 
 def _field_of(key: str) -> str:
@@ -315,19 +320,18 @@ def _dataset_named(datasets: list[Dataset], name: str) -> Dataset | None:
     return None
 
 
-def _probs(values: dict[str, Any], datasets: list[DatasetMatch]) -> list[float] | None:
+def _probs(values: dict[str, Any], datasets: list[DatasetMatch], where: str) -> list[float] | None:
     """The file's train_dataset_prob of the matched training datasets (None: the studio's even mix)."""
     if "train_dataset_prob" not in values:
         return None
-    probs = comma_list(values["train_dataset_prob"])
-    train = [m for m in datasets if m.key == "train_dataset_path"]
     try:
-        picked = [float(probs[i]) for i, m in enumerate(train) if m.dataset_id and i < len(probs)]
+        probs = [float(p) for p in comma_list(values["train_dataset_prob"])]
     except ValueError:
         raise InvalidInput(
-            f"train_dataset_prob: {values['train_dataset_prob']!r} is not numbers separated by commas"
+            f"{where}: train_dataset_prob: {values['train_dataset_prob']!r} is not numbers separated by commas"
         ) from None
-    return picked or None
+    train = [m for m in datasets if m.key == "train_dataset_path"]
+    return [probs[i] for i, m in enumerate(train) if m.dataset_id and i < len(probs)] or None
 
 
 def _match_model(session: Session, settings: Settings, path: str) -> str | None:

@@ -1048,8 +1048,8 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     ),
     (r"(?P<where>.+?): not valid YAML: (?P<problem>.*)", "{where}：不是有效的 YAML：{problem}"),
     (
-        r"train_dataset_prob: (?P<value>.*) is not numbers separated by commas",
-        "train_dataset_prob：{value} 不是以逗号分隔的数字",
+        r"(?P<where>.+?): train_dataset_prob: (?P<value>.*) is not numbers separated by commas",
+        "{where}：train_dataset_prob：{value} 不是以逗号分隔的数字",
     ),
     (r"truncated or corrupt \(.*\)", "文件被截断或已损坏"),
 ]

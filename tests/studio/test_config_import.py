@@ -219,6 +219,11 @@ def test_unknown_keys_are_one_error_naming_each_with_its_line(settings, session)
         ("stage: SFT\nlearning_rate: .nan\n", "run.yaml:2", "learning_rate must be a finite number"),
         ("max_steps: [1, 2]\n", "run.yaml:1", "max_steps must be int"),
         ("tensor_parallel_degree: 4\n", "run.yaml:1", "asks for tensor parallelism"),
+        (
+            "train_dataset_path: a.jsonl\ntrain_dataset_prob: lots\n",
+            "run.yaml:2",
+            "train_dataset_prob: 'lots' is not",
+        ),
     ],
 )
 def test_values_no_field_can_hold_are_refused_with_the_engines_message(
