@@ -331,7 +331,9 @@ def _probs(values: dict[str, Any], datasets: list[DatasetMatch], where: str) -> 
             f"{where}: train_dataset_prob: {values['train_dataset_prob']!r} is not numbers separated by commas"
         ) from None
     train = [m for m in datasets if m.key == "train_dataset_path"]
-    return [probs[i] for i, m in enumerate(train) if m.dataset_id and i < len(probs)] or None
+    picked = [probs[i] for i, m in enumerate(train) if m.dataset_id and i < len(probs)]
+    even = [round(1.0 / len(picked), 6)] * len(picked) if picked else []
+    return None if picked == even else picked  # the studio's own even mix is the form's empty field
 
 
 def _match_model(session: Session, settings: Settings, path: str) -> str | None:

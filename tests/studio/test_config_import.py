@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+import yaml
 from studio_helpers import REPO
 
 from engine.train.config import comma_list, defaults_for, load_config
@@ -413,3 +414,15 @@ def test_a_refused_import_leaves_every_field_as_it_was_and_says_why(tab, setting
     assert (form["stage"], form["fine_tuning"], form["beta"]) == ("DPO", "Full", 0.2)
     assert form["learning_rate"] == defaults_for("DPO", "Full")["learning_rate"]  # the stage's own default
     assert form["name"] == gr.skip()  # what the file does not say stays as the person left it
+
+
+@pytest.mark.parametrize(
+    "name", ["examples/dpo.yaml", "erniekit:sft_wint8mix_lora_thinking", "examples/vl_sft.yaml"]
+)
+def test_the_yaml_view_imports_back_to_the_same_form(tab, uploaded, settings, session, name):
+    """The YAML the Train tab shows for a form, imported, fills the form it came from."""
+    first = _form(tab, import_train_yaml(session, settings, CONFIGS[name]), uploaded)
+    first["base_model"] = first["base_model"] or ("tiny-vl" if "vl" in name else "tiny")
+    shown = yaml.safe_dump(runs_svc.preview_config(session, settings, run_spec(first)), sort_keys=False)
+    again = _form(tab, import_train_yaml(session, settings, shown, source="train.yaml"), uploaded)
+    assert again == first
