@@ -449,3 +449,40 @@ class EvalCompareOut(BaseModel):
     intervals: dict[str, dict[str, list[float]]]
     pairwise: dict[str, dict[str, Any]]
     differ: dict[str, Any] | None = None
+
+
+class ImportedDatasetOut(BaseModel):
+    key: str = Field(description="the file's key: train_dataset_path, eval_dataset_path or text_dataset_path")
+    path: str = Field(description="the path as the file writes it (never opened)")
+    line: int | None = Field(description="its line in the YAML")
+    dataset_id: int | None = Field(
+        description="the uploaded dataset of that file name or name; null: missing"
+    )
+    dataset_name: str | None
+    note: str = Field(description="why it is missing, or how the dataset differs from what the file says")
+
+
+class ConfigImportOut(BaseModel):
+    """An ERNIEKit training YAML mapped onto the studio: the run's choices (POST /runs takes them once the
+    missing datasets are uploaded and base_model is set) and what the file says that a run here does not use."""
+
+    stage: str
+    fine_tuning: str
+    compute_type: str
+    base_model: str | None = Field(
+        description="the model /models lists under the file's model name; null: none"
+    )
+    model_path: str | None = Field(description="model_name_or_path as the file writes it")
+    dataset_ids: list[int]
+    dataset_probs: list[float] | None
+    eval_dataset_ids: list[int]
+    hyperparameters: dict[str, Any] = Field(
+        description="every other training key of the file that has an effect on this run, as POST /runs takes "
+        "it (the engine's value; lists comma-separated)"
+    )
+    datasets: list[ImportedDatasetOut]
+    notices: dict[str, str] = Field(description="ERNIEKit keys the engine accepts without effect, and why")
+    not_applied: dict[str, list[str]] = Field(
+        description="keys without effect on a run of this stage, fine-tuning and compute type, and why"
+    )
+    studio_set: dict[str, str] = Field(description="keys the studio sets itself, and what it uses instead")

@@ -1463,6 +1463,33 @@ def config_from_dict(cls: type, values: dict[str, Any], source: str = "<dict>") 
     return _build(cls, dict(values), source, {}, {})
 
 
+def read_yaml_text(text: str, source: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """A config's YAML text as ``load_config`` reads it: its ``key: value`` pairs and each key's line
+    (for text that is not a file: the studio's YAML import)."""
+    return _parse_yaml(text, source)
+
+
+@dataclass
+class ConfigKeys:
+    """What the engine makes of a config's keys before it builds the config: each field's value converted
+    to its type (ERNIEKit aliases resolved), the keys it announces, and the problems by kind, each message
+    naming where (``source:line``) and the key."""
+
+    values: dict[str, Any]
+    notices: list[Notice]
+    unknown: list[str]
+    refused: list[str]
+    wrong: dict[str, str]
+
+
+def read_keys(
+    cls: type, values: dict[str, Any], source: str = "<dict>", lines: dict[str, int] | None = None
+) -> ConfigKeys:
+    """Sort a config's keys as ``load_config`` does: fields (converted), announced ERNIEKit keys, refused
+    model-parallel degrees, keys of the wrong type and unknown keys (with the closest valid key)."""
+    return _read_keys(cls, values, source, lines or {}, {})
+
+
 def _load(cls: type, path: str | Path | None, overrides: list[str], tolerated: dict[str, str]) -> Any:
     values: dict[str, Any] = {}
     lines: dict[str, int] = {}
@@ -1506,12 +1533,33 @@ def _build(
 ) -> Any:
     """Check every key and value, and report all unknown keys at once (each with its line and the closest
     valid key), so a config from another tool is fixed in one pass. Keys without effect become notices."""
+    keys = _read_keys(cls, values, source, lines, tolerated)
+    unknown = keys.unknown + list(unknown or [])  # the file's keys in file order, then the overrides
+    if unknown:
+        head = f"{len(unknown)} unknown keys:\n" if len(unknown) > 1 else ""
+        raise ConfigError(head + "\n".join(unknown), unknown)
+    wrong = list(keys.wrong.values())
+    if keys.refused or wrong:
+        raise ConfigError("\n".join(keys.refused + wrong), keys.refused + wrong)
+    config = cls(**keys.values)
+    problems = config.validate()
+    if problems:
+        raise ConfigError(f"{source}: " + "; ".join(problems), problems)
+    # Not a field: it is what the file said beyond the schema, so asdict() (train_config.json, the studio's
+    # comparisons) stays the effective config itself.
+    config.notices = keys.notices
+    return config
+
+
+def _read_keys(
+    cls: type, values: dict[str, Any], source: str, lines: dict[str, int], tolerated: dict[str, str]
+) -> ConfigKeys:
     fields = _fields(cls)
     kwargs = {}
     notices: list[Notice] = []
     found: list[str] = []
     refused: list[str] = []
-    wrong: list[str] = []
+    wrong: dict[str, str] = {}
     for key, value in values.items():
         where = f"{source}:{lines[key]}" if lines.get(key, -1) > 0 else source
         target = _alias(cls, key)
@@ -1524,7 +1572,7 @@ def _build(
             try:
                 kwargs[target] = _coerce(value, fields[target], key, where)
             except ConfigError as e:
-                wrong.append(str(e))
+                wrong[key] = str(e)
         elif cls is TrainConfig and key in REFUSED_DEGREES and _degree(value) > 1:
             refused.append(
                 f"{where}: {key}: {value} asks for {REFUSED_DEGREES[key]} parallelism, which this engine "
@@ -1535,20 +1583,7 @@ def _build(
             notices.append(Notice(key, tolerated.get(key) or ERNIEKIT_NOTICES[key]))
         else:
             found.append(f"{where}: unknown key {key!r}{_suggest(key, fields)}")
-    unknown = found + list(unknown or [])  # the file's keys in file order, then the overrides
-    if unknown:
-        head = f"{len(unknown)} unknown keys:\n" if len(unknown) > 1 else ""
-        raise ConfigError(head + "\n".join(unknown), unknown)
-    if refused or wrong:
-        raise ConfigError("\n".join(refused + wrong), refused + wrong)
-    config = cls(**kwargs)
-    problems = config.validate()
-    if problems:
-        raise ConfigError(f"{source}: " + "; ".join(problems), problems)
-    # Not a field: it is what the file said beyond the schema, so asdict() (train_config.json, the studio's
-    # comparisons) stays the effective config itself.
-    config.notices = notices
-    return config
+    return ConfigKeys(kwargs, notices, found, refused, wrong)
 
 
 def _degree(value: Any) -> int:
@@ -1560,7 +1595,10 @@ def _degree(value: Any) -> int:
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
-    text = path.read_text(encoding="utf-8")
+    return _parse_yaml(path.read_text(encoding="utf-8"), str(path))
+
+
+def _parse_yaml(text: str, path: str) -> tuple[dict[str, Any], dict[str, int]]:
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -1597,8 +1635,12 @@ def _split_words(s: str) -> list[str]:
     return [w.lower() for w in re.split(r"[\s,]+", s.strip()) if w]
 
 
-def _split(s: str) -> list[str]:
+def comma_list(s: str) -> list[str]:
+    """ERNIEKit's comma-separated list (``train_dataset_path: a.jsonl,b.jsonl``), items stripped."""
     return [p.strip() for p in s.split(",") if p.strip()]
+
+
+_split = comma_list
 
 
 def weights_draws(probabilities: str) -> bool:

@@ -129,6 +129,62 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tr.loss_type": ("loss_type", "loss_type"),
     "tr.yaml": ("Equivalent ERNIEKit YAML", "等价的 ERNIEKit YAML"),
     "tr.yaml_download": ("Download YAML", "下载 YAML"),
+    # "Import a YAML" (studio/ui/train_import.py)
+    "tr.import": ("Import an ERNIEKit YAML into the form", "导入 ERNIEKit YAML 到表单"),
+    "tr.import.file": ("Upload a .yaml / .yml config", "上传 .yaml / .yml 配置文件"),
+    "tr.import.text": ("…or paste the YAML here", "……或在此粘贴 YAML"),
+    "tr.import.btn": ("Import pasted YAML", "导入粘贴的 YAML"),
+    "tr.import.failed": ("Not imported; the form is unchanged:", "未导入，表单未改动："),
+    "tr.import.done": (
+        "Imported {n} training keys: stage **{stage}**, fine-tuning **{fine_tuning}**, compute_type "
+        "**{compute_type}**. Values the engine refuses are marked beside their fields.",
+        "已导入 {n} 个训练参数：阶段 **{stage}**，微调方式 **{fine_tuning}**，compute_type **{compute_type}**。"
+        "引擎拒绝的取值会标注在对应字段旁。",
+    ),
+    "tr.import.model.found": (
+        "model `{path}` → base model **{name}**",
+        "模型 `{path}` → 基础模型 **{name}**",
+    ),
+    "tr.import.model.missing": (
+        "model `{path}`: the studio has no model of that name; pick the base model",
+        "模型 `{path}`：Studio 中没有同名模型，请选择基础模型",
+    ),
+    "tr.import.missing": ("Missing datasets ({n})", "缺少的数据集（{n} 个）"),
+    "tr.import.dataset.missing": (
+        "no uploaded dataset has this file name or name; upload it (Datasets tab) and pick it under Training "
+        "data",
+        "没有文件名或名称与之相同的已上传数据集；请在“数据集”页上传，并在“训练数据”中选择",
+    ),
+    "tr.import.dataset.text": (
+        "VL-SFT text-only data is not a field of the studio's runs; it is left out",
+        "Studio 的任务没有 VL-SFT 纯文本数据字段；此项未导入",
+    ),
+    "tr.import.found": ("Datasets matched by name", "按名称匹配到的数据集"),
+    "tr.import.format": (
+        "the file says {file}, detected as {detected}",
+        "文件写的是 {file}，检测为 {detected}",
+    ),
+    "tr.import.line": ("line {line}", "第 {line} 行"),
+    "tr.import.studio": ("Set by the studio ({n})", "由 Studio 设置（{n} 个）"),
+    "tr.import.set.output_dir": (
+        "the studio writes every run under runs/<id>/output",
+        "Studio 将每个任务写入 runs/<id>/output",
+    ),
+    "tr.import.set.logging_dir": (
+        "the studio writes every run's logs under runs/<id>/output/logs",
+        "Studio 将每个任务的日志写入 runs/<id>/output/logs",
+    ),
+    "tr.import.set.train_dataset_type": (
+        "each dataset is read in the format detected at upload",
+        "每个数据集按上传时检测到的格式读取",
+    ),
+    "tr.import.set.eval_dataset_type": (
+        "each dataset is read in the format detected at upload",
+        "每个数据集按上传时检测到的格式读取",
+    ),
+    "tr.import.set.eval_dataset_prob": ("evaluation datasets are weighed evenly", "评估数据集按相同权重使用"),
+    "tr.import.na": ("Without effect on this run ({n})", "对本任务不生效（{n} 个）"),
+    "tr.import.notices": ("ERNIEKit keys the engine announces ({n})", "引擎会提示的 ERNIEKit 参数（{n} 个）"),
     "tr.estimate": ("Estimate", "资源估算"),
     "tr.estimate_btn": ("Estimate memory and time", "估算显存与时间"),
     "tr.launch": ("Launch run", "启动训练"),
@@ -958,6 +1014,43 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     ),
     (r"image (?P<url>'[^']*'): not an image PIL can read \(.*\)", "图片 {url} 不是可读取的图片"),
     (r"not an image PIL can read \(.*\)", "不是可读取的图片"),
+    # the Train tab's YAML import (studio.services.config_import)
+    (
+        rf"(?P<where>.+?): (?P<size>{_N}) bytes; a config to import may hold at most (?P<limit>{_N}) bytes "
+        r"\(ERNIEKit's configs are a few KB\)",
+        "{where}：{size} 字节；导入的配置最多 {limit} 字节（ERNIEKit 的配置只有几 KB）",
+    ),
+    (
+        r"(?P<where>.+?): not UTF-8 text \(byte (?P<byte>\d+)\); save the file as UTF-8",
+        "{where}：不是 UTF-8 文本（第 {byte} 字节）；请以 UTF-8 保存文件",
+    ),
+    (
+        r"(?P<where>.+?): empty; paste an ERNIEKit training config \(key: value lines\)",
+        "{where}：内容为空；请粘贴 ERNIEKit 训练配置（key: value 形式的行）",
+    ),
+    (
+        r"(?P<where>.+?): a second YAML document \(after ---\); import one config, one document",
+        "{where}：出现第二个 YAML 文档（--- 之后）；一次只导入一个配置、一个文档",
+    ),
+    (
+        r"(?P<where>.+?): YAML anchors and aliases \(&name, \*name\) are not accepted in an imported config; "
+        r"write each value out",
+        "{where}：导入的配置不接受 YAML 锚点与别名（&name、*name）；请逐项写出取值",
+    ),
+    (
+        r"(?P<where>.+?): YAML tag (?P<tag>'[^']*') is not accepted in an imported config; write plain values",
+        "{where}：导入的配置不接受 YAML 标签 {tag}；请写普通取值",
+    ),
+    (
+        r"(?P<where>.+?): nested (?P<depth>\d+) levels deep; a config is key: value lines \(a value may be a "
+        r"list\), at most (?P<limit>\d+) levels",
+        "{where}：嵌套达 {depth} 层；配置是 key: value 形式的行（取值可以是列表），最多 {limit} 层",
+    ),
+    (r"(?P<where>.+?): not valid YAML: (?P<problem>.*)", "{where}：不是有效的 YAML：{problem}"),
+    (
+        r"(?P<where>.+?): train_dataset_prob: (?P<value>.*) is not numbers separated by commas",
+        "{where}：train_dataset_prob：{value} 不是以逗号分隔的数字",
+    ),
     (r"truncated or corrupt \(.*\)", "文件被截断或已损坏"),
 ]
 # Words a pattern's groups carry that are text, not data: what a refusal names, and the address kinds.

@@ -56,6 +56,7 @@ from studio.ui.train_form import (
     starting_marks,
     unmet,
 )
+from studio.ui.train_import import ImportBox, ImportHandlers, build_import_box
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
 _SCHEMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -100,6 +101,7 @@ class _SidePanel:
     launch_status: gr.Markdown
     yaml_view: gr.Code
     yaml_file: gr.DownloadButton
+    importer: ImportBox
 
 
 # ---- plain functions of form values ----------------------------------------------------------------------
@@ -537,7 +539,8 @@ def _side_panel(t: Texts) -> _SidePanel:
     yaml_file = t.make(
         gr.DownloadButton, "tr.yaml_download", prop="label", size="sm", elem_id="tr-yaml-download"
     )
-    return _SidePanel(estimate_btn, estimate, launch, problems, launch_status, yaml_view, yaml_file)
+    importer = build_import_box(t)
+    return _SidePanel(estimate_btn, estimate, launch, problems, launch_status, yaml_view, yaml_file, importer)
 
 
 def build_train_tab(ctx: UIContext) -> TrainTab:
@@ -623,6 +626,10 @@ def _wire_actions(
     ctx.on_language(handlers.review, [*inputs, marks], review_outputs, needs_selection=False)
     side.estimate_btn.click(handlers.show_estimate, inputs, side.estimate)
     side.launch.click(handlers.launch, inputs, [side.launch_status, launched_run], concurrency_limit=1)
+    importer = ImportHandlers(ctx, handlers.keys)
+    imported = [*inputs, side.importer.status]
+    side.importer.file.upload(importer.import_file, side.importer.file, imported).then(**review)
+    side.importer.button.click(importer.import_text, side.importer.text, imported).then(**review)
     pickers = [fields["base_model"], fields["dataset_ids"], fields["eval_dataset_ids"]]
     tab.select(handlers.refresh_choices, pickers, pickers).then(**review)
     ctx.demo.load(handlers.refresh_choices, pickers, pickers).then(**review)

@@ -277,3 +277,23 @@ def test_max_shard_size_is_in_gb_when_a_bare_number_as_in_erniekit(tmp_path):
     assert load_export_config(None, ["output_dir=out", "max_shard_size=500MB"]).max_shard_size == "500MB"
     with pytest.raises(ConfigError, match="max_shard_size must be a size like 5GB"):
         load_export_config(None, ["output_dir=out", "max_shard_size=five"])
+
+
+def test_read_keys_is_load_configs_reading_of_a_text(tmp_path):
+    """The YAML text reader and key sorting the studio's import uses are load_config's own: the same values,
+    notices, unknown keys with their lines, and wrong values by key."""
+    from engine.train.config import read_keys, read_yaml_text
+
+    text = "stage: OCR-SFT\neval_iters: 3\nfuse_rope: true\nlora_rank: 4\n"
+    path = tmp_path / "run.yaml"
+    path.write_text(text + "model_name_or_path: m\ntrain_dataset_path: d.jsonl\n")
+    cfg = load_config(path)
+    values, lines = read_yaml_text(text, "run.yaml")
+    keys = read_keys(TrainConfig, values, "run.yaml", lines)
+    assert keys.values == {"stage": "OCR-VL-SFT", "max_evaluate_steps": 3, "lora_rank": 4}
+    assert all(getattr(cfg, k) == v for k, v in keys.values.items())
+    assert [n.key for n in keys.notices] == [n.key for n in cfg.notices] == ["stage", "fuse_rope"]
+    values, lines = read_yaml_text("seed: x\nlearning_rat: 1\n", "b.yaml")
+    bad = read_keys(TrainConfig, values, "b.yaml", lines)
+    assert bad.unknown == ["b.yaml:2: unknown key 'learning_rat'; did you mean 'learning_rate'?"]
+    assert bad.wrong == {"seed": "b.yaml:1: seed must be int, got 'x'"}

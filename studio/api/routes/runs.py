@@ -1,17 +1,23 @@
-"""/api/v1/runs: create, list, get, metrics, checkpoints, logs, config, events, cancel, resume, clone, delete."""
+"""/api/v1/runs: create, import an ERNIEKit YAML, list, get, metrics, checkpoints, logs, config, events, cancel,
+resume, clone, delete."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
+from engine.train.config import UNMET_REASONS
 from studio.api.deps import ID, SessionDep, SettingsDep
+from studio.db import session_factory
 from studio.models import Run
 from studio.schemas import (
     CheckpointOut,
     CloneIn,
+    ConfigImportOut,
     ErrorOut,
     EventOut,
     LogsOut,
@@ -21,6 +27,7 @@ from studio.schemas import (
     RunProgressOut,
 )
 from studio.services import runs as svc
+from studio.services.config_import import MAX_IMPORT_BYTES, ImportedConfig, import_train_yaml
 from studio.services.events import list_events
 from studio.services.progress import runs_progress
 from studio.services.run_parts import placement
@@ -28,6 +35,20 @@ from studio.services.store import MAX_ID
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 ERRORS = {404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+IMPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/yaml": {
+                "schema": {
+                    "type": "string",
+                    "maxLength": MAX_IMPORT_BYTES,
+                    "description": "an ERNIEKit training config (what `ernie-studio train` reads), UTF-8",
+                }
+            }
+        },
+    }
+}
 
 
 def _out(session, run: Run) -> RunOut:
@@ -62,6 +83,49 @@ def create_run(spec: svc.RunSpec, session: SessionDep, settings: SettingsDep) ->
 def estimate_run(spec: svc.RunSpec, session: SessionDep, settings: SettingsDep) -> dict:
     """Memory and time a run would need (a rough guide for picking hardware)."""
     return svc.estimate_resources(session, settings, spec)
+
+
+@router.post(
+    "/import",
+    response_model=ConfigImportOut,
+    openapi_extra=IMPORT_BODY,
+    responses={**ERRORS, 413: {"model": ErrorOut}},
+)
+async def import_config(request: Request, settings: SettingsDep) -> ConfigImportOut:
+    """Read an ERNIEKit training YAML (the body) as `ernie-studio train` does and map it onto the studio: its
+    keys, the model and the datasets by name (paths are never opened). Nothing is created."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_IMPORT_BYTES:  # enough for the service to name the size; the rest is not read
+            break
+
+    def read() -> ConfigImportOut:
+        with session_factory(settings)() as session:
+            return _import_out(import_train_yaml(session, settings, bytes(body), "request body"))
+
+    return await run_in_threadpool(read)
+
+
+def _import_out(imported: ImportedConfig) -> ConfigImportOut:
+    return ConfigImportOut(
+        stage=imported.stage,
+        fine_tuning=imported.fine_tuning,
+        compute_type=imported.compute_type,
+        base_model=imported.base_model,
+        model_path=imported.model_path,
+        dataset_ids=imported.dataset_ids,
+        dataset_probs=imported.dataset_probs,
+        eval_dataset_ids=imported.eval_dataset_ids,
+        hyperparameters=imported.spec_hyperparameters(),
+        datasets=[{**dataclasses.asdict(m), "note": m.note} for m in imported.datasets],
+        notices=dict(imported.notices),
+        not_applied={
+            key: [UNMET_REASONS[what].format(needed=needed) for what, needed in reasons]
+            for key, reasons in imported.not_applied
+        },
+        studio_set={key: instead for key, _, instead in imported.studio_set},
+    )
 
 
 @router.get("", response_model=list[RunOut], responses=ERRORS)
