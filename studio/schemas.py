@@ -486,3 +486,16 @@ class ConfigImportOut(BaseModel):
         description="keys without effect on a run of this stage, fine-tuning and compute type, and why"
     )
     studio_set: dict[str, str] = Field(description="keys the studio sets itself, and what it uses instead")
+
+
+class TemplateOut(BaseModel):
+    """A saved Train form: the run spec it launches (POST /runs takes it as is once its datasets exist)."""
+
+    id: int
+    name: str
+    created_at: datetime
+    spec: dict[str, Any] = Field(description="the run spec, as POST /runs takes it")
+    missing_datasets: dict[str, list[int]] = Field(
+        default_factory=dict, description="datasets the spec names that were deleted since, by spec field"
+    )
+    notes: list[str] = Field(default_factory=list, description="what to do about them")
