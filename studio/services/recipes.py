@@ -131,9 +131,9 @@ def recipe_verdict(session: Session, settings: Settings, recipe_id: str) -> dict
     est = with_fit(estimate_run(model, train, [], [], node=node, num_devices=1), node, len(nodes))
     problems = []
     try:
-        check_settings(
-            model, nodes, 1, getattr(train, "expert_parallel_degree", None), train.sharding or None
-        )
+        # sharding counts where the engine applies it: sharding_parallel_degree 0 or 1 turns it off
+        sharding = train.sharding if train.sharding_parallel_degree not in (0, 1) else None
+        check_settings(model, nodes, 1, getattr(train, "expert_parallel_degree", None), sharding or None)
     except PlanError as e:
         problems.append(str(e))
     try:
