@@ -220,10 +220,6 @@ STRINGS: dict[str, tuple[str, str]] = {
         "The planner proposes `{keys}` (peak {peak:.1f} GiB of {cap:.1f} GiB).",
         "规划器建议 `{keys}`（峰值 {peak:.1f} GiB，容量 {cap:.1f} GiB）。",
     ),
-    "tr.verdict.tp": (
-        "It would need tensor parallelism of degree {tp}, which this engine does not do.",
-        "需要 {tp} 路张量并行，本引擎不支持。",
-    ),
     "tr.template": ("Saved template", "已保存的模板"),
     "tr.template.load": ("Start from this template", "从此模板开始"),
     "tr.template.delete": ("Delete template", "删除模板"),
@@ -977,6 +973,46 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     (
         rf"one device of (?P<node>.+) \((?P<gpu>.+), (?P<have>{_N}) GiB\)",
         " {node} 的一块设备（{gpu}，{have} GiB）",
+    ),
+    # templates and recipes (studio.services.templates, studio.services.recipes)
+    (
+        r"name: empty; give the template a name \(up to (?P<n>\d+) characters\)",
+        "name：为空；请给模板起个名字（最多 {n} 个字符）",
+    ),
+    (
+        r"name: (?P<n>\d+) characters; a template's name has at most (?P<max>\d+)",
+        "name：{n} 个字符；模板名称最多 {max} 个字符",
+    ),
+    (
+        r"name: holds a control or invisible format character; use printable text",
+        "name：含有控制字符或不可见的格式字符；请使用可打印的文字",
+    ),
+    (
+        r"name: a template named (?P<name>.+) exists; pick another name or delete that one first",
+        "name：已有名为 {name} 的模板；请换个名字，或先删除那个模板",
+    ),
+    (
+        r"name: a template named (?P<name>.+) exists; pick another name",
+        "name：已有名为 {name} 的模板；请换个名字",
+    ),
+    (
+        r"the studio keeps at most (?P<n>\d+) templates; delete some first",
+        "Studio 最多保存 {n} 个模板；请先删除一些",
+    ),
+    (
+        r"sharding: (?P<sharding>\S+) splits the optimizer state over data-parallel ranks and the run has one "
+        r"device; leave sharding out or ask for num_devices of 2 or more",
+        "sharding：{sharding} 把优化器状态切分到各数据并行进程，而该任务只有一个设备；请去掉 sharding，或把 "
+        "num_devices 设为 2 或更多",
+    ),
+    (
+        r"template (?P<id>\d+) not found; GET /api/v1/templates lists them",
+        "模板 {id} 不存在；GET /api/v1/templates 列出全部模板",
+    ),
+    (r"spec: a run of this template would be refused:", "spec：以此模板启动的任务会被拒绝："),
+    (
+        r"recipe: no recipe is named (?P<name>.+); the recipes are (?P<names>.+)",
+        "recipe：没有名为 {name} 的配方；现有配方：{names}",
     ),
     # refusals of the services that the tabs show
     (

@@ -96,8 +96,10 @@ def format_verdict(recipe: recipes_svc.Recipe, verdict: dict[str, Any], lang: st
     if status in ("fits", "proposal", "does_not_fit"):
         fields["cap"] = plan.get("device_memory_gib") or 0.0
     lines.append(text(f"tr.verdict.{status}", lang, **fields))
-    for message in [*verdict.get("problems", []), *([verdict["reason"]] if verdict.get("reason") else [])]:
-        lines.append(f"- {localize_message(message, lang)}")
+    shown = [*verdict.get("problems", [])]
+    if status == "cannot_plan":
+        shown.append(verdict["reason"])
+    lines += [f"- {localize_message(message, lang)}" for message in shown]
     proposal = plan.get("proposal")
     if proposal and status != "fits":
         keys = ", ".join(f"{k}: {v}" for k, v in proposal["settings"].items())
@@ -105,8 +107,18 @@ def format_verdict(recipe: recipes_svc.Recipe, verdict: dict[str, Any], lang: st
             text("tr.verdict.proposed", lang, keys=keys, peak=proposal["memory_gib"]["peak"],
                  cap=proposal["capacity_gib"])
         )  # fmt: skip
-    if status == "does_not_fit" and plan.get("needs_tensor_parallel"):
-        lines.append(text("tr.verdict.tp", lang, tp=plan["needs_tensor_parallel"]))
+    rejected = plan.get("rejected") or []
+    if (
+        status == "does_not_fit" and rejected
+    ):  # the planner's closest setting, as the Train tab's plan shows it
+        closest = rejected[-1]
+        devices = closest["settings"]["num_devices"]
+        peak, cap = closest["memory_gib"]["peak"], closest["capacity_gib"]
+        lines.append("- " + text("tr.plan.none", lang, devices=devices, peak=peak, cap=cap))
+        option = plan.get("tensor_parallel_option")
+        if option:
+            tp = plan["needs_tensor_parallel"]
+            lines.append("- " + text("tr.plan.tp", lang, tp=tp, peak=option["memory_gib"]["peak"]))
     return "\n".join(lines)
 
 
