@@ -11,7 +11,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -98,7 +98,15 @@ def get_template(session: Session, template_id: int) -> TemplateView:
     template = session.get(TrainTemplate, template_id)
     if template is None:
         raise NotFound(f"template {template_id} not found; GET /api/v1/templates lists them")
-    spec = RunSpec.model_validate(template.spec)
+    try:
+        spec = RunSpec.model_validate(template.spec)
+    except ValidationError as e:  # saved by a studio whose run spec had other fields
+        first = e.errors()[0]
+        where = ".".join(["spec", *(str(x) for x in first["loc"])])
+        raise InvalidInput(
+            f"template {template.id} ({template.name!r}) no longer makes a run spec: {where}: {first['msg']}; "
+            "delete it and save the form again"
+        ) from None
     named = {
         "dataset_ids": spec.dataset_ids,
         "eval_dataset_ids": spec.eval_dataset_ids or [],

@@ -1009,6 +1009,11 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         r"template (?P<id>\d+) not found; GET /api/v1/templates lists them",
         "模板 {id} 不存在；GET /api/v1/templates 列出全部模板",
     ),
+    (
+        r"template (?P<id>\d+) \((?P<name>.+)\) no longer makes a run spec: (?P<problem>.+); delete it and "
+        r"save the form again",
+        "模板 {id}（{name}）已无法构成任务配置：{problem}；请删除它并重新保存表单",
+    ),
     (r"spec: a run of this template would be refused:", "spec：以此模板启动的任务会被拒绝："),
     (
         r"recipe: no recipe is named (?P<name>.+); the recipes are (?P<names>.+)",

@@ -89,3 +89,17 @@ def test_a_deleted_dataset_is_named_when_the_template_is_read(client, dataset):
     got = client.get(f"{API}/{made['id']}").json()
     assert got["missing_datasets"] == {"dataset_ids": [dataset], "eval_dataset_ids": [dataset]}
     assert f"dataset_ids: dataset #{dataset} was deleted" in got["notes"][0]
+
+
+def test_a_template_an_older_studio_saved_is_listed_with_why_it_cannot_be_used(client, dataset, session):
+    from studio.models import TrainTemplate
+
+    made = client.post(API, json={"name": "old", "spec": _spec(dataset)}).json()
+    stored = session.get(TrainTemplate, made["id"])
+    stored.spec = {**stored.spec, "learning_rate": 0.1}  # a field RunSpec no longer has
+    session.commit()
+    r = client.get(f"{API}/{made['id']}")
+    assert r.status_code == 422 and "unknown key 'learning_rate'" in r.json()["message"], r.text
+    [listed] = client.get(API).json()
+    assert listed["name"] == "old" and "delete it and save the form again" in listed["notes"][0]
+    assert client.delete(f"{API}/{made['id']}").status_code == 204

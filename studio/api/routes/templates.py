@@ -7,6 +7,7 @@ from fastapi import APIRouter, Response
 from studio.api.deps import ID, SessionDep, SettingsDep
 from studio.schemas import ErrorOut, TemplateOut
 from studio.services import templates as svc
+from studio.services.errors import InvalidInput
 
 router = APIRouter(prefix="/templates", tags=["templates"])
 ERRORS = {404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 422: {"model": ErrorOut}}
@@ -35,7 +36,17 @@ def create_template(body: svc.TemplateIn, session: SessionDep, settings: Setting
 @router.get("", response_model=list[TemplateOut])
 def list_templates(session: SessionDep) -> list[TemplateOut]:
     """Every template, by name."""
-    return [_out(svc.get_template(session, t.id)) for t in svc.list_templates(session)]
+    out = []
+    for t in svc.list_templates(session):
+        try:
+            out.append(_out(svc.get_template(session, t.id)))
+        except (
+            InvalidInput
+        ) as e:  # one an older studio saved: listed with why it cannot be used, never hidden
+            out.append(
+                TemplateOut(id=t.id, name=t.name, created_at=t.created_at, spec=t.spec, notes=[e.message])
+            )
+    return out
 
 
 @router.get("/{template_id}", response_model=TemplateOut, responses=ERRORS)
