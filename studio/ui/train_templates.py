@@ -38,8 +38,9 @@ class StartBox:
     status: gr.Markdown
 
 
-def recipe_choices() -> list[tuple[str, str]]:
-    return [(r.title, r.id) for r in recipes_svc.list_recipes()]
+def recipe_choices() -> list[str]:
+    """The recipes by id (model, stage, fine-tuning, length: the same in every language)."""
+    return [r.id for r in recipes_svc.list_recipes()]
 
 
 def build_start_box(t: Texts) -> StartBox:

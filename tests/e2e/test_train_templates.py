@@ -31,7 +31,7 @@ def test_a_recipe_fills_the_form_is_saved_as_a_template_and_launches_from_it(pag
     ui.open()
     ui.tab("train")
     _open_start_box(ui)
-    ui.choose("tr-recipe", "function calling")
+    ui.choose("tr-recipe", "21b-a3b-fc-lora")
     ui.expect_text("tr-recipe-verdict", "run_fc_lora_8k.yaml")
     expect(ui.el("tr-recipe-verdict")).to_contain_text(VERDICT, timeout=30_000)
     ui.click("tr-recipe-load")

@@ -141,3 +141,29 @@ def test_each_verdict_is_the_planners_for_the_studios_nodes(session, settings, n
 
 def verdict_targets(imported) -> list[str]:
     return list(TrainConfig(stage=imported.stage, fine_tuning="LoRA").lora_target_modules)
+
+
+def test_the_recipes_through_rest(client, session, settings):
+    listed = client.get("/api/v1/recipes").json()
+    assert [r["id"] for r in listed] == RECIPES
+    assert {r["verdict"]["status"] for r in listed} == {"no_nodes"}
+    gpu_node(session, "train@gpu1", gpus=8)
+    session.commit()
+    one = client.get("/api/v1/recipes/ernie-4.5-21b-a3b-sft-lora-8k").json()
+    assert one["source_path"] == "examples/configs/ERNIE-4.5-21B-A3B/sft/run_sft_lora_8k.yaml"
+    assert one["verdict"] == recipes.recipe_verdict(session, settings, one["id"])
+    assert one["verdict"]["status"] == "proposal"
+    imported = client.get("/api/v1/recipes/ernie-4.5-0.3b-dpo-full-8k/import").json()
+    assert (imported["stage"], imported["fine_tuning"], imported["base_model"]) == (
+        "DPO",
+        "Full",
+        "ernie-4.5-0.3b",
+    )
+    assert [d["path"] for d in imported["datasets"]] == [
+        "./examples/data/dpo-train.jsonl",
+        "./examples/data/dpo-eval.jsonl",
+    ]
+    r = client.get("/api/v1/recipes/no-such-recipe")
+    assert r.status_code == 404 and "no recipe is named 'no-such-recipe'" in r.json()["message"]
+    for bad in ("..%2F..%2Fpyproject", "A", "x" * 101):
+        assert client.get(f"/api/v1/recipes/{bad}").status_code in (404, 422)
