@@ -232,4 +232,6 @@ def wire_start_box(
     box.template_save.click(handlers.save_template, [box.template_name, *inputs], [box.status, box.template])
     box.template_delete.click(handlers.delete_template, box.template, [box.status, box.template])
     tab.select(handlers.template_choices, box.template, box.template)
+    # the dropdown starts on the first recipe: its verdict, fresh for the nodes as they are when the tab opens
+    tab.select(handlers.verdict, box.recipe, box.verdict, show_progress="hidden")
     ctx.demo.load(handlers.template_choices, box.template, box.template)
