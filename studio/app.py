@@ -9,7 +9,18 @@ from fastapi import FastAPI
 from studio.api.auth import TokenAuthMiddleware
 from studio.api.body_limits import GradioUploadLimit, JSONBodyGuard
 from studio.api.errors import install_error_handlers
-from studio.api.routes import compare, datasets, deployments, evals, exports, models, nodes, runs
+from studio.api.routes import (
+    compare,
+    datasets,
+    deployments,
+    evals,
+    exports,
+    models,
+    nodes,
+    recipes,
+    runs,
+    templates,
+)
 from studio.api.security import RequestOriginMiddleware
 from studio.api.served_files import GradioFileGuard
 from studio.api.uploads import MULTIPART_OVERHEAD
@@ -47,6 +58,8 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
         deployments.router,
         models.router,
         nodes.router,
+        templates.router,
+        recipes.router,
     ):
         app.include_router(r, prefix=API_PREFIX)
     if with_ui:

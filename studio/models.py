@@ -1,5 +1,5 @@
 """SQL schema of the studio: datasets, runs, metric points, checkpoints, deployments, exports, downloads,
-evaluations and their sample rows, events, nodes."""
+evaluations and their sample rows, events, nodes, Train form templates."""
 
 from __future__ import annotations
 
@@ -440,3 +440,14 @@ class Node(Base):
     doctor_at: Mapped[datetime | None] = mapped_column(nullable=True)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TrainTemplate(Base):
+    """A Train form saved under a name: the run spec it would launch (every option it holds), to start from."""
+
+    __tablename__ = "train_templates"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -486,3 +486,31 @@ class ConfigImportOut(BaseModel):
         description="keys without effect on a run of this stage, fine-tuning and compute type, and why"
     )
     studio_set: dict[str, str] = Field(description="keys the studio sets itself, and what it uses instead")
+
+
+class TemplateOut(BaseModel):
+    """A saved Train form: the run spec it launches (POST /runs takes it as is once its datasets exist)."""
+
+    id: int
+    name: str
+    created_at: datetime
+    spec: dict[str, Any] = Field(description="the run spec, as POST /runs takes it")
+    missing_datasets: dict[str, list[int]] = Field(
+        default_factory=dict, description="datasets the spec names that were deleted since, by spec field"
+    )
+    notes: list[str] = Field(default_factory=list, description="what to do about them")
+
+
+class RecipeOut(BaseModel):
+    """One of ERNIEKit's example configs the studio ships (studio/recipes), and the planner's verdict for it."""
+
+    id: str
+    title: str
+    source_path: str = Field(description="its path in github.com/PaddlePaddle/ERNIE")
+    source_commit: str
+    erniekit_version: str
+    shape: str = Field(description="the official model whose published shape the verdict uses")
+    verdict: dict[str, Any] = Field(
+        description="status (fits, proposal, does_not_fit, cannot_plan, no_nodes), the recipe's own problems "
+        "on the studio's nodes, the planner's plan and reason"
+    )

@@ -185,6 +185,55 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tr.import.set.eval_dataset_prob": ("evaluation datasets are weighed evenly", "评估数据集按相同权重使用"),
     "tr.import.na": ("Without effect on this run ({n})", "对本任务不生效（{n} 个）"),
     "tr.import.notices": ("ERNIEKit keys the engine announces ({n})", "引擎会提示的 ERNIEKit 参数（{n} 个）"),
+    # "Start from": recipes and templates (studio/ui/train_templates.py)
+    "tr.start": ("Start from a recipe or a saved template", "从配方或已保存的模板开始"),
+    "tr.recipe": ("ERNIEKit recipe", "ERNIEKit 配方"),
+    "tr.recipe.info": (
+        "ERNIEKit's own example configs (PaddlePaddle/ERNIE examples/configs); loading one fills the form as an "
+        "import does",
+        "ERNIEKit 官方示例配置（PaddlePaddle/ERNIE examples/configs）；载入后像导入 YAML 一样填写表单",
+    ),
+    "tr.recipe.load": ("Start from this recipe", "从此配方开始"),
+    "tr.recipe.none": ("Pick a recipe first.", "请先选择一个配方。"),
+    "tr.recipe.source": (
+        "From `{path}` at `{commit}` (ERNIEKit {version}); judged with the shape of {shape} at {seq} tokens.",
+        "来自 `{path}`（提交 `{commit}`，ERNIEKit {version}）；按 {shape} 的结构、{seq} 个 token 评估。",
+    ),
+    "tr.verdict.no_nodes": (
+        "No node has reported yet: the verdict needs the studio's nodes (start a worker).",
+        "尚无节点上报：评估需要 Studio 的节点（请启动一个 worker）。",
+    ),
+    "tr.verdict.fits": (
+        "✅ **Fits** {node} as written: peak {peak:.1f} GiB of {cap:.1f} GiB per device.",
+        "✅ **按原配置可运行**于 {node}：峰值 {peak:.1f} GiB，每个设备 {cap:.1f} GiB。",
+    ),
+    "tr.verdict.proposal": (
+        "⚠️ **Not as written** on {node} (peak {peak:.1f} GiB of {cap:.1f} GiB per device):",
+        "⚠️ **按原配置无法运行**于 {node}（峰值 {peak:.1f} GiB，每个设备 {cap:.1f} GiB）：",
+    ),
+    "tr.verdict.does_not_fit": (
+        "❌ **Does not fit** the studio's nodes ({cap:.1f} GiB per device) in any setting the planner weighs:",
+        "❌ 在规划器考虑的任何设置下都**无法放入** Studio 的节点（每个设备 {cap:.1f} GiB）：",
+    ),
+    "tr.verdict.cannot_plan": ("❌ **The planner cannot plan it:**", "❌ **规划器无法为其规划：**"),
+    "tr.verdict.proposed": (
+        "The planner proposes `{keys}` (peak {peak:.1f} GiB of {cap:.1f} GiB).",
+        "规划器建议 `{keys}`（峰值 {peak:.1f} GiB，容量 {cap:.1f} GiB）。",
+    ),
+    "tr.template": ("Saved template", "已保存的模板"),
+    "tr.template.load": ("Start from this template", "从此模板开始"),
+    "tr.template.delete": ("Delete template", "删除模板"),
+    "tr.template.name": ("Template name", "模板名称"),
+    "tr.template.save": ("Save the form as a template", "将表单保存为模板"),
+    "tr.template.saved": ("Saved template {name} (#{id}).", "已保存模板 {name}（#{id}）。"),
+    "tr.template.failed": ("Not saved:", "未保存："),
+    "tr.template.none": ("Pick a template first.", "请先选择一个模板。"),
+    "tr.template.loaded": ("Form filled from template {name}.", "已用模板 {name} 填写表单。"),
+    "tr.template.missing": (
+        "Datasets deleted since the template was saved (left out of the form; pick others): {ids}",
+        "模板保存后已被删除的数据集（未填入表单，请另选）：{ids}",
+    ),
+    "tr.template.deleted": ("Deleted template #{id}.", "已删除模板 #{id}。"),
     "tr.estimate": ("Estimate", "资源估算"),
     "tr.estimate_btn": ("Estimate memory and time", "估算显存与时间"),
     "tr.launch": ("Launch run", "启动训练"),
@@ -924,6 +973,51 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
     (
         rf"one device of (?P<node>.+) \((?P<gpu>.+), (?P<have>{_N}) GiB\)",
         " {node} 的一块设备（{gpu}，{have} GiB）",
+    ),
+    # templates and recipes (studio.services.templates, studio.services.recipes)
+    (
+        r"name: empty; give the template a name \(up to (?P<n>\d+) characters\)",
+        "name：为空；请给模板起个名字（最多 {n} 个字符）",
+    ),
+    (
+        r"name: (?P<n>\d+) characters; a template's name has at most (?P<max>\d+)",
+        "name：{n} 个字符；模板名称最多 {max} 个字符",
+    ),
+    (
+        r"name: holds a control or invisible format character; use printable text",
+        "name：含有控制字符或不可见的格式字符；请使用可打印的文字",
+    ),
+    (
+        r"name: a template named (?P<name>.+) exists; pick another name or delete that one first",
+        "name：已有名为 {name} 的模板；请换个名字，或先删除那个模板",
+    ),
+    (
+        r"name: a template named (?P<name>.+) exists; pick another name",
+        "name：已有名为 {name} 的模板；请换个名字",
+    ),
+    (
+        r"the studio keeps at most (?P<n>\d+) templates; delete some first",
+        "Studio 最多保存 {n} 个模板；请先删除一些",
+    ),
+    (
+        r"sharding: (?P<sharding>\S+) splits the optimizer state over data-parallel ranks and the run has one "
+        r"device; leave sharding out or ask for num_devices of 2 or more",
+        "sharding：{sharding} 把优化器状态切分到各数据并行进程，而该任务只有一个设备；请去掉 sharding，或把 "
+        "num_devices 设为 2 或更多",
+    ),
+    (
+        r"template (?P<id>\d+) not found; GET /api/v1/templates lists them",
+        "模板 {id} 不存在；GET /api/v1/templates 列出全部模板",
+    ),
+    (
+        r"template (?P<id>\d+) \((?P<name>.+)\) no longer makes a run spec: (?P<problem>.+); delete it and "
+        r"save the form again",
+        "模板 {id}（{name}）已无法构成任务配置：{problem}；请删除它并重新保存表单",
+    ),
+    (r"spec: a run of this template would be refused:", "spec：以此模板启动的任务会被拒绝："),
+    (
+        r"recipe: no recipe is named (?P<name>.+); the recipes are (?P<names>.+)",
+        "recipe：没有名为 {name} 的配方；现有配方：{names}",
     ),
     # refusals of the services that the tabs show
     (

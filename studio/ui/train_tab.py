@@ -57,6 +57,7 @@ from studio.ui.train_form import (
     unmet,
 )
 from studio.ui.train_import import ImportBox, ImportHandlers, build_import_box
+from studio.ui.train_templates import StartHandlers, build_start_box, wire_start_box
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
 _SCHEMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -560,10 +561,13 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
             options = build_option_groups(t, start)
             fields |= options.fields
         with gr.Column(scale=2):
+            start_box = build_start_box(t)  # recipes and templates: studio/ui/train_templates.py
             side = _side_panel(t)
     handlers = TrainHandlers(ctx, list(fields))
     _wire_search(options)
     _wire_actions(ctx, tab, handlers, fields, options, side, launched_run, marks)
+    starts = StartHandlers(ctx, handlers.keys, handlers.spec, form_values)
+    wire_start_box(ctx, tab, start_box, starts, [fields[k] for k in handlers.keys], handlers.review_wiring)
     ctx.demo.load(handlers.model_roots, None, roots)
     return TrainTab(tab=tab, fields=fields, launched_run=launched_run, handlers=handlers, options=options)
 

@@ -43,10 +43,13 @@ from studio.config import Settings
 from studio.db import dispose_engines
 from studio.migrate import MIGRATIONS_DIR, alembic_config
 from studio.models import Base
+from studio.services.runs import RunSpec
 
 REVISIONS = [s.revision for s in reversed(list(ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()))]
 API = "/api/v1"
 Rows = dict[str, list[dict[str, Any]]]
+# Tables and the revision that made them (each gets one row per revision from there).
+FIRST_REVISION = {"runs": "0001", "run_parts": "0012", "train_templates": "0013"}
 
 # Values other code reads for their meaning: statuses, the gang-scheduled run's attempt and its parts, and
 # every JSON column in the shape its API schema declares. A callable gets the rows written at this revision.
@@ -89,6 +92,15 @@ MEANINGFUL: dict[tuple[str, str], Any] = {
     ("evals", "results"): {"demo": {"accuracy": {"value": 0.5, "n": 4, "interval": [0.1, 0.9]}}},
     ("eval_samples", "scores"): {"exact_match": 1.0},
     ("eval_samples", "values"): {"prediction": "yes"},
+    # a saved Train form: the run spec as the API returns it (every field, so a lost or changed one shows)
+    ("train_templates", "spec"): lambda rows: RunSpec(
+        name="from-template",
+        base_model="tiny",
+        dataset_ids=[rows["datasets"][0]["id"]],
+        stage="DPO",
+        fine_tuning="LoRA",
+        hyperparameters={"lora_rank": 16, "learning_rate": 0.0002},
+    ).model_dump(mode="json"),
 }
 
 
@@ -205,6 +217,7 @@ class ApiReader:
             "model_downloads": "/models/downloads",
             "nodes": "/nodes",
             "evals": "/evals",
+            "train_templates": "/templates",
         }
         if table in lists:
             key = "name" if table == "nodes" else "id"
@@ -340,7 +353,8 @@ def test_rows_of_every_revision_survive_upgrade_and_downgrades(db_settings):
     rows = upgrade_with_rows(db_settings)
     # every table got a row at every revision that has it, and the API read them all
     assert set(rows) == set(Base.metadata.tables)
-    assert len(rows["runs"]) == len(REVISIONS) and len(rows["run_parts"]) == 1
+    since = {table: len(REVISIONS) - REVISIONS.index(rev) for table, rev in FIRST_REVISION.items()}
+    assert {table: len(rows[table]) for table in since} == since
 
 
 def test_the_check_fails_on_a_not_null_column_added_without_a_default(db_settings, tmp_path):

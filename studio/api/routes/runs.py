@@ -102,12 +102,12 @@ async def import_config(request: Request, settings: SettingsDep) -> ConfigImport
 
     def read() -> ConfigImportOut:
         with session_factory(settings)() as session:
-            return _import_out(import_train_yaml(session, settings, bytes(body), "request body"))
+            return imported_out(import_train_yaml(session, settings, bytes(body), "request body"))
 
     return await run_in_threadpool(read)
 
 
-def _import_out(imported: ImportedConfig) -> ConfigImportOut:
+def imported_out(imported: ImportedConfig) -> ConfigImportOut:
     return ConfigImportOut(
         stage=imported.stage,
         fine_tuning=imported.fine_tuning,
