@@ -251,6 +251,10 @@ def with_task_prompt(prompt: str | None, message: dict[str, Any] | str | None) -
     return {"text": prompt, "files": files}
 
 
+def clear_choice() -> Any:
+    return gr.update(value=None)
+
+
 def empty_chat() -> list[dict[str, Any]]:
     return []
 
@@ -637,4 +641,8 @@ def _wire_chat(h: DeployHandlers, c: dict[str, Any], selected: gr.Dropdown) -> N
     )
     selected.change(h.thinking_input, selected, c["thinking"], show_progress="hidden")
     selected.change(h.task_prompt_input, selected, c["task_prompt"], show_progress="hidden")
-    c["task_prompt"].input(with_task_prompt, [c["task_prompt"], message], message, show_progress="hidden")
+    # The choice acts as a row of buttons: it is cleared once its prompt is in the box, so the same task can be
+    # picked again for the next image.
+    c["task_prompt"].input(
+        with_task_prompt, [c["task_prompt"], message], message, show_progress="hidden"
+    ).then(clear_choice, None, c["task_prompt"], show_progress="hidden")
