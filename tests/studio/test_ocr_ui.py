@@ -6,6 +6,7 @@ server's refusal reaches the person as its own message."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import gradio as gr
@@ -13,6 +14,7 @@ import pytest
 from test_ocr_api import upload_lines
 
 from engine.data.paddleocr_vl_processor import TASK_PROMPTS
+from engine.models.paths import ADAPTER_CONFIG
 from engine.serve.protocol import APIError
 from studio.services import deployments as deployments_svc
 from studio.ui.context import UIContext
@@ -107,6 +109,12 @@ def test_a_paddleocr_vl_deployment_offers_its_task_prompts(settings, tiny_ocr_mo
     assert handlers.task_prompt_input(ocr) == gr.update(choices=prompts, value=None, visible=True)
     assert handlers.task_prompt_input(vl)["visible"] is False
     assert handlers.task_prompt_input(None)["visible"] is False
+    # a finished OCR LoRA run (its adapter and the base's path) is offered them through its base
+    lora = settings.home / "runs" / "9" / "output"
+    lora.mkdir(parents=True)
+    (lora / ADAPTER_CONFIG).write_text(json.dumps({"base_model": str(models / "ocr"), "r": 8}))
+    assert deployments_svc.model_task_prompts(lora) == prompts
+    assert deployments_svc.model_task_prompts(settings.home / "missing") == []
     # it reads images too: the box offers 📎
     assert handlers.image_input(ocr)[0]["sources"] == ["upload"]
     # one click: the prompt is the message's text, the attached image stays
