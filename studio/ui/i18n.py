@@ -20,6 +20,7 @@ import pandas as pd
 from gradio.context import LocalContext
 
 from engine.data.formats import FORMATS, KINDS
+from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.eval.config import BENCHMARK_TYPES
 from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig
 
@@ -1430,6 +1431,8 @@ def kept_words() -> set[str]:
     for names in (FORMATS, BENCHMARK_TYPES, kinds, STAGES, FINE_TUNING):
         words.update(n.lower() for n in names)
     words.update(n.lower() for n in (*COMPUTE_TYPES, *SCHEDULERS))
+    # PaddleOCR-VL's task prompts (Deploy & Chat offers them): the words the model was trained with
+    words.update(w.lower() for prompt in TASK_PROMPTS.values() for w in _words(prompt))
     return words
 
 

@@ -19,7 +19,7 @@ from engine.serve.protocol import APIError
 from studio.services import deployments as deployments_svc
 from studio.ui.context import UIContext
 from studio.ui.deploy_tab import DeployHandlers, with_task_prompt
-from studio.ui.i18n import Texts, localize_message
+from studio.ui.i18n import Texts, localize_message, untranslated_words
 from studio.ui.train_form import OPTION_KEYS
 from studio.ui.train_tab import CHOICE_KEYS, build_train_tab, stage_choices
 
@@ -121,6 +121,8 @@ def test_a_paddleocr_vl_deployment_offers_its_task_prompts(settings, tiny_ocr_mo
     picked = with_task_prompt("Table Recognition:", {"text": "what is it", "files": ["/tmp/x.png"]})
     assert picked == {"text": "Table Recognition:", "files": ["/tmp/x.png"]}
     assert with_task_prompt(None, {"text": "kept", "files": []}) == gr.skip()
+    # the prompts are the model's words, shown as they are in Chinese too (not untranslated text)
+    assert untranslated_words(" ".join(prompts)) == []
 
 
 def test_a_model_servers_refusal_reaches_the_person_as_its_message():
