@@ -157,6 +157,8 @@ IMAGE_RUNS = Applies(stages=("VL-SFT", OCR_STAGE))  # the runs that read images
 MOE_MODELS = Applies(model="moe")
 ELASTIC_RUNS = Applies(stages=("PT", "SFT"), model="text-moe")
 FP8_RUNS = Applies(compute_types=("fp8",))
+# GPAS gates go into ERNIE 4.5 decoders of Full runs; PaddleOCR-VL's decoder takes none (_ocr_problems)
+GPAS_RUNS = Applies(stages=tuple(s for s in STAGES if s != OCR_STAGE), adapters=False)
 
 
 def option(
@@ -828,7 +830,7 @@ class TrainConfig:
         "GPAS: a learnable gate after every residual add scales activations down while gradients pass "
         "unchanged; starts as the plain model (Full runs; a model trained with GPAS keeps its gates).",
         group="gpas",
-        applies=FULL_RUNS,
+        applies=GPAS_RUNS,
     )
     gpas_gate_grad_clip: float = option(
         0.0,
@@ -836,7 +838,7 @@ class TrainConfig:
         "clip_gate_grad, 0.01 for its 1B and 7B runs); 0 turns it off.",
         minimum=0,
         group="gpas",
-        applies=FULL_RUNS,
+        applies=GPAS_RUNS,
     )
     # elastic MoE training (engine.train.elastic)
     elastic: bool = option(

@@ -15,6 +15,8 @@ from pydantic import Field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from engine.data.paddleocr_vl_processor import TASK_PROMPTS
+from engine.models.paddleocr_vl_config import is_paddleocr_vl_dir
 from engine.models.paths import architecture_dir
 from engine.serve import fastdeploy
 from engine.serve.llamacpp import SERVE_GGUF_TYPE
@@ -232,6 +234,33 @@ def deployment_reads_images(session: Session, deployment_id: int) -> bool:
     return model_reads_images(get_deployment(session, deployment_id).model_dir)
 
 
+def model_task_prompts(model_dir: str | Path) -> list[str]:
+    """The task prompts the model was trained with, when it is a PaddleOCR-VL model ("OCR:", "Table
+    Recognition:", ...: the engine's ``TASK_PROMPTS``); empty for any other model."""
+    try:
+        ocr = is_paddleocr_vl_dir(architecture_dir(model_dir))
+    except FileNotFoundError:
+        return []
+    return list(TASK_PROMPTS.values()) if ocr else []
+
+
+def deployment_task_prompts(session: Session, deployment_id: int) -> list[str]:
+    """The task prompts Deploy & Chat offers for this deployment (a PaddleOCR-VL model's), else none."""
+    return model_task_prompts(get_deployment(session, deployment_id).model_dir)
+
+
+def answered_message(deployment_id: int, status: int, content: bytes) -> str:
+    """A model server's refusal as a person reads it: the message of an OpenAI-shaped error body
+    (``{"error": {"message": ...}}``), else the body's first 500 characters."""
+    shown = content[:500].decode(errors="replace")
+    try:
+        error = json.loads(content).get("error")
+        shown = error["message"] if isinstance(error, dict) and isinstance(error["message"], str) else shown
+    except (ValueError, AttributeError, KeyError, TypeError):
+        pass
+    return f"deployment {deployment_id} answered {status}: {shown}"
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
@@ -306,7 +335,7 @@ def chat(
     except httpx.HTTPError as e:
         raise Unavailable(f"deployment {deployment_id} did not answer at {url}: {e}") from None
     if r.status_code >= 400:
-        raise ServiceError(f"deployment {deployment_id} answered {r.status_code}: {r.text[:500]}")
+        raise ServiceError(answered_message(deployment_id, r.status_code, r.content))
     return r.json()
 
 
@@ -346,9 +375,7 @@ class ChatStream:
                     return
                 self._response = r
             if r.status_code >= 400:
-                raise ServiceError(
-                    f"deployment {self.deployment_id} answered {r.status_code}: {r.read()[:500]!r}"
-                )
+                raise ServiceError(answered_message(self.deployment_id, r.status_code, r.read()))
             try:
                 yield from _deltas(r.iter_lines())
             except Exception:

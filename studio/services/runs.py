@@ -179,7 +179,7 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
     if len(probs) != len(datasets) or any(p <= 0 for p in probs):
         raise InvalidInput("dataset_probs: give one positive probability per dataset")
     model_dir = model_dir_for(session, settings, spec.base_model)
-    _check_model_family(spec, model_dir)
+    _check_model_family(spec.base_model, spec.stage, model_dir)
     cfg: dict[str, Any] = {
         "model_name_or_path": str(model_dir),
         "stage": spec.stage,
@@ -201,20 +201,30 @@ def build_config(session: Session, settings: Settings, spec: RunSpec, output_dir
     return cfg
 
 
-def _check_model_family(spec: RunSpec, model_dir: Path) -> None:
+def _check_model_family(base_model: str, stage: str, model_dir: Path) -> None:
     """Stage OCR-VL-SFT trains PaddleOCR-VL models and no other stage trains them (the trainer's rule,
     before the run waits in a queue)."""
-    ocr = is_ocr_model(spec.base_model, model_dir)
-    if spec.stage == OCR_STAGE and not ocr:
+    ocr = is_ocr_model(base_model, model_dir)
+    if stage == OCR_STAGE and not ocr:
         raise InvalidInput(
-            f"stage: {OCR_STAGE} fine-tunes PaddleOCR-VL models, and base_model {spec.base_model!r} is not one; "
+            f"stage: {OCR_STAGE} fine-tunes PaddleOCR-VL models, and base_model {base_model!r} is not one; "
             "pick a PaddleOCR-VL model (such as the tiny-ocr-vl preset) or another stage"
         )
-    if ocr and spec.stage != OCR_STAGE:
+    if ocr and stage != OCR_STAGE:
         raise InvalidInput(
-            f"stage: base_model {spec.base_model!r} is a PaddleOCR-VL model, which trains with stage "
-            f"{OCR_STAGE} (its prompt form and image processor), not {spec.stage}"
+            f"stage: base_model {base_model!r} is a PaddleOCR-VL model, which trains with stage "
+            f"{OCR_STAGE} (its prompt form and image processor), not {stage}"
         )
+
+
+def model_family_problems(session: Session, settings: Settings, base_model: str, stage: str) -> list[str]:
+    """The refusal `create_run` gives when `stage` and `base_model`'s family disagree (the Train form shows
+    it beside the stage before any data is picked); empty when they agree or the model is not known."""
+    try:
+        _check_model_family(base_model, stage, model_dir_for(session, settings, base_model))
+    except InvalidInput as e:
+        return [e.message] if e.message.startswith("stage:") else []
+    return []
 
 
 def _check_elastic(session: Session, settings: Settings, spec: RunSpec, cfg: TrainConfig) -> None:
@@ -336,6 +346,10 @@ def spec_problems(session: Session, settings: Settings, spec: RunSpec) -> list[s
         lambda: _check_devices(settings, spec),
         lambda: _check_known_devices(session, settings, spec),
         lambda: check_evaluate(session, settings, spec),
+        # before the data's checks, which stop at the first wrong dataset
+        lambda: _check_model_family(
+            spec.base_model, spec.stage, model_dir_for(session, settings, spec.base_model)
+        ),
         lambda: preview_config(session, settings, spec),
     )
     problems: list[str] = []

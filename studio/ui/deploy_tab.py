@@ -242,6 +242,19 @@ def user_turn(
     return EMPTY_MESSAGE, [*history, {"role": "user", "content": content}]
 
 
+def with_task_prompt(prompt: str | None, message: dict[str, Any] | str | None) -> Any:
+    """A task prompt was picked: it becomes the message's text (attached images stay); the model reads the
+    prompt as it was trained with it, so nothing is added to it."""
+    if not prompt:
+        return gr.skip()
+    files = list(message.get("files") or []) if isinstance(message, dict) else []
+    return {"text": prompt, "files": files}
+
+
+def clear_choice() -> Any:
+    return gr.update(value=None)
+
+
 def empty_chat() -> list[dict[str, Any]]:
     return []
 
@@ -384,6 +397,15 @@ class DeployHandlers:
             gr.update(visible=reads),
             gr.update(visible=did is not None and not reads),
         )
+
+    def task_prompt_input(self, dep_id: Any) -> Any:
+        """The task prompts (PaddleOCR-VL's "OCR:", "Table Recognition:", ...), offered only when the picked
+        deployment's model was trained with them; none chosen."""
+        did = parse_id(dep_id)
+        prompts = (
+            [] if did is None else self.ctx.read(deployments_svc.deployment_task_prompts, did, default=[])
+        )
+        return gr.update(choices=prompts, value=None, visible=bool(prompts))
 
     def thinking_input(self, dep_id: Any) -> Any:
         """The thinking choice, offered (unticked) only when the picked deployment's model can think."""
@@ -531,7 +553,13 @@ def _chat_panel(t: Texts) -> dict[str, Any]:
                 )
                 stop_gen = t.make(gr.Button, "dep.stop_gen", prop="value", elem_id="dep-stop-gen", scale=1)
                 clear = t.make(gr.Button, "dep.clear", prop="value", elem_id="dep-clear", scale=1)
+            # Shown for a PaddleOCR-VL deployment (DeployHandlers.task_prompt_input): one click puts the prompt
+            # the model was trained with in the message box.
+            task_prompt = t.make(
+                gr.Radio, "dep.task_prompt", choices=[], visible=False, elem_id="dep-task-prompt"
+            )
     return {
+        "task_prompt": task_prompt,
         "system": system,
         "sampling": sampling,
         "thinking": thinking,
@@ -612,3 +640,9 @@ def _wire_chat(h: DeployHandlers, c: dict[str, Any], selected: gr.Dropdown) -> N
         h.image_input, selected, [message, c["images_on"], c["images_off"]], show_progress="hidden"
     )
     selected.change(h.thinking_input, selected, c["thinking"], show_progress="hidden")
+    selected.change(h.task_prompt_input, selected, c["task_prompt"], show_progress="hidden")
+    # The choice acts as a row of buttons: it is cleared once its prompt is in the box, so the same task can be
+    # picked again for the next image.
+    c["task_prompt"].input(
+        with_task_prompt, [c["task_prompt"], message], message, show_progress="hidden"
+    ).then(clear_choice, None, c["task_prompt"], show_progress="hidden")

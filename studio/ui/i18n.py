@@ -20,6 +20,7 @@ import pandas as pd
 from gradio.context import LocalContext
 
 from engine.data.formats import FORMATS, KINDS
+from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.eval.config import BENCHMARK_TYPES
 from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig
 
@@ -91,6 +92,11 @@ STRINGS: dict[str, tuple[str, str]] = {
         "本地模型从这些目录中列出；用 ERNIE_STUDIO_MODEL_ROOTS 添加更多目录（以 ':' 分隔）。",
     ),
     "tr.stage": ("Stage", "阶段"),
+    # PaddleOCR-VL: the stage that fine-tunes it, named for what it trains
+    "tr.stage.choice.OCR-VL-SFT": (
+        "OCR-VL-SFT · Document OCR (PaddleOCR-VL)",
+        "OCR-VL-SFT · 文档 OCR（PaddleOCR-VL）",
+    ),
     "tr.fine_tuning": ("Fine-tuning", "微调方式"),
     "tr.compute_type": ("compute_type", "compute_type"),
     "tr.datasets": ("Training data", "训练数据"),
@@ -374,6 +380,14 @@ STRINGS: dict[str, tuple[str, str]] = {
         "忽略结束符，一直生成到 max_tokens（用于吞吐测试）。",
     ),
     "dep.thinking": ("Thinking", "思考"),
+    # PaddleOCR-VL deployments: the task prompts it was trained with, one click away
+    "dep.task_prompt": ("Task prompt (PaddleOCR-VL)", "任务提示词（PaddleOCR-VL）"),
+    "dep.task_prompt.info": (
+        "Puts the prompt the model was trained with in the message box: attach a document image with 📎, pick "
+        "the task, Send. The model answers with the text, table, formula or chart it reads.",
+        "把模型训练时使用的提示词填入消息框：用 📎 附加文档图片，选择任务，点击发送。模型会返回它识别出的文字、表格、"
+        "公式或图表。",
+    ),
     "dep.thinking.info": (
         "Let the model think before it answers (its reasoning shows in the reply). Off, FastDeploy's VL "
         "models answer directly.",
@@ -1146,6 +1160,29 @@ MESSAGE_PATTERNS: list[tuple[str, str]] = [
         "{where}：train_dataset_prob：{value} 不是以逗号分隔的数字",
     ),
     (r"truncated or corrupt \(.*\)", "文件被截断或已损坏"),
+    # PaddleOCR-VL: the stage against the base model's family (studio.services.runs), what it does not train with
+    (
+        r"stage: OCR-VL-SFT fine-tunes PaddleOCR-VL models, and base_model (?P<model>'.*') is not one; pick a "
+        r"PaddleOCR-VL model \(such as the tiny-ocr-vl preset\) or another stage",
+        "stage：OCR-VL-SFT 用于微调 PaddleOCR-VL 模型，而 base_model {model} 不是；请选择 PaddleOCR-VL 模型"
+        "（如预置的 tiny-ocr-vl）或其他阶段",
+    ),
+    (
+        r"stage: base_model (?P<model>'.*') is a PaddleOCR-VL model, which trains with stage OCR-VL-SFT \(its "
+        r"prompt form and image processor\), not (?P<stage>\S+)",
+        "stage：base_model {model} 是 PaddleOCR-VL 模型，须用 OCR-VL-SFT 阶段训练（它的提示词格式和图像处理器），"
+        "而不是 {stage}",
+    ),
+    (
+        r"compute_type (?P<ct>\S+): PaddleOCR-VL trains in fp32, bf16 or fp16 here \(FP8 QAT and weight-only "
+        r"bases are ERNIE 4\.5 decoders' only\)",
+        "compute_type {ct}：PaddleOCR-VL 在此只以 fp32、bf16 或 fp16 训练（FP8 量化感知训练和仅权重量化基座只用于 "
+        "ERNIE 4.5 解码器）",
+    ),
+    (
+        r"gpas: PaddleOCR-VL's decoder takes no GPAS gates here; leave gpas false",
+        "gpas：PaddleOCR-VL 的解码器在此不接受 GPAS 门控；请保持 gpas 为 false",
+    ),
 ]
 # Words a pattern's groups carry that are text, not data: what a refusal names, and the address kinds.
 _MESSAGE_WORDS = {
@@ -1488,6 +1525,8 @@ def kept_words() -> set[str]:
     for names in (FORMATS, BENCHMARK_TYPES, kinds, STAGES, FINE_TUNING):
         words.update(n.lower() for n in names)
     words.update(n.lower() for n in (*COMPUTE_TYPES, *SCHEDULERS))
+    # PaddleOCR-VL's task prompts (Deploy & Chat offers them): the words the model was trained with
+    words.update(w.lower() for prompt in TASK_PROMPTS.values() for w in _words(prompt))
     return words
 
 

@@ -36,7 +36,7 @@ from studio.services.errors import ServiceError
 from studio.ui.context import UIContext, model_choices, parse_id, refusal
 from studio.ui.datasets_tab import dataset_choices
 from studio.ui.evaluate_tab import build_evaluate_after_fields, evaluate_after_spec
-from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, text
+from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, current_language, localize_message, text
 from studio.ui.model_download import build_download_row
 from studio.ui.train_form import (
     OPTION_KEYS,
@@ -49,6 +49,8 @@ from studio.ui.train_form import (
     folded_groups,
     form_value,
     grouped_options,
+    help_text,
+    option_mark,
     option_update,
     problems_by_field,
     problems_markdown,
@@ -347,6 +349,34 @@ def _duration(seconds: float) -> str:
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
 
 
+# ---- the choice rows' checks (stage, fine-tuning, compute type) ------------------------------------------
+
+
+def stage_choices(lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str]]:
+    """The stage radio's (label, value) pairs: a stage with a ``tr.stage.choice.<stage>`` text says what it
+    trains (OCR-VL-SFT: document OCR with PaddleOCR-VL); the value stays the engine's name."""
+    stages = field_info(TrainConfig, "stage")["choices"]
+    return [
+        (text(f"tr.stage.choice.{s}", lang) if f"tr.stage.choice.{s}" in STRINGS else s, s) for s in stages
+    ]
+
+
+def choice_update(key: str, problems: list[str], lang: str = DEFAULT_LANGUAGE) -> dict[str, Any]:
+    """A choice-row field after a check: the service's and the engine's messages about it (a stage the base
+    model's family does not train with, a compute type the stage refuses), else its help; the stage's labels
+    in ``lang``."""
+    extra = {"choices": stage_choices(lang)} if key == "stage" else {}
+    if problems:
+        shown = "  \n".join(text("tr.problem", lang, message=localize_message(m, lang)) for m in problems)
+        return gr.update(info=shown, interactive=True, elem_classes=["tr-invalid"], **extra)
+    return gr.update(info=help_text(key, lang), interactive=True, elem_classes=[], **extra)
+
+
+def choice_marks(lang: str) -> dict[str, list[Any]]:
+    """The choice fields' marks as the form is built (their help, nothing wrong)."""
+    return {key: [lang, *option_mark(choice_update(key, [], lang))] for key in CHOICE_KEYS}
+
+
 # ---- event handlers --------------------------------------------------------------------------------------
 
 
@@ -392,15 +422,19 @@ class TrainHandlers:
                 form.get("stage") or DEFAULT_STAGE,
                 form.get("fine_tuning") or DEFAULT_FINE_TUNING,
             )
-            return [str(e.message), *runs_svc.config_problems(stage, fine_tuning, hyper)]
+            family = self.ctx.read(
+                runs_svc.model_family_problems, self.ctx.settings, form.get("base_model") or "", stage, default=[]
+            ) if form.get("base_model") else []  # fmt: skip
+            return [str(e.message), *family, *runs_svc.config_problems(stage, fine_tuning, hyper)]
         return self.ctx.read(runs_svc.spec_problems, self.ctx.settings, spec, default=[])
 
     def review(self, *args: Any) -> list[Any]:
         """After any change: each option shows the engine's message for its value, else why it does not
         apply, else its help (sent only where that differs from what the page shows, the marks after the
-        form values); groups holding a wrong value open; Launch is enabled only with no problem left; the
-        problems are listed beside Launch; then the YAML and its file, and the marks now shown
-        (``review_outputs`` order)."""
+        form values); groups holding a wrong value open; stage, fine-tuning and compute type show the
+        messages about them (a stage the base model's family does not train with); Launch is enabled only
+        with no problem left; the problems are listed beside Launch; then the YAML and its file, and the
+        marks now shown (``review_outputs`` order)."""
         lang = current_language()
         values, shown = args[: len(self.keys)], (args[len(self.keys) :] or [None])[0]
         form = dict(zip(self.keys, values, strict=True))
@@ -417,6 +451,11 @@ class TrainHandlers:
             wrong = [o for o in options if o.key in by_field]
             out.append(gr.update(open=True) if wrong else gr.skip())
         out += fold_updates(set(by_field))
+        for key in CHOICE_KEYS:
+            update = choice_update(key, by_field.get(key, []), lang)
+            mark = [lang, *option_mark(update)]
+            out.append(gr.skip() if (shown or {}).get(key) == mark else update)
+            marks[key] = mark
         out.append(gr.update(interactive=not problems))
         out.append(problems_markdown(problems, lang))
         if problems:
@@ -495,7 +534,9 @@ def _choice_rows(t: Texts, start: dict[str, Any]) -> tuple[dict[str, gr.componen
         )
     with gr.Row():
         for key, factory in (("stage", gr.Radio), ("fine_tuning", gr.Radio), ("compute_type", gr.Dropdown)):
-            choices = list(field_info(TrainConfig, key)["choices"])
+            choices = (
+                stage_choices(t.lang) if key == "stage" else list(field_info(TrainConfig, key)["choices"])
+            )
             elem_id = f"tr-{key.replace('_', '-')}"
             fields[key] = t.make(factory, f"tr.{key}", choices=choices, value=start[key], elem_id=elem_id)
     with gr.Row():
@@ -552,7 +593,7 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
         # Inside the tab: a bare State between two Tabs shifts Gradio's tab indices in the browser.
         launched_run = gr.State(None)
         # What each option field shows (help or message, enabled): a check sends only what differs.
-        marks = gr.State(starting_marks(*(start[k] for k in CHOICE_KEYS), t.lang))
+        marks = gr.State(starting_marks(*(start[k] for k in CHOICE_KEYS), t.lang) | choice_marks(t.lang))
         with gr.Column(scale=3):
             fields, roots = _choice_rows(t, start)
             build_download_row(ctx, t, fields["base_model"])
@@ -605,6 +646,7 @@ def _wire_actions(
         *options.groups.values(),
         *options.more.values(),
         *options.body_outputs(),
+        *(fields[k] for k in CHOICE_KEYS),
         side.launch,
         side.problems,
         side.yaml_view,

@@ -83,7 +83,7 @@ async def chat(deployment_id: ID, body: ChatIn, session: SessionDep) -> Response
         await close()
         # The model server's own failure is a bad gateway from the studio's point of view.
         status = 502 if upstream.status_code >= 500 else upstream.status_code
-        message = f"deployment {deployment_id} answered {upstream.status_code}: {content[:500].decode(errors='replace')}"
+        message = svc.answered_message(deployment_id, upstream.status_code, content)
         return JSONResponse({"message": message, "details": None}, status_code=status)
     if not body.stream:
         content = await upstream.aread()
