@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,10 @@ def empty_chat() -> list[dict[str, Any]]:
     return []
 
 
+# How many page loads' address deployments DeployHandlers keeps for their first tab select.
+LINKED_SESSIONS = 1000
+
+
 def _url_params(request: gr.Request | None) -> tuple[Any, Any]:
     """(?deployment=N, ?run=N) of the page's address."""
     if request is None:
@@ -277,6 +282,11 @@ class DeployHandlers:
         self._replies: dict[str, deployments_svc.ChatStream] = {}
         self._lock = threading.Lock()
         self._sent = SentValues()
+        # The deployment a page was opened on by its address (?tab=deploy&deployment=N), by session, until
+        # that page's first tab select: opening the tab programmatically on load selects it, and that select
+        # (which prefers browser storage, see on_select) raced the load's restore of the address's deployment
+        # and could show the one stored by an earlier visit instead.
+        self._linked: OrderedDict[str, Any] = OrderedDict()
 
     def refresh(self, run_value: Any, current: Any, *candidates: Any, run_id: Any = None) -> tuple[Any, ...]:
         """(finished-run dropdown, deployments table, deployment dropdown, status) keeping valid picks;
@@ -305,12 +315,27 @@ class DeployHandlers:
         deployment of ?run=N, else the newest running one."""
         self._sent.forget(request)
         url_dep, url_run = _url_params(request)
+        session = getattr(request, "session_hash", None)
+        if session and url_dep is not None and request.query_params.get("tab") == "deploy":
+            with self._lock:
+                self._linked[session] = url_dep
+                while len(self._linked) > LINKED_SESSIONS:
+                    self._linked.popitem(last=False)
         return self.refresh(run_value, None, url_dep, saved, run_id=url_run)
 
     def pick(self, run_value: Any, current: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
         """:meth:`refresh` for an event other than the tick (a pick, a deployment opened from elsewhere)."""
         self._sent.forget(request)
+        self._drop_link(request)
         return self.refresh(run_value, current)
+
+    def _drop_link(self, request: gr.Request | None) -> None:
+        """The page's address deployment no longer decides its next tab select (it was shown and then the
+        person or a tick moved on: the select that raced the load had come first)."""
+        session = getattr(request, "session_hash", None)
+        if session:
+            with self._lock:
+                self._linked.pop(session, None)
 
     def on_select(
         self, run_value: Any, current: Any, saved: Any, request: gr.Request | None
@@ -321,6 +346,11 @@ class DeployHandlers:
         dropdown still shows the deployment picked before it."""
         self._sent.forget(request)
         url_dep, url_run = _url_params(request)
+        session = getattr(request, "session_hash", None)
+        with self._lock:
+            linked = self._linked.pop(session, None) if session else None
+        if linked is not None:  # the page's load-time select: the address wins, as in restore
+            return self.refresh(run_value, linked, saved, current, run_id=url_run)
         return self.refresh(run_value, saved, current, url_dep, run_id=url_run)
 
     def relabel(self, current: Any, run_value: Any) -> tuple[Any, ...]:
@@ -336,6 +366,7 @@ class DeployHandlers:
         """The timer's refresh: as :meth:`refresh`, plus the choices now shown."""
         # As in the Runs tab: a tick never overrides a value the dropdowns already have (it may be stale by
         # the time it lands), fills an empty deployment as a page load does, and skips unchanged choices.
+        self._drop_link(request)
         url_dep, url_run = _url_params(request)
         run_u, rows, dep_u, md = self.refresh(run_value, current, url_dep, saved, run_id=url_run)
         sig = [[list(c) for c in run_u["choices"]], [list(c) for c in dep_u["choices"]]]

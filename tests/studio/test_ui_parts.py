@@ -435,6 +435,36 @@ def test_opening_the_deploy_tab_shows_a_deployment_just_started_from_the_runs_ta
     assert dropdown["value"] == earlier
 
 
+def test_a_page_opened_on_a_deployment_link_shows_it_whatever_an_earlier_visit_stored(ctx, tiny_model_dir):
+    """?tab=deploy&deployment=N: the load's restore and the load-time tab select both show N, in either order,
+    though browser storage holds the deployment an earlier visit showed (the select used to prefer storage:
+    test_ocr_browser's page showed #2 for a link to #3); the page's later selects prefer storage again."""
+    import shutil
+
+    model = ctx.settings.models_dir / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    spec = deployments_svc.DeploymentSpec(model=str(model))
+    stored, linked = (ctx.call(deployments_svc.create_deployment, ctx.settings, spec).id for _ in range(2))
+
+    def page(session: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            session_hash=session, query_params={"tab": "deploy", "deployment": str(linked)}
+        )
+
+    handlers = DeployHandlers(ctx)
+    # restore first, then the select (which sees the stored deployment and an empty dropdown)
+    assert handlers.restore(None, stored, page("a"))[2]["value"] == linked
+    assert handlers.on_select(None, None, stored, page("a"))[2]["value"] == linked
+    # a later select of the same page: storage wins (a Runs-tab deploy button stores what to open)
+    assert handlers.on_select(None, linked, stored, page("a"))[2]["value"] == stored
+    # the select first: it shows storage's, and the restore that lands after it shows the link; a tick then
+    # ends the link's say, so the page's next select prefers storage
+    assert handlers.on_select(None, None, stored, page("b"))[2]["value"] == stored
+    assert handlers.restore(None, stored, page("b"))[2]["value"] == linked
+    handlers.tick(None, linked, stored, None, page("b"))
+    assert handlers.on_select(None, linked, stored, page("b"))[2]["value"] == stored
+
+
 def test_the_deploy_tab_offers_thinking_only_for_a_thinking_model(ctx, tiny_model_dir, tmp_path):
     """A model whose vocabulary holds </think> gets the thinking choice, unticked; ticked, the request asks
     the chat template for it (unticked, FastDeploy VL deployments get thinking off: fit_chat_request)."""
