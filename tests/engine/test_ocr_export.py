@@ -171,3 +171,33 @@ def test_a_paddleocr_vl_export_refuses_what_it_cannot_write(lora_run, tmp_path):
         with pytest.raises(ValueError, match=fragment):
             run_export(load_export_config(_write(tmp_path / "x.yaml", config)))
         assert not (tmp_path / "x").exists()
+
+
+def test_the_merged_export_serves_an_image_chat(lora_run, tmp_path):
+    """`ernie-studio serve` on the merged export answers an image chat (the official openai client) with the
+    greedy reading the OCR evaluation makes of the same image with the adapter model (the run as it
+    trained): the merge is what serves."""
+    import openai
+    from serve_support import running_server
+    from test_serve_ocr import data_url, ocr_chat
+
+    from engine.eval.ocr import read_ocr_set, read_set
+
+    export = tmp_path / "paddle"
+    config = {"output_dir": str(lora_run), "lora": True, "layout": "paddle", "export_dir": str(export)}
+    assert main(["export", str(_write(tmp_path / "export.yaml", config))]) == 0
+    tok = engine.load_tokenizer(str(export))
+    items = read_ocr_set(DEMO / "lines_eval.jsonl", tok, max_samples=1)
+    settings = OCRProcessorSettings.from_model_dir(export)
+    expected = read_set(adapter_model(lora_run), tok, settings, items, max_new_tokens=8)
+    base = json.loads((lora_run / "adapter_config.json").read_text())["base_model"]
+    assert read_set(engine.load_model(base), tok, settings, items, max_new_tokens=8) != expected  # it trained
+    with running_server(export, "--max-num-seqs", "1", "--max-model-len", "512") as (base, _):
+        client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="default",
+            messages=ocr_chat(data_url(items[0].images[0].read_bytes())),
+            max_tokens=8,
+            temperature=0,
+        )
+    assert reply.choices[0].message.content == expected[0] and expected[0]
