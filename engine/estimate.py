@@ -1057,6 +1057,25 @@ class Plan:
         }
 
 
+def plan_config(
+    model: ErnieConfig, cfg: TrainConfig, nodes: list[NodeFacts], *, model_name: str = ""
+) -> Plan:
+    """``plan_run`` for a training config (``TrainConfig``): its stage, fine-tuning, max_seq_len, LoRA rank and
+    targets, batch size and reference-free choice."""
+    return plan_run(
+        model,
+        cfg.stage,
+        cfg.fine_tuning,
+        cfg.max_seq_len,
+        nodes,
+        model_name=model_name or cfg.model_name_or_path,
+        lora_rank=cfg.lora_rank,
+        lora_targets=list(cfg.lora_target_modules) if cfg.lora else None,
+        batch_size=cfg.batch_size,
+        reference_free=cfg.reference_free,
+    )
+
+
 def plan_run(
     model: ErnieConfig,
     stage: str,

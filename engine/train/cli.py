@@ -44,7 +44,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """The pre-flight estimate of a training config on this machine (or a node of --memory-gib)."""
     import os
 
-    from engine.estimate import NodeFacts, PlanError, estimate_run, fit_warning, plan_run
+    from engine.estimate import NodeFacts, PlanError, estimate_run, fit_warning, plan_config, plan_run
     from engine.models.config import ErnieConfig
     from engine.train.config import load_config
 
@@ -68,18 +68,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         for i in range(args.nodes)
     ]
     try:
-        plan = plan_run(
-            model,
-            cfg.stage,
-            cfg.fine_tuning,
-            cfg.max_seq_len,
-            nodes,
-            model_name=cfg.model_name_or_path,
-            lora_rank=cfg.lora_rank,
-            lora_targets=list(cfg.lora_target_modules) if cfg.lora else None,
-            batch_size=cfg.batch_size,
-            reference_free=cfg.reference_free,
-        )
+        plan = plan_config(model, cfg, nodes)
         if args.devices > plan.devices_known:
             plan_run(model, cfg.stage, cfg.fine_tuning, cfg.max_seq_len, nodes, num_devices=args.devices)
     except PlanError as e:

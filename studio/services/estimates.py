@@ -22,7 +22,7 @@ from engine.estimate import (
     check_settings,
     estimate_run,
     fit_warning,
-    plan_run,
+    plan_config,
     recent_step_seconds,
 )
 from engine.models.config import ErnieConfig
@@ -106,18 +106,7 @@ def plan_for(
     if not nodes:
         return None
     try:
-        plan = plan_run(
-            model,
-            train.stage,
-            train.fine_tuning,
-            train.max_seq_len,
-            nodes,
-            model_name=base_model,
-            lora_rank=train.lora_rank,
-            lora_targets=list(train.lora_target_modules) if train.lora else None,
-            batch_size=train.batch_size,
-            reference_free=train.reference_free,
-        )
+        plan = plan_config(model, train, nodes, model_name=base_model)
         # the run's own parallel choices, where its config has those keys (sharding, expert parallelism)
         check_settings(
             model,

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from engine.estimate import PlanError, check_settings, estimate_run, plan_run
+from engine.estimate import PlanError, check_settings, estimate_run, plan_config
 from engine.models.presets import OFFICIAL, preset_config
 from engine.train.config import TrainConfig
 from studio.config import Settings
@@ -137,18 +137,7 @@ def recipe_verdict(session: Session, settings: Settings, recipe_id: str) -> dict
     except PlanError as e:
         problems.append(str(e))
     try:
-        plan = plan_run(
-            model,
-            train.stage,
-            train.fine_tuning,
-            train.max_seq_len,
-            nodes,
-            model_name=recipe.shape,
-            lora_rank=train.lora_rank,
-            lora_targets=list(train.lora_target_modules) if train.lora else None,
-            batch_size=train.batch_size,
-            reference_free=train.reference_free,
-        ).to_dict()
+        plan = plan_config(model, train, nodes, model_name=recipe.shape).to_dict()
     except PlanError as e:
         return out | {
             "status": "cannot_plan",
