@@ -6,6 +6,7 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 from playwright.sync_api import Page, expect
 
 
@@ -52,6 +53,20 @@ class StudioPage:
         if box.evaluate("e => e.tagName") == "INPUT":
             box.press("Enter")  # Gradio's submit; textareas would get a newline instead
         box.blur()
+
+    def launch(self) -> dict:
+        """Click the Train tab's Launch once it is enabled; the run it queued (read back over REST)."""
+        api = f"{self.base_url}/api/v1/runs"
+        before = {r["id"] for r in httpx.get(api, timeout=10).json()}
+        expect(self.el("tr-launch")).to_be_enabled(timeout=30_000)
+        self.click("tr-launch")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            new = [r for r in httpx.get(api, timeout=10).json() if r["id"] not in before]
+            if new:
+                return httpx.get(f"{api}/{new[0]['id']}", timeout=10).json()
+            time.sleep(0.3)
+        raise AssertionError("Launch queued no run")
 
     def choose(self, elem_id: str, option: str) -> None:
         """Pick the option whose label contains ``option`` in a (multi)select dropdown: type to filter, Enter."""

@@ -29,20 +29,6 @@ def _open_group(ui: StudioPage, group: str) -> None:
         box.locator("button").first.click()
 
 
-def _launch(ui: StudioPage, studio: str) -> dict:
-    """Click Launch once it is enabled; the run it queued."""
-    before = {r["id"] for r in httpx.get(f"{studio}/api/v1/runs", timeout=10).json()}
-    expect(ui.el("tr-launch")).to_be_enabled(timeout=30_000)
-    ui.click("tr-launch")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        new = [r for r in httpx.get(f"{studio}/api/v1/runs", timeout=10).json() if r["id"] not in before]
-        if new:
-            return new[0]
-        time.sleep(0.3)
-    raise AssertionError("Launch queued no run")
-
-
 def test_the_form_opens_with_every_group_checks_live_and_starts_elastic_and_gpas_runs(
     page, studio, artifacts
 ):
@@ -93,7 +79,7 @@ def test_the_form_opens_with_every_group_checks_live_and_starts_elastic_and_gpas
     ui.el("tr-elastic").locator("input[type=checkbox]").check()
     ui.fill("tr-elastic-topk-choices", "1")
     ui.idle()
-    elastic = _launch(ui, studio)
+    elastic = ui.launch()
     assert elastic["name"] == "elastic-form" and elastic["config"]["elastic"] is True
     assert elastic["config"]["elastic_topk_choices"] == "1" and elastic["base_model"] == "tiny-moe"
     ui.shot("elastic-launched")
@@ -107,7 +93,7 @@ def test_the_form_opens_with_every_group_checks_live_and_starts_elastic_and_gpas
     ui.el("tr-gpas").locator("input[type=checkbox]").check()
     ui.fill("tr-run-name", "gpas-form")
     ui.idle()
-    gpas = _launch(ui, studio)
+    gpas = ui.launch()
     assert gpas["name"] == "gpas-form" and gpas["fine_tuning"] == "Full" and gpas["config"]["gpas"] is True
     # The Full click set Full's learning rate in the page (studio.ui.train_tab.choice_changed_js).
     assert elastic["config"]["learning_rate"] == 1e-4 and gpas["config"]["learning_rate"] == 1e-5

@@ -4,7 +4,6 @@ the run launched from the form has the file's values (read back through the REST
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -71,16 +70,7 @@ def test_an_erniekit_lora_yaml_fills_the_form_lists_its_missing_dataset_and_laun
     ui.idle()
     ui.shot("imported-mapped")
 
-    before = {r["id"] for r in httpx.get(f"{studio}/api/v1/runs", timeout=10).json()}
-    expect(ui.el("tr-launch")).to_be_enabled(timeout=30_000)
-    ui.click("tr-launch")
-    deadline = time.monotonic() + 30
-    new: list[dict] = []
-    while not new and time.monotonic() < deadline:
-        new = [r for r in httpx.get(f"{studio}/api/v1/runs", timeout=10).json() if r["id"] not in before]
-        time.sleep(0.3)
-    assert new, "Launch queued no run"
-    run = httpx.get(f"{studio}/api/v1/runs/{new[0]['id']}", timeout=10).json()
+    run = ui.launch()
     cfg = run["config"]
     assert run["name"] == "imported-lora" and run["base_model"] == "tiny"
     assert (cfg["stage"], cfg["fine_tuning"], cfg["lora_rank"], cfg["lora_alpha"]) == ("SFT", "LoRA", 16, 64)

@@ -5,7 +5,6 @@ planner's verdict; the form, changed, is saved as a template; after a reload the
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import httpx
@@ -66,16 +65,7 @@ def test_a_recipe_fills_the_form_is_saved_as_a_template_and_launches_from_it(pag
     ui.expect_text("tr-datasets", "template_demo")
     ui.shot("template-loaded")
 
-    before = {r["id"] for r in httpx.get(f"{studio}/api/v1/runs", timeout=10).json()}
-    expect(ui.el("tr-launch")).to_be_enabled(timeout=30_000)
-    ui.click("tr-launch")
-    deadline = time.monotonic() + 30
-    new: list[dict] = []
-    while not new and time.monotonic() < deadline:
-        new = [r for r in httpx.get(f"{studio}/api/v1/runs", timeout=10).json() if r["id"] not in before]
-        time.sleep(0.3)
-    assert new, "Launch queued no run"
-    run = httpx.get(f"{studio}/api/v1/runs/{new[0]['id']}", timeout=10).json()
+    run = ui.launch()
     cfg = run["config"]
     assert run["name"] == "from-template" and run["base_model"] == "tiny"
     assert (cfg["stage"], cfg["fine_tuning"], cfg["lora_rank"], cfg["recompute"]) == ("SFT", "LoRA", 32, True)
