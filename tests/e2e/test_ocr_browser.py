@@ -7,14 +7,12 @@ through REST). A random tiny model reads nonsense: the reply's text is not check
 from __future__ import annotations
 
 import base64
-import io
-import json
-import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
 from gradio_page import StudioPage
+from ocr_demo import ocr_demo_zip
 from playwright.sync_api import expect
 from test_studio import api, wait_until
 from test_vl_chat import PROMPT_TOKENS, SAMPLING, server_count, user_bubbles
@@ -28,13 +26,8 @@ LINE = OCR_DEMO / "images" / "line_006.png"
 
 def upload_ocr_lines(studio: str) -> dict:
     """The demo's evaluation lines and their images as one zip (an OCR set)."""
-    lines = (OCR_DEMO / "lines_eval.jsonl").read_text(encoding="utf-8").splitlines()
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("ocr_lines.jsonl", "\n".join(lines) + "\n")
-        for image in sorted({json.loads(line)["image"] for line in lines}):
-            z.write(OCR_DEMO / image, image)
-    r = httpx.post(f"{studio}/api/v1/datasets", files={"file": ("ocr_lines.zip", buf.getvalue())}, timeout=60)
+    data = ocr_demo_zip(("lines_eval.jsonl",), "ocr_lines")
+    r = httpx.post(f"{studio}/api/v1/datasets", files={"file": ("ocr_lines.zip", data)}, timeout=60)
     assert r.status_code == 201, r.text
     return r.json()
 

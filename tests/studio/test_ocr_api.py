@@ -5,11 +5,10 @@ sets and text-metric options never to them, each refusal naming the dataset or k
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
 from pathlib import Path
 
+from ocr_demo import ocr_demo_zip
 from studio_helpers import DEMO_SFT, upload
 
 from studio.db import session_factory
@@ -21,17 +20,7 @@ DEMO = ROOT / "examples" / "data" / "ocr_demo"
 
 def upload_lines(client) -> dict:
     """The demo's document lines (train and eval renderings) as one zip of lines.jsonl and its images."""
-    lines = [
-        line
-        for name in ("lines_train.jsonl", "lines_eval.jsonl")
-        for line in (DEMO / name).read_text(encoding="utf-8").splitlines()
-    ]
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("lines.jsonl", "\n".join(lines) + "\n")
-        for image in sorted({json.loads(line)["image"] for line in lines}):
-            z.write(DEMO / image, image)
-    r = client.post("/api/v1/datasets", files={"file": ("lines.zip", buf.getvalue())})
+    r = client.post("/api/v1/datasets", files={"file": ("lines.zip", ocr_demo_zip())})
     assert r.status_code == 201, r.text
     return r.json()
 

@@ -13,12 +13,11 @@ the base model in the result's place: 4.29 -> 4.29)."""
 
 from __future__ import annotations
 
-import io
 import json
 import time
-import zipfile
 from pathlib import Path
 
+from ocr_demo import ocr_demo_zip
 from worker_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,28 +27,13 @@ CER_RATIO = 0.5
 KEY = "lines.holdout/cer"
 
 
-def demo_zip() -> bytes:
-    """The demo's document lines (its train and eval renderings) as one dataset: lines.jsonl and its images."""
-    lines = [
-        line
-        for name in ("lines_train.jsonl", "lines_eval.jsonl")
-        for line in (DEMO / name).read_text(encoding="utf-8").splitlines()
-    ]
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("lines.jsonl", "\n".join(lines) + "\n")
-        for image in sorted({json.loads(line)["image"] for line in lines}):
-            z.write(DEMO / image, image)
-    return buf.getvalue()
-
-
 def test_lora_ocr_run_reads_its_held_out_lines_far_better_than_its_base(studio_factory, pg_url, redis_server):
     start = time.monotonic()
     studio = studio_factory(database_url=pg_url, broker_url=redis_server.url)
     studio.start_api()
     studio.start_worker("train@testnode")
     api = studio.client()
-    r = api.post("/datasets", files={"file": ("lines.zip", demo_zip())})
+    r = api.post("/datasets", files={"file": ("lines.zip", ocr_demo_zip())})
     assert r.status_code == 201, r.text
     ds = r.json()
     assert (ds["format"], ds["kind"], ds["num_valid"]) == ("ocr", "sft", 48), ds
