@@ -23,15 +23,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.train.stages import DPO, SFT
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "ernie-4.5-0.3b"
 # (row name, compute_type, fine_tuning, stage)
 VARIANTS = [
-    ("LoRA fp32", "fp32", "LoRA", "SFT"),
-    ("LoRA bf16", "bf16", "LoRA", "SFT"),
-    ("LoRA wint8", "wint8", "LoRA", "SFT"),
-    ("LoRA wint4/8", "wint4/8", "LoRA", "SFT"),
-    ("Full DPO bf16 (policy + reference)", "bf16", "Full", "DPO"),
+    ("LoRA fp32", "fp32", "LoRA", SFT.name),
+    ("LoRA bf16", "bf16", "LoRA", SFT.name),
+    ("LoRA wint8", "wint8", "LoRA", SFT.name),
+    ("LoRA wint4/8", "wint4/8", "LoRA", SFT.name),
+    ("Full DPO bf16 (policy + reference)", "bf16", "Full", DPO.name),
 ]
 
 CHILD = r"""
@@ -43,6 +45,7 @@ def mib(key):
 
 import paddle
 from engine.train.config import TrainConfig, config_from_dict
+from engine.train.stages import stage_info
 from engine.train.trainer import build_dpo_loss, build_model
 
 model_dir, compute_type, fine_tuning, stage, out = sys.argv[1:6]
@@ -52,7 +55,7 @@ cfg = config_from_dict(TrainConfig, dict(
 baseline = mib("VmRSS")
 t0 = time.time()
 models = [build_model(cfg)[0]]
-if stage == "DPO":
+if stage_info(stage).needs_reference:
     models.append(build_dpo_loss(cfg).reference)
 seconds = time.time() - t0
 size = {paddle.float32: 4, paddle.bfloat16: 2, paddle.float16: 2, paddle.int8: 1}
@@ -112,7 +115,7 @@ def make_lora_run(model_dir: Path, work: Path, rank: int = 8) -> Path:
     d.mkdir(parents=True)
     save_file(tensors, d / "adapter_model.safetensors")
     config = dict(base_model=str(model_dir), r=rank, lora_alpha=2 * rank, rslora=False, compute_type="bf16",
-                  target_modules=["qkv_proj", "o_proj", "up_gate_proj", "down_proj"], stage="SFT")  # fmt: skip
+                  target_modules=["qkv_proj", "o_proj", "up_gate_proj", "down_proj"], stage=SFT.name)  # fmt: skip
     (d / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return d
 
