@@ -1032,7 +1032,7 @@ class TrainConfig:
             problems.append("gpas: PaddleOCR-VL's decoder takes no GPAS gates here; leave gpas false")
         if self.text_dataset_path:
             problems.append(
-                "text_dataset_path: an OCR-VL-SFT record needs an image; mix no text-only data in"
+                f"text_dataset_path: an {self.stage} record needs an image; mix no text-only data in"
             )
         return problems
 

@@ -85,7 +85,8 @@ from engine.train.sharding import (
     optimizer_state_bytes,
     per_rank,
 )
-from engine.train.stages import ERNIE_VL, PADDLEOCR_VL, TEXT, family_stage, stage_info
+from engine.train.stages import ERNIE_VL, PADDLEOCR_VL, PREFERENCE, TEXT, family_stage, stage_info
+from engine.train.stages import LM as LM_OBJECTIVE
 
 log = logging.getLogger(__name__)
 
@@ -572,8 +573,8 @@ def _finish(summary: RunSummary, out_dir: Path, dp: DataParallel) -> None:
 class Objective(StrEnum):
     """What a stage optimises: the language-model loss (SFT, PT, VL-SFT) or the DPO preference loss."""
 
-    LM = "lm"
-    DPO = "dpo"
+    LM = LM_OBJECTIVE
+    DPO = PREFERENCE
 
 
 def objective_for(stage: str) -> Objective:

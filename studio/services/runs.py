@@ -100,6 +100,10 @@ METRICS_MAX_POINTS = 1000
 METRICS_PAGE = 10000
 
 
+# Stages whose runs "evaluate after training" scores: SFT on chat records, OCR-VL-SFT on OCR sets (CER).
+EVALUATED_STAGES = stage_names(lambda s: s.evaluated_after_training)
+
+
 class EvaluateAfter(RequestModel):
     """ "Evaluate after training": once the run succeeds, its base and its result are evaluated (as two evals)
     on a held-out split of its training data and / or chosen eval datasets."""
@@ -166,7 +170,8 @@ class RunSpec(RequestModel):
     )
     evaluate: EvaluateAfter | None = Field(
         default=None,
-        description="evaluate the base and the result once the run has succeeded (SFT and OCR-VL-SFT runs)",
+        description="evaluate the base and the result once the run has succeeded "
+        f"({' and '.join(EVALUATED_STAGES)} runs)",
     )
 
 
@@ -436,10 +441,6 @@ def create_run(
     run_dir(settings, run.id).mkdir(parents=True, exist_ok=True)
     dispatch_run(session, settings, run)
     return run
-
-
-# Stages whose runs "evaluate after training" scores: SFT on chat records, OCR-VL-SFT on OCR sets (CER).
-EVALUATED_STAGES = stage_names(lambda s: s.evaluated_after_training)
 
 
 def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
