@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.train.stages import DPO, SFT
+from engine.train.stages import DPO, SFT, stage_info
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "ernie-4.5-0.3b"
@@ -45,17 +45,16 @@ def mib(key):
 
 import paddle
 from engine.train.config import TrainConfig, config_from_dict
-from engine.train.stages import stage_info
 from engine.train.trainer import build_dpo_loss, build_model
 
-model_dir, compute_type, fine_tuning, stage, out = sys.argv[1:6]
+model_dir, compute_type, fine_tuning, stage, with_reference, out = sys.argv[1:7]
 cfg = config_from_dict(TrainConfig, dict(
     model_name_or_path=model_dir, output_dir=out, fine_tuning=fine_tuning, compute_type=compute_type,
     stage=stage, train_dataset_path="unused.jsonl"))
 baseline = mib("VmRSS")
 t0 = time.time()
 models = [build_model(cfg)[0]]
-if stage_info(stage).needs_reference:
+if with_reference == "1":
     models.append(build_dpo_loss(cfg).reference)
 seconds = time.time() - t0
 size = {paddle.float32: 4, paddle.bfloat16: 2, paddle.float16: 2, paddle.int8: 1}
@@ -144,7 +143,9 @@ def measure(tree: Path, model_dir: Path, variant: tuple, work: Path) -> dict:
     _, compute_type, fine_tuning, stage = variant
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = tempfile.mkdtemp(prefix="bench_load_", dir=work)
-    cmd = [sys.executable, "-c", CHILD, str(model_dir), compute_type, fine_tuning, stage, out]
+    # the child runs the "before" revision's engine too, which may have no stage registry: the parent asks it
+    with_reference = "1" if stage_info(stage).needs_reference else "0"
+    cmd = [sys.executable, "-c", CHILD, str(model_dir), compute_type, fine_tuning, stage, with_reference, out]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode or line is None:
