@@ -22,6 +22,7 @@ import paddle
 import engine
 from engine.data import build_train_data, collate_padded, validate_file
 from engine.models.initialize import init_model
+from engine.train.stages import SFT
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "data" / "sft_demo.jsonl"
@@ -60,7 +61,7 @@ def pipeline_table(tok, work: Path, copies: int) -> list[tuple[str, float]]:
         assert validate_file(big).ok
 
     def full():
-        build_train_data(str(big), tok, "SFT", 1024, packing=True)
+        build_train_data(str(big), tok, SFT.name, 1024, packing=True)
 
     return [
         ("baseline: json.loads only", n / timed(json_only, 2)),
@@ -98,7 +99,7 @@ def step_table(
     # overhead of the tiny model does not decide the comparison.
     def packed(seq: int, rows: int) -> tuple[list[dict], list]:
         data = build_train_data(
-            str(DEMO), tok, "SFT", seq, packing=True, batch_size=rows, repeat=False, seed=0
+            str(DEMO), tok, SFT.name, seq, packing=True, batch_size=rows, repeat=False, seed=0
         )
         return list(data), data.items[0]
 
@@ -145,7 +146,7 @@ def learn_curve(model_dir: Path, steps: int, lr: float = 3e-3) -> tuple[float, f
     model = engine.load_model(str(model_dir))
     model.train()
     opt = paddle.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.0)
-    data = build_train_data(str(DEMO), tok, "SFT", 256, packing=True, batch_size=2, seed=0)
+    data = build_train_data(str(DEMO), tok, SFT.name, 256, packing=True, batch_size=2, seed=0)
     losses = []
     for _ in range(steps):
         inputs = {k: paddle.to_tensor(v) for k, v in next(data).items()}

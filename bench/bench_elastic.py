@@ -40,10 +40,11 @@ def split_data(tmp: Path, held_out: int = 20) -> tuple[Path, Path]:
 def pretrain(base: Path, out: Path, train: Path, steps: int, seed: int, **extra) -> float:
     from engine.train import run_training
     from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.stages import PT
 
     values = dict(
         model_name_or_path=str(base),
-        stage="PT",
+        stage=PT.name,
         fine_tuning="Full",
         output_dir=str(out),
         train_dataset_path=str(train),
@@ -72,11 +73,12 @@ def member_losses(run: Path, evals: Path, members: list[tuple[int, int, int]]) -
     from engine.train import run_export
     from engine.train.config import ExportConfig, config_from_dict
     from engine.train.sft import evaluate_lm
+    from engine.train.stages import PT
 
     tok = engine.load_tokenizer(run)
     batches = list(
         build_train_data(
-            {"train_dataset_path": str(evals)}, tok, stage="PT", max_seq_len=64, packing=True, batch_size=8
+            {"train_dataset_path": str(evals)}, tok, stage=PT.name, max_seq_len=64, packing=True, batch_size=8
         ).one_pass()
     )
     out = {}

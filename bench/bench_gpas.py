@@ -23,10 +23,11 @@ def curves(base: Path, out: Path, train: Path, evals: Path, steps: int, every: i
     """(train loss per logged step, eval loss per eval step, last row) of one PT run."""
     from engine.train import run_training
     from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.stages import PT
 
     values = dict(
         model_name_or_path=str(base),
-        stage="PT",
+        stage=PT.name,
         fine_tuning="Full",
         output_dir=str(out),
         train_dataset_path=str(train),

@@ -23,15 +23,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.train.stages import DPO, SFT, stage_info
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "ernie-4.5-0.3b"
 # (row name, compute_type, fine_tuning, stage)
 VARIANTS = [
-    ("LoRA fp32", "fp32", "LoRA", "SFT"),
-    ("LoRA bf16", "bf16", "LoRA", "SFT"),
-    ("LoRA wint8", "wint8", "LoRA", "SFT"),
-    ("LoRA wint4/8", "wint4/8", "LoRA", "SFT"),
-    ("Full DPO bf16 (policy + reference)", "bf16", "Full", "DPO"),
+    ("LoRA fp32", "fp32", "LoRA", SFT.name),
+    ("LoRA bf16", "bf16", "LoRA", SFT.name),
+    ("LoRA wint8", "wint8", "LoRA", SFT.name),
+    ("LoRA wint4/8", "wint4/8", "LoRA", SFT.name),
+    ("Full DPO bf16 (policy + reference)", "bf16", "Full", DPO.name),
 ]
 
 CHILD = r"""
@@ -45,14 +47,14 @@ import paddle
 from engine.train.config import TrainConfig, config_from_dict
 from engine.train.trainer import build_dpo_loss, build_model
 
-model_dir, compute_type, fine_tuning, stage, out = sys.argv[1:6]
+model_dir, compute_type, fine_tuning, stage, with_reference, out = sys.argv[1:7]
 cfg = config_from_dict(TrainConfig, dict(
     model_name_or_path=model_dir, output_dir=out, fine_tuning=fine_tuning, compute_type=compute_type,
     stage=stage, train_dataset_path="unused.jsonl"))
 baseline = mib("VmRSS")
 t0 = time.time()
 models = [build_model(cfg)[0]]
-if stage == "DPO":
+if with_reference == "1":
     models.append(build_dpo_loss(cfg).reference)
 seconds = time.time() - t0
 size = {paddle.float32: 4, paddle.bfloat16: 2, paddle.float16: 2, paddle.int8: 1}
@@ -112,7 +114,7 @@ def make_lora_run(model_dir: Path, work: Path, rank: int = 8) -> Path:
     d.mkdir(parents=True)
     save_file(tensors, d / "adapter_model.safetensors")
     config = dict(base_model=str(model_dir), r=rank, lora_alpha=2 * rank, rslora=False, compute_type="bf16",
-                  target_modules=["qkv_proj", "o_proj", "up_gate_proj", "down_proj"], stage="SFT")  # fmt: skip
+                  target_modules=["qkv_proj", "o_proj", "up_gate_proj", "down_proj"], stage=SFT.name)  # fmt: skip
     (d / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return d
 
@@ -141,7 +143,9 @@ def measure(tree: Path, model_dir: Path, variant: tuple, work: Path) -> dict:
     _, compute_type, fine_tuning, stage = variant
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = tempfile.mkdtemp(prefix="bench_load_", dir=work)
-    cmd = [sys.executable, "-c", CHILD, str(model_dir), compute_type, fine_tuning, stage, out]
+    # the child runs the "before" revision's engine too, which may have no stage registry: the parent asks it
+    with_reference = "1" if stage_info(stage).needs_reference else "0"
+    cmd = [sys.executable, "-c", CHILD, str(model_dir), compute_type, fine_tuning, stage, with_reference, out]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode or line is None:

@@ -29,6 +29,7 @@ from engine.train import quant
 from engine.train.config import TrainConfig, config_from_dict
 from engine.train.dpo import DPOLoss
 from engine.train.parallel import DataParallel
+from engine.train.stages import DPO, SFT
 from engine.train.trainer import Objective, accumulate_gradients, build_model, build_optimizer, objective_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +42,8 @@ VARIANTS = {
     "SFT Full, FP8 QAT + Hadamard": dict(compute_type="fp8"),
     "SFT Full, FP8 QAT, no Hadamard": dict(compute_type="fp8", fp8_hadamard=False),
     "SFT LoRA on wint8 base": dict(fine_tuning="LoRA", compute_type="wint8"),
-    "DPO Full (frozen reference copy)": dict(stage="DPO"),
-    "DPO LoRA (adapters-off reference)": dict(stage="DPO", fine_tuning="LoRA"),
+    "DPO Full (frozen reference copy)": dict(stage=DPO.name),
+    "DPO LoRA (adapters-off reference)": dict(stage=DPO.name, fine_tuning="LoRA"),
 }
 
 
@@ -116,8 +117,8 @@ def main() -> None:
             return next(iter(data.one_pass()))
 
         batches = {
-            "SFT": first_batch("SFT", DATA / "sft_demo.jsonl"),
-            "DPO": first_batch("DPO", DATA / "dpo_demo.jsonl"),
+            SFT.name: first_batch(SFT.name, DATA / "sft_demo.jsonl"),
+            DPO.name: first_batch(DPO.name, DATA / "dpo_demo.jsonl"),
         }
         variants = []
         for name, extra in VARIANTS.items():
@@ -134,7 +135,7 @@ def main() -> None:
                 v.step()
 
     base = statistics.median(variants[0].times)
-    tokens = int(batches["SFT"]["attention_mask"].sum())
+    tokens = int(batches[SFT.name]["attention_mask"].sum())
     print(
         f"\nTraining step, hidden {args.hidden}, {args.layers} layers, batch {args.batch} "
         f"(SFT {tokens} real tokens), median of {args.rounds} interleaved rounds\n"

@@ -41,6 +41,7 @@ from typing import Any
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.counts import ParameterCounts, count_parameters
 from engine.train.config import TrainConfig
+from engine.train.stages import stage_info
 
 GIB = 1024**3
 
@@ -540,7 +541,7 @@ def device_memory(
     # DPO's reference: LoRA switches its adapters off (the base is the reference); Full keeps a frozen copy
     # of the base in the run's storage precision
     reference = 0.0
-    if cfg.stage == "DPO" and not lora and not cfg.reference_free:
+    if cfg.holds_reference and not lora:
         # held as dpo_reference_dtype says, with every expert in each process (the trainer never splits it,
         # engine/train/trainer.py build_reference). Under tensor parallelism, which only the planner's
         # what-if has, it is split like the model, as ERNIEKit builds it (erniekit/train/dpo/workflow.py:
@@ -614,7 +615,7 @@ class StepShape:
 
 
 def _step_shape(cfg: TrainConfig, datasets: list[DatasetTokens], notes: list[str]) -> StepShape:
-    rows = cfg.batch_size * (2 if cfg.stage == "DPO" else 1)  # DPO: chosen and rejected
+    rows = cfg.batch_size * stage_info(cfg.stage).rows_per_sample  # DPO: chosen and rejected
     cap = cfg.max_seq_len
     data = [d for d in datasets if d.num_samples and d.mean_length]
     if not data:
@@ -777,7 +778,7 @@ def _flops_per_step(
     passes = 2.0 if lora else 3.0
     if cfg.recompute:
         passes += 1.0
-    if cfg.stage == "DPO" and not cfg.reference_free:
+    if cfg.holds_reference:
         passes += 1.0
     return forward * passes * cfg.gradient_accumulation_steps
 
@@ -1124,7 +1125,7 @@ def plan_run(
     )
     counts = count_parameters(model, lora_rank, targets)
     trainable = counts.lora if lora else _full_trainable(model, counts, base)
-    rows = batch_size * (2 if stage == "DPO" else 1)
+    rows = batch_size * stage_info(stage).rows_per_sample
     counts_to_try = _device_counts(pool, num_devices)
     stage_pin = None if sharding is None else _sharding_stage(sharding)
 
@@ -1339,7 +1340,7 @@ def _pool_text(pool: list[NodeFacts], devices: int) -> str:
 def _with_references(cands: list[Candidate], stage: str, fine_tuning: str, reference_free: bool) -> list:
     """Full DPO: each setting with each way of holding the frozen reference, which keeps every expert in
     each process (the trainer never splits it), so quantizing it is the knob that frees room."""
-    if stage != "DPO" or fine_tuning != "Full" or reference_free:
+    if not stage_info(stage).needs_reference or fine_tuning != "Full" or reference_free:
         return cands
     return [replace(c, reference=r) for c in cands for r in DPO_REFERENCE_CHOICES]
 
@@ -1449,7 +1450,7 @@ def _tensor_parallel_terms(cfg: TrainConfig, cand: Candidate) -> str:
         terms.append(f"experts split over {cand.layout.expert_parallel}")
         if cand.recompute:
             terms.append("recompute replaying whole layers, the MoE exchange included, as ERNIEKit's does")
-    if cfg.stage == "DPO" and not cfg.lora and not cfg.reference_free:
+    if cfg.holds_reference and not cfg.lora:
         terms.append("the frozen reference split like the model, as ERNIEKit builds it")
     return ", ".join(terms)
 

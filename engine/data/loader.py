@@ -21,12 +21,10 @@ from engine.data.validate import DatasetError, Problem, ValidationReport, read_e
 from engine.data.vl_processor import ProcessorSettings
 from engine.models.config import VisionConfig
 from engine.tokenizer import ErnieTokenizer
+from engine.train.stages import REGISTRY, STAGE_ALIASES, find_stage
 
 log = logging.getLogger(__name__)
 
-# ERNIEKit's PaddleOCR-VL stage, and its earlier name: SFT of an OCR model on image + text records.
-OCR_STAGES = ("OCR-VL-SFT", "OCR-SFT")
-STAGE_KINDS = {"SFT": "sft", "DPO": "dpo", "PT": "pt", "VL-SFT": "sft", **dict.fromkeys(OCR_STAGES, "sft")}
 # A packed batch is cut from a pool of drawn samples this many rows deep, so rows can be filled tightly.
 POOL_ROWS = 8
 # "random" draws a dataset by train_dataset_prob for every sample; the interleave strategies are ERNIEKit /
@@ -196,8 +194,10 @@ class TrainData:
         packing_size: int = 0,
     ):
         stage_key = stage.upper().replace("_", "-")
-        if stage_key not in STAGE_KINDS:
-            raise ValueError(f"unknown stage {stage!r}; choose one of: {', '.join(STAGE_KINDS)}")
+        info = find_stage(stage_key)
+        if info is None:
+            names = [*(s.name for s in REGISTRY), *STAGE_ALIASES]
+            raise ValueError(f"unknown stage {stage!r}; choose one of: {', '.join(names)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if mix_strategy not in MIX_STRATEGIES:
@@ -206,7 +206,7 @@ class TrainData:
             )
         self.spec = parse_spec(spec)
         self.mix_strategy, self.repeat = mix_strategy, repeat
-        self.stage, self.kind = stage_key, STAGE_KINDS[stage_key]
+        self.stage, self.kind = stage_key, info.data_kind
         self.tokenizer = tokenizer
         self.max_seq_len, self.seed = max_seq_len, seed
         # DPO keeps one pair per row: the loss sums log-probabilities per row.
@@ -214,14 +214,14 @@ class TrainData:
         self.packing_size = packing_size  # at most this many samples in a packed row (0: as many as fit)
         self.batch_size, self.shuffle = batch_size, shuffle
         self.encoder: SampleEncoder
-        if stage_key in OCR_STAGES:  # PaddleOCR-VL's prompt form and image processor
+        if info.trains_paddleocr_vl:  # PaddleOCR-VL's prompt form and image processor
             vision = vision if isinstance(vision, OCRProcessorSettings) else ocr_settings(vision_config)
             self.encoder = OCRSampleEncoder(tokenizer, max_seq_len, vision, max_prompt_len)
         else:
             vision = vision or ProcessorSettings.from_vision_config(vision_config)
             self.encoder = SampleEncoder(tokenizer, max_seq_len, vision_config, max_prompt_len, vision)
         self.pad_id = tokenizer.pad_token_id
-        self.vision = vision if stage_key == "VL-SFT" or stage_key in OCR_STAGES else None
+        self.vision = vision if info.reads_images else None
         self.items: list[list[EncodedSample | EncodedPair]] = []
         self.dropped = 0
         for src in self.spec.sources:

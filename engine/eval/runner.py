@@ -400,11 +400,12 @@ class Evaluation:
         """eval_loss / eval_ppl / eval_tokens as training's evaluation computes them (engine.train.sft)."""
         from engine.data import build_train_data
         from engine.train.sft import evaluate_lm
+        from engine.train.stages import SFT
 
         cfg = self.cfg
         data = build_train_data(
             {"train_dataset_path": f.path, "train_dataset_type": f.type},
-            self.tok, stage="SFT", max_seq_len=cfg.max_seq_len, packing=False, seed=cfg.seed,
+            self.tok, stage=SFT.name, max_seq_len=cfg.max_seq_len, packing=False, seed=cfg.seed,
             batch_size=cfg.batch_size, shuffle=False,
         )  # fmt: skip
         limit = cfg.max_evaluate_steps if cfg.max_evaluate_steps > 0 else None

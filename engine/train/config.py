@@ -28,14 +28,20 @@ from engine.models.config import (
     parse_size,
 )
 from engine.train.scalars import REPORT_TO, report_to_problems
+from engine.train.stages import (
+    DEFAULT_STAGE,
+    ELASTIC_STAGES,
+    STAGE_ALIASES,
+    STAGE_DEFAULTS,
+    STAGES,
+    find_stage,
+    stage_names,
+)
 
 log = logging.getLogger(__name__)
 
-# OCR-VL-SFT is ERNIEKit's PaddleOCR-VL fine-tuning (engine.data.ocr, engine.models.paddleocr_vl).
-STAGES = ("SFT", "DPO", "PT", "VL-SFT", "OCR-VL-SFT")
-OCR_STAGE = "OCR-VL-SFT"
-# Stage names ERNIEKit also used, and the stage each is here (announced when a config says them).
-STAGE_ALIASES = {"OCR-SFT": OCR_STAGE}
+# The stages, their aliases and their per-stage defaults (STAGES, STAGE_ALIASES, STAGE_DEFAULTS) are
+# engine.train.stages' registry, imported above for the schema and its readers.
 FINE_TUNING = ("LoRA", "Full")
 COMPUTE_TYPES = ("fp32", "bf16", "fp16", "fp8", *WEIGHT_ONLY_COMPUTE_TYPES)
 SCHEDULERS = ("cosine", "linear", "constant")
@@ -68,24 +74,6 @@ MAX_BATCH_SIZE = 4096
 MAX_STEPS = 100_000_000
 MAX_EPOCHS = 10_000
 MAX_LORA_RANK = 4096
-
-# Starting values that depend on the stage and on Full vs LoRA (ERNIEKit's example configs: full SFT 1e-5,
-# LoRA 1e-4; DPO an order lower; PT packs documents). A field whose default is None below takes its value
-# from here, so `ernie-studio train`, the REST API and the studio's form all start from the same numbers.
-STAGE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
-    ("SFT", "Full"): {"learning_rate": 1e-5, "packing": False},
-    ("SFT", "LoRA"): {"learning_rate": 1e-4, "packing": False},
-    ("DPO", "Full"): {"learning_rate": 5e-7, "packing": False},
-    ("DPO", "LoRA"): {"learning_rate": 1e-5, "packing": False},
-    ("PT", "Full"): {"learning_rate": 3e-5, "packing": True},
-    ("PT", "LoRA"): {"learning_rate": 1e-4, "packing": True},
-    ("VL-SFT", "Full"): {"learning_rate": 1e-5, "packing": False},
-    ("VL-SFT", "LoRA"): {"learning_rate": 1e-4, "packing": False},
-    # ERNIEKit's PaddleOCR-VL config: 5e-6, packed
-    ("OCR-VL-SFT", "Full"): {"learning_rate": 5e-6, "packing": True},
-    ("OCR-VL-SFT", "LoRA"): {"learning_rate": 1e-4, "packing": True},
-}
-
 
 # What each training key is for: the studio's Train form groups its fields by these, in this order.
 OPTION_GROUPS = (
@@ -151,14 +139,15 @@ UNMET_REASONS = {
 }
 LORA_RUNS = Applies(adapters=True)
 FULL_RUNS = Applies(adapters=False)
-DPO_RUNS = Applies(stages=("DPO",))
-VL_SFT_RUNS = Applies(stages=("VL-SFT",))
-IMAGE_RUNS = Applies(stages=("VL-SFT", OCR_STAGE))  # the runs that read images
+DPO_RUNS = Applies(stages=stage_names(lambda s: s.option_group == "dpo"))
+VL_SFT_RUNS = Applies(stages=stage_names(lambda s: s.mixes_text_data))
+IMAGE_RUNS = Applies(stages=stage_names(lambda s: s.reads_images))  # the runs that read images
+REFERENCE_RUNS = Applies(stages=stage_names(lambda s: s.needs_reference), adapters=False)
 MOE_MODELS = Applies(model="moe")
-ELASTIC_RUNS = Applies(stages=("PT", "SFT"), model="text-moe")
+ELASTIC_RUNS = Applies(stages=ELASTIC_STAGES, model="text-moe")
 FP8_RUNS = Applies(compute_types=("fp8",))
 # GPAS gates go into ERNIE 4.5 decoders of Full runs; PaddleOCR-VL's decoder takes none (_ocr_problems)
-GPAS_RUNS = Applies(stages=tuple(s for s in STAGES if s != OCR_STAGE), adapters=False)
+GPAS_RUNS = Applies(stages=stage_names(lambda s: s.gpas), adapters=False)
 
 
 def option(
@@ -415,7 +404,7 @@ class TrainConfig:
     """Everything one training run needs. Keys and defaults follow ERNIEKit's YAML configs."""
 
     model_name_or_path: str = option("", "A model directory (config.json, weights, tokenizer).", group="run")
-    stage: str = option("SFT", "Training stage.", choices=STAGES, group="run")
+    stage: str = option(DEFAULT_STAGE, "Training stage.", choices=STAGES, group="run")
     fine_tuning: str = option(
         "LoRA", "Train all weights (Full) or low-rank adapters (LoRA).", choices=FINE_TUNING, group="run"
     )
@@ -774,7 +763,7 @@ class TrainConfig:
         "switched off.",
         choices=DPO_REFERENCE_DTYPES,
         group="dpo",
-        applies=Applies(stages=("DPO",), adapters=False),
+        applies=REFERENCE_RUNS,
     )
     # MoE (None keeps the value in the model's config.json)
     moe_aux_loss_lambda: float | None = option(
@@ -945,6 +934,12 @@ class TrainConfig:
                 setattr(self, key, value)
 
     @property
+    def holds_reference(self) -> bool:
+        """The stage compares against a reference model and the run keeps one (not reference_free)."""
+        stage = find_stage(self.stage)
+        return stage is not None and stage.needs_reference and not self.reference_free
+
+    @property
     def lora(self) -> bool:
         return self.fine_tuning == "LoRA" or self.compute_type in WEIGHT_ONLY_COMPUTE_TYPES
 
@@ -1004,7 +999,7 @@ class TrainConfig:
             problems.append(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.label_smoothing < 0.5:
             problems.append(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
-        if self.dpo_reference_dtype != "run" and (self.stage != "DPO" or self.lora or self.reference_free):
+        if self.dpo_reference_dtype != "run" and not (self.holds_reference and not self.lora):
             problems.append(
                 f"dpo_reference_dtype {self.dpo_reference_dtype}: only a Full DPO run with a reference holds a "
                 "reference model (a LoRA run's reference is its base with the adapters off); remove the key"
@@ -1024,7 +1019,8 @@ class TrainConfig:
 
     def _ocr_problems(self) -> list[str]:
         """What PaddleOCR-VL (stage OCR-VL-SFT) does not train with here, by key."""
-        if self.stage != OCR_STAGE:
+        stage = find_stage(self.stage)
+        if stage is None or not stage.trains_paddleocr_vl:
             return []
         problems = []
         if self.compute_type not in ("fp32", "bf16", "fp16"):
@@ -1036,7 +1032,7 @@ class TrainConfig:
             problems.append("gpas: PaddleOCR-VL's decoder takes no GPAS gates here; leave gpas false")
         if self.text_dataset_path:
             problems.append(
-                "text_dataset_path: an OCR-VL-SFT record needs an image; mix no text-only data in"
+                f"text_dataset_path: an {self.stage} record needs an image; mix no text-only data in"
             )
         return problems
 
@@ -1162,8 +1158,10 @@ class TrainConfig:
                     f"{given[0]} is set but elastic is false; set elastic: true to train sub-models"
                 )
             return problems
-        if self.stage not in ("PT", "SFT"):
-            problems.append(f"elastic: stage {self.stage} is not supported; elastic training runs PT and SFT")
+        if self.stage not in ELASTIC_STAGES:
+            problems.append(
+                f"elastic: stage {self.stage} is not supported; elastic training runs {' and '.join(ELASTIC_STAGES)}"
+            )
         if self.elastic_full_share < 1 and not any(getattr(self, k) for k in keys):
             problems.append(
                 "elastic: true needs at least one of elastic_depth_choices, elastic_experts_choices, elastic_topk_choices"
@@ -1291,7 +1289,7 @@ def not_applicable(
     return applies.unmet(stage, fine_tuning, compute_type, model) if applies else []
 
 
-def defaults_for(stage: str = "SFT", fine_tuning: str = "LoRA") -> dict[str, Any]:
+def defaults_for(stage: str = DEFAULT_STAGE, fine_tuning: str = "LoRA") -> dict[str, Any]:
     """Every training key's starting value for this stage and fine-tuning: what a config that leaves the key
     out gets (the studio's form shows these)."""
     return dataclasses.asdict(TrainConfig(stage=stage, fine_tuning=fine_tuning))
@@ -1367,7 +1365,7 @@ class ExportConfig:
     eval_dataset_type: str = option("erniekit", "Format of the PTQ perplexity set.")
     eval_dataset_path: str = option("", "Data for the PTQ perplexity report (optional).")
     eval_dataset_prob: str = option("1.0", "Sampling probability of each perplexity file.")
-    stage: str = option("SFT", "Stage whose data format the perplexity set has.", choices=STAGES)
+    stage: str = option(DEFAULT_STAGE, "Stage whose data format the perplexity set has.", choices=STAGES)
     max_seq_len: int = option(512, "Sequence length of the perplexity report.", minimum=1)
     batch_size: int = option(4, "Batch size of the perplexity report.", minimum=1)
     seed: int = option(42, "Seed of the perplexity report's sampling.")

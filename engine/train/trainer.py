@@ -48,7 +48,6 @@ from engine.train import moe_balance, quant
 from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import (
     MOE_GROUPS_TENSOR,
-    OCR_STAGE,
     WEIGHT_ONLY_COMPUTE_TYPES,
     ConfigError,
     Notice,
@@ -86,6 +85,8 @@ from engine.train.sharding import (
     optimizer_state_bytes,
     per_rank,
 )
+from engine.train.stages import ERNIE_VL, PADDLEOCR_VL, PREFERENCE, TEXT, family_stage, stage_info
+from engine.train.stages import LM as LM_OBJECTIVE
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +343,7 @@ def processor_settings(cfg: TrainConfig, vision_config):
     if vision_config is None:
         return None
     bounds = {k: v for k, v in (("min_pixels", cfg.min_pixels), ("max_pixels", cfg.max_pixels)) if v}
-    if cfg.stage == OCR_STAGE:
+    if stage_info(cfg.stage).trains_paddleocr_vl:
         from engine.data.paddleocr_vl_processor import OCRProcessorSettings
 
         settings = OCRProcessorSettings.from_model_dir(processor_dir(cfg.model_name_or_path))
@@ -377,15 +378,16 @@ def check_model_family(cfg: TrainConfig) -> None:
     if not path.is_dir():  # the loader says what is missing
         return
     ocr = is_paddleocr_vl_dir(lora_chain(path)[0])
-    if cfg.stage == OCR_STAGE and not ocr:
+    stage = stage_info(cfg.stage)
+    if stage.trains_paddleocr_vl and not ocr:
         raise ConfigError(
-            f"stage {OCR_STAGE} fine-tunes PaddleOCR-VL, and {path} is not one (its config.json has no "
-            "model_type paddleocr_vl); ERNIE 4.5 VL models train with stage VL-SFT"
+            f"stage {cfg.stage} fine-tunes PaddleOCR-VL, and {path} is not one (its config.json has no "
+            f"model_type paddleocr_vl); ERNIE 4.5 VL models train with stage {family_stage(ERNIE_VL)}"
         )
-    if ocr and cfg.stage != OCR_STAGE:
+    if ocr and not stage.trains_paddleocr_vl:
         raise ConfigError(
-            f"{path} is PaddleOCR-VL, which trains with stage {OCR_STAGE} (its prompt form and image "
-            f"processor), not {cfg.stage}"
+            f"{path} is PaddleOCR-VL, which trains with stage {family_stage(PADDLEOCR_VL)} (its prompt form "
+            f"and image processor), not {cfg.stage}"
         )
 
 
@@ -529,7 +531,7 @@ def eval_notices(cfg: TrainConfig) -> list[Notice]:
 def vision_notices(cfg: TrainConfig, model) -> list[Notice]:
     """VL-only keys given for a model without a vision encoder, and the vision parts one VL family lacks."""
     if model.config.is_vl:
-        ocr = cfg.stage == OCR_STAGE
+        ocr = stage_info(cfg.stage).trains_paddleocr_vl
         lacks = {"resampler": "PaddleOCR-VL has no resampler (its projector is 'projector')"} if ocr else {}
         if not ocr:
             lacks["projector"] = "ERNIE 4.5 VL has no projector (its resampler is 'resampler')"
@@ -571,12 +573,12 @@ def _finish(summary: RunSummary, out_dir: Path, dp: DataParallel) -> None:
 class Objective(StrEnum):
     """What a stage optimises: the language-model loss (SFT, PT, VL-SFT) or the DPO preference loss."""
 
-    LM = "lm"
-    DPO = "dpo"
+    LM = LM_OBJECTIVE
+    DPO = PREFERENCE
 
 
 def objective_for(stage: str) -> Objective:
-    return Objective.DPO if stage == "DPO" else Objective.LM
+    return Objective(stage_info(stage).objective)
 
 
 @dataclass
@@ -657,9 +659,9 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     precision = resolve_precision(cfg.compute_type)
     model, trainable = build_model(cfg, precision, dp.world)
-    if cfg.stage == "VL-SFT" and not model.config.is_vl:
+    if not stage_info(cfg.stage).trains(TEXT) and not model.config.is_vl:
         raise ValueError(
-            f"stage VL-SFT needs a multimodal model; {cfg.model_name_or_path} has no vision encoder"
+            f"stage {cfg.stage} needs a multimodal model; {cfg.model_name_or_path} has no vision encoder"
         )
     if dp.main:
         write_json(out_dir / "train_config.json", asdict(cfg))
@@ -1157,7 +1159,11 @@ def _finish_training(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: Tra
         model = run.sharded.layer if run.sharded is not None else run.model
         summary.model_dir = str(_save_final(cfg, model, out_dir, adapter))
         copy_tokenizer_files(cfg.model_name_or_path, out_dir)
-        settings = processor_settings(cfg, model.config.vision_config) if cfg.stage == OCR_STAGE else None
+        settings = (
+            processor_settings(cfg, model.config.vision_config)
+            if stage_info(cfg.stage).trains_paddleocr_vl
+            else None
+        )
         if settings is not None:  # the image processor it trained with (min_pixels / max_pixels included)
             write_json(out_dir / "preprocessor_config.json", settings.to_preprocessor_config())
 

@@ -15,13 +15,11 @@ from pydantic_core import to_json
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
-from engine.data.loader import STAGE_KINDS
 from engine.train.config import (
     ERNIEKIT_ALIASES,
     ERNIEKIT_NOTICES,
     FINE_TUNING,
     MAX_DEVICES,
-    OCR_STAGE,
     STAGES,
     ConfigError,
     TrainConfig,
@@ -30,6 +28,7 @@ from engine.train.config import (
     elastic_model_problems,
     sharding_device_problems,
 )
+from engine.train.stages import PADDLEOCR_VL, family_stage, find_stage, stage_info, stage_names
 from studio import queue
 from studio.config import Settings
 from studio.models import TERMINAL_RUN_STATUSES, Checkpoint, Dataset, Run, RunMetric, RunStatus, utcnow
@@ -101,6 +100,10 @@ METRICS_MAX_POINTS = 1000
 METRICS_PAGE = 10000
 
 
+# Stages whose runs "evaluate after training" scores: SFT on chat records, OCR-VL-SFT on OCR sets (CER).
+EVALUATED_STAGES = stage_names(lambda s: s.evaluated_after_training)
+
+
 class EvaluateAfter(RequestModel):
     """ "Evaluate after training": once the run succeeds, its base and its result are evaluated (as two evals)
     on a held-out split of its training data and / or chosen eval datasets."""
@@ -167,7 +170,8 @@ class RunSpec(RequestModel):
     )
     evaluate: EvaluateAfter | None = Field(
         default=None,
-        description="evaluate the base and the result once the run has succeeded (SFT and OCR-VL-SFT runs)",
+        description="evaluate the base and the result once the run has succeeded "
+        f"({' and '.join(EVALUATED_STAGES)} runs)",
     )
 
 
@@ -205,15 +209,17 @@ def _check_model_family(base_model: str, stage: str, model_dir: Path) -> None:
     """Stage OCR-VL-SFT trains PaddleOCR-VL models and no other stage trains them (the trainer's rule,
     before the run waits in a queue)."""
     ocr = is_ocr_model(base_model, model_dir)
-    if stage == OCR_STAGE and not ocr:
+    known = find_stage(stage)  # an unknown stage is _check_choices' to refuse
+    trains_ocr = known is not None and known.trains_paddleocr_vl
+    if trains_ocr and not ocr:
         raise InvalidInput(
-            f"stage: {OCR_STAGE} fine-tunes PaddleOCR-VL models, and base_model {base_model!r} is not one; "
+            f"stage: {stage} fine-tunes PaddleOCR-VL models, and base_model {base_model!r} is not one; "
             "pick a PaddleOCR-VL model (such as the tiny-ocr-vl preset) or another stage"
         )
-    if ocr and stage != OCR_STAGE:
+    if ocr and not trains_ocr:
         raise InvalidInput(
             f"stage: base_model {base_model!r} is a PaddleOCR-VL model, which trains with stage "
-            f"{OCR_STAGE} (its prompt form and image processor), not {stage}"
+            f"{family_stage(PADDLEOCR_VL)} (its prompt form and image processor), not {stage}"
         )
 
 
@@ -244,7 +250,7 @@ def _check_elastic(session: Session, settings: Settings, spec: RunSpec, cfg: Tra
 def _datasets_for(session: Session, spec: RunSpec, ids: list[int], field: str) -> list[Dataset]:
     """The datasets `ids` name, each holding the records `spec.stage` trains on."""
     datasets = [get_dataset(session, i) for i in ids]
-    want_kind = STAGE_KINDS[spec.stage]
+    want_kind = stage_info(spec.stage).data_kind
     for ds in datasets:
         if ds.kind == BENCHMARK:
             raise InvalidInput(
@@ -435,10 +441,6 @@ def create_run(
     run_dir(settings, run.id).mkdir(parents=True, exist_ok=True)
     dispatch_run(session, settings, run)
     return run
-
-
-# Stages whose runs "evaluate after training" scores: SFT on chat records, OCR-VL-SFT on OCR sets (CER).
-EVALUATED_STAGES = ("SFT", OCR_STAGE)
 
 
 def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
