@@ -22,6 +22,7 @@ from engine.train.config import (
     OPTION_GROUPS,
     STAGE_DEFAULTS,
     TrainConfig,
+    defaults_for,
     not_applicable,
     problem_key,
 )
@@ -142,6 +143,18 @@ def form_value(key: str, value: Any) -> Any:
     if option.kind == "text" and isinstance(value, list):
         return ",".join(str(v) for v in value)
     return value
+
+
+def form_defaults(stage: str, fine_tuning: str) -> dict[str, Any]:
+    """The values the form starts with for ``stage`` and ``fine_tuning``: the engine's, one per config key
+    (the choice rows' and every option's)."""
+    defaults = defaults_for(stage, fine_tuning)
+    return {key: form_value(key, defaults[key]) for key in (*TOP_KEYS, *OPTION_KEYS)}
+
+
+def probs_text(probs: list[float] | None) -> str:
+    """Dataset probabilities as the form's field holds them (``0.7, 0.3``; empty: an even mix)."""
+    return ", ".join(f"{p:g}" for p in probs or [])
 
 
 def config_value(key: str, value: Any) -> Any:

@@ -13,13 +13,12 @@ from typing import Any
 
 import gradio as gr
 
-from engine.train.config import defaults_for
 from studio.services import datasets as datasets_svc
 from studio.services.config_import import MAX_IMPORT_BYTES, ImportedConfig, import_train_yaml
 from studio.ui.context import UIContext
 from studio.ui.datasets_tab import dataset_choices
 from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, text
-from studio.ui.train_form import OPTION_KEYS, TOP_KEYS, form_value, unmet_text
+from studio.ui.train_form import form_defaults, form_value, probs_text, unmet_text
 
 
 @dataclass
@@ -47,13 +46,12 @@ def imported_form_values(imported: ImportedConfig, keys: list[str], datasets: li
     rest at the engine's defaults for its stage and fine-tuning (as Clone into Train fills them); the datasets
     matched, with fresh choices; the base model when one matched; run name, devices and the evaluation
     after training as they were."""
-    defaults = defaults_for(imported.stage, imported.fine_tuning)
-    values = {key: form_value(key, defaults[key]) for key in (*TOP_KEYS, *OPTION_KEYS)}
+    values = form_defaults(imported.stage, imported.fine_tuning)
     values |= {k: form_value(k, v) for k, v in imported.hyperparameters.items() if k in values}
     choices = dataset_choices(datasets)
     values["dataset_ids"] = gr.update(choices=choices, value=imported.dataset_ids)
     values["eval_dataset_ids"] = gr.update(choices=choices, value=imported.eval_dataset_ids)
-    values["dataset_probs"] = ", ".join(f"{p:g}" for p in imported.dataset_probs or [])
+    values["dataset_probs"] = probs_text(imported.dataset_probs)
     if imported.base_model:
         values["base_model"] = imported.base_model
     return [values.get(k, gr.skip()) for k in keys]

@@ -47,6 +47,7 @@ from studio.ui.train_form import (
     config_value,
     fold_updates,
     folded_groups,
+    form_defaults,
     form_value,
     grouped_options,
     help_text,
@@ -54,6 +55,7 @@ from studio.ui.train_form import (
     option_update,
     problems_by_field,
     problems_markdown,
+    probs_text,
     search_updates,
     starting_marks,
     unmet,
@@ -108,12 +110,6 @@ class _SidePanel:
 
 
 # ---- plain functions of form values ----------------------------------------------------------------------
-
-
-def form_defaults(stage: str, fine_tuning: str) -> dict[str, Any]:
-    """The values the form starts with for ``stage`` and ``fine_tuning``: the engine's, one per config key."""
-    defaults = defaults_for(stage, fine_tuning)
-    return {key: form_value(key, defaults[key]) for key in CONFIG_KEYS}
 
 
 def choice_changed(stage: str, fine_tuning: str, compute_type: str) -> tuple[Any, ...]:
@@ -196,7 +192,7 @@ def form_values(spec: runs_svc.RunSpec, keys: list[str]) -> list[Any]:
     defaults = form_defaults(spec.stage, spec.fine_tuning)
     values = defaults | {k: form_value(k, v) for k, v in spec.hyperparameters.items()}
     values |= spec.model_dump(include=set(SPEC_FIELDS))
-    values["dataset_probs"] = ", ".join(f"{p:g}" for p in spec.dataset_probs or [])
+    values["dataset_probs"] = probs_text(spec.dataset_probs)
     values["eval_dataset_ids"] = spec.eval_dataset_ids or []
     values["name"] = f"{spec.name}-clone" if spec.name else ""
     if spec.evaluate is not None:
