@@ -15,7 +15,7 @@ from gradio_page import StudioPage
 from ocr_demo import ocr_demo_zip
 from playwright.sync_api import expect
 from test_studio import api, wait_until
-from test_vl_chat import PROMPT_TOKENS, SAMPLING, server_count, user_bubbles
+from test_vl_chat import PROMPT_TOKENS, SAMPLING, server_count, set_sampling, user_bubbles
 
 pytestmark = pytest.mark.e2e
 
@@ -75,11 +75,7 @@ def check_train_and_chat(page, studio: str, artifacts: Path, dep_id: int) -> Non
     ui.open(f"?tab=deploy&deployment={dep_id}")
     ui.expect_text("dep-status", "running")
     expect(ui.el("dep-task-prompt")).to_be_visible()
-    ui.fill("dep-temperature", str(SAMPLING["temperature"]))
-    ui.fill("dep-max-tokens", str(SAMPLING["max_tokens"]))
-    page.get_by_text("Advanced", exact=True).click()
-    ui.fill("dep-seed", str(SAMPLING["seed"]))
-    page.locator("#dep-ignore-eos input[type=checkbox]").check()
+    set_sampling(ui)
     page.set_input_files("#dep-message input[type=file]", str(LINE))
     expect(ui.el("dep-message").locator("img")).to_have_count(1, timeout=15_000)
     page.locator("#dep-task-prompt label", has_text="OCR:").first.click()

@@ -100,6 +100,15 @@ def rest_chat(studio: str, dep: dict, messages: list[dict]) -> dict:
     return r.json()
 
 
+def set_sampling(ui: StudioPage) -> None:
+    """The Deploy tab's sampling fields set to ``SAMPLING`` (what REST requests of the same turn send)."""
+    ui.fill("dep-temperature", str(SAMPLING["temperature"]))
+    ui.fill("dep-max-tokens", str(SAMPLING["max_tokens"]))
+    ui.page.get_by_text("Advanced", exact=True).click()
+    ui.fill("dep-seed", str(SAMPLING["seed"]))
+    ui.page.locator("#dep-ignore-eos input[type=checkbox]").check()
+
+
 def user_bubbles(ui: StudioPage):
     """The user's messages; the Chatbot draws each part (picture, text) of one in the same row."""
     return ui.el("dep-chat").locator(".message-row.user-row")
@@ -127,11 +136,7 @@ def test_a_picture_goes_to_a_vl_deployment_and_stays_in_its_turn(page, studio, a
     expect(ui.el("dep-message").locator("[data-testid=upload-button]")).to_be_visible()
     expect(ui.el("dep-images-on")).to_contain_text("reads images")
     expect(ui.el("dep-images-off")).to_be_hidden()
-    ui.fill("dep-temperature", str(SAMPLING["temperature"]))
-    ui.fill("dep-max-tokens", str(SAMPLING["max_tokens"]))
-    page.get_by_text("Advanced", exact=True).click()
-    ui.fill("dep-seed", str(SAMPLING["seed"]))
-    page.locator("#dep-ignore-eos input[type=checkbox]").check()
+    set_sampling(ui)
 
     # 1. Picture and question: the user's bubble shows the picture, the model answers.
     before = prompt_tokens_so_far(vl)
