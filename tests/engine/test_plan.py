@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.estimate import GIB, Candidate, Layout, NodeFacts, PlanError, _weigh, count_parameters, plan_run
+from engine.estimate import GIB, Candidate, Layout, NodeFacts, PlanError, count_parameters, plan_run
+from engine.estimate.candidates import _weigh
 from engine.models.config import ErnieConfig
 from engine.models.presets import preset_fields
 from engine.train.config import TrainConfig, config_from_dict
