@@ -23,9 +23,11 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
   state, gathered for rank 0's un-split checkpoint; offload moves masters and moments to host RAM (GPU).
 - DPO: LoRA's reference is the base with its adapters off (no copy); Full keeps a frozen reference in the
   run's storage precision, every expert in each process.
-- The planner's what-ifs, which this engine does not run (tensor parallelism, recompute replaying the MoE
-  exchange), are weighed as ERNIEKit runs them: whole layers replayed under recompute, the MoE exchange
-  included, and under tensor parallelism a Full DPO reference split like the model (``recompute_plan``).
+- The planner's what-ifs, which this engine does not run (tensor and pipeline parallelism, recompute
+  replaying the MoE exchange), are weighed as ERNIEKit runs them: whole layers replayed under recompute,
+  the MoE exchange included, and under tensor or pipeline parallelism a Full DPO reference split like the
+  model (``recompute_plan``); a pipeline stage holds its layers and the micro-batches 1F1B keeps in
+  flight on it (``stage_layers``, ``device_memory``).
 - Saving a checkpoint serialises a copy of what it writes (trainable weights and optimizer state);
   saving a Full run's final model copies the weights again (fp32).
 

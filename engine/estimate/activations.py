@@ -39,6 +39,8 @@ def _activation_bytes(
     mode: str,
     tp: int = 1,
     moe_recompute: str | None = None,
+    layers: range | None = None,
+    in_flight: int = 1,
 ) -> dict[str, float]:
     """Activations kept for backward, with and without recompute, and the logits. Eager fp32 on a CPU (its
     attention keeps the score matrices); 16-bit with flash attention (no scores) on a GPU in bf16 / fp16 or
@@ -47,7 +49,10 @@ def _activation_bytes(
     input, ``full_attn`` the attention blocks only, ``core_attn`` only the scores inside attention.
     MoE blocks (``moe_recompute``): ``block`` keeps their input only, ``experts`` (expert parallelism)
     keeps all but the routed and shared experts' FFN activations, None keeps everything.
-    Tensor parallelism (sequence parallel) splits them over its group."""
+    Tensor parallelism (sequence parallel) splits them over its group. A pipeline stage (``layers``) keeps
+    what its layers keep for each of its ``in_flight`` micro-batches, rebuilds one layer at a time, and holds
+    the logits only when it is the last stage (which runs each micro-batch's backward right after its
+    forward)."""
     h, hd = model.hidden_size, model.head_dim
     nh, kv = model.num_attention_heads, model.num_key_value_heads
     elem = 2 if gpu and mode not in ("fp32", "fp8-qat") else 4
@@ -60,7 +65,9 @@ def _activation_bytes(
     kept = 0.0
     largest = 0.0  # what is rebuilt at once in backward (a whole layer: the estimate stays on the safe side)
     moe = 0.0  # what the MoE blocks keep when they are not recomputed
-    for is_moe, ffn in _ffn_per_layer(model):
+    ffn_layers = _ffn_per_layer(model)
+    last = layers is None or layers.stop == len(ffn_layers)
+    for is_moe, ffn in ffn_layers if layers is None else ffn_layers[layers.start : layers.stop]:
         attn_all, ffn_all = slack * (attention * tokens + scores), slack * ffn * tokens
         if recompute is None:
             kept += attn_all + ffn_all
@@ -82,8 +89,9 @@ def _activation_bytes(
             kept += elem * h * tokens
         else:
             kept += ffn_all
+    kept, moe = kept * in_flight, moe * in_flight
     kept += largest  # one block's activations live at a time while it is recomputed
-    logits = 4 * LOGIT_COPIES * tokens * model.vocab_size
+    logits = 4 * LOGIT_COPIES * tokens * model.vocab_size if last else 0.0
     return {"layers": kept / tp, "logits": logits / tp, "total": (kept + logits) / tp, "moe_kept": moe / tp}
 
 

@@ -27,6 +27,10 @@ PLAN_PRECISIONS = {
 }
 # Tensor-parallel degrees the planner tries when nothing else fits, to say how much a run would need.
 PLAN_TENSOR_PARALLEL = (2, 4, 8)
+# Pipeline-parallel degrees it tries with them when tensor parallelism alone does not fit (any that divides
+# the devices over the tensor-parallel group, up to one layer a stage; ERNIEKit's 300B-A47B recipes use 5
+# and 14).
+PLAN_PIPELINE_PARALLEL = tuple(range(2, 65))
 # What the planner lists: the best settings that fit, and the closest ones that do not.
 PLAN_SHOWN = 5
 # Share of a GPU's memory a run may plan on: the rest goes to the allocator's fragmentation and the
@@ -70,6 +74,11 @@ class Candidate:
             out["tensorwise_offload_optimizer"] = True
         if lay.tensor_parallel > 1:
             out["tensor_parallel_degree"] = lay.tensor_parallel
+        if lay.pipeline_parallel > 1:
+            out["pipeline_parallel_degree"] = lay.pipeline_parallel
+            # a 1F1B pipeline idles unless it runs at least as many micro-batches as stages (ERNIEKit's
+            # recipes: 8 over 5 stages, 36 over 14)
+            out["gradient_accumulation_steps"] = lay.pipeline_parallel
         return out
 
     def describe(self) -> str:
@@ -151,23 +160,47 @@ def _candidates(
     ep_pin: int | None,
     stage_pin: int | None,
     tp: int,
+    pp: int = 1,
 ) -> list[Candidate]:
     nodes = len(_nodes_for(pool, devices))
     experts = min(model.expert_counts) if model.is_moe else 1
+    per_stage = devices // pp  # the ranks holding one pipeline stage
     if ep_pin:
         eps = [ep_pin]
     else:
-        eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128) if experts % e == 0 and devices % e == 0]
+        eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128) if experts % e == 0 and per_stage % e == 0]
     stages = ([0, 1, 2] if kind == "gpu" else [0, 1]) if stage_pin is None else [stage_pin]
     offloads = (False, True) if kind == "gpu" and fine_tuning == "Full" else (False,)
     return [
-        Candidate(ct, recompute, Layout(devices, ep, stage, offload, tp), nodes)
+        Candidate(ct, recompute, Layout(devices, ep, stage, offload, tp, pipeline_parallel=pp), nodes)
         for ct, recompute, ep, stage, offload in itertools.product(
             PLAN_PRECISIONS[(kind, fine_tuning)], (False, True), eps, stages, offloads
         )
-        if not (stage and Layout(devices, ep, 1, False, tp).sharding_degree < 2)  # nothing to shard over
+        if not (stage and Layout(devices, ep, 1, False, tp, pipeline_parallel=pp).sharding_degree < 2)
         and not (stage and ep > 1)  # the trainer refuses sharding with expert parallelism (not combined yet)
     ]
+
+
+def _weigh_stages(
+    model: ErnieConfig,
+    counts: ParameterCounts,
+    cfg: TrainConfig,
+    trainable: int,
+    rows: int,
+    seq_len: int,
+    cand: Candidate,
+    pool: list[NodeFacts],
+    kind: str,
+) -> Verdict:
+    """``_weigh`` of a candidate, and under pipeline parallelism of its fullest stage: each stage holds its
+    own layers (the first the embedding and the most micro-batches in flight, the last the head and the
+    logits), and the run fits only if every stage does."""
+    lay = cand.layout
+    if lay.pipeline_parallel <= 1:
+        return _weigh(model, counts, cfg, trainable, rows, seq_len, cand, pool, kind)
+    stages = (replace(cand, layout=replace(lay, pipeline_stage=s)) for s in range(lay.pipeline_parallel))
+    weighed = [_weigh(model, counts, cfg, trainable, rows, seq_len, c, pool, kind) for c in stages]
+    return max(weighed, key=lambda v: v.memory["peak"])
 
 
 def _weigh(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from engine.estimate.activations import _activation_bytes, recompute_plan
 from engine.estimate.calibration import CPU_PROCESS_BASELINE_BYTES, GPU_CONTEXT_BYTES
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
-from engine.models.counts import ParameterCounts
+from engine.models.counts import ParameterCounts, count_parameters
 from engine.train.config import TrainConfig
 
 
@@ -94,11 +94,13 @@ def _training_state_bytes(trainable: float, mode: str, lora: bool) -> dict[str, 
 @dataclass(frozen=True)
 class Layout:
     """How a run's ranks split the work: ``devices`` = data-parallel x sharding x expert-parallel (x tensor
-    parallel, which the planner only uses to say a run needs it). Sharding shards the optimizer state (stage
-    1; stage 2 the gradients too) over the ranks holding the same weights; expert parallelism gives each rank
-    1 / ``expert_parallel`` of every MoE layer's routed experts; offload keeps the optimizer state in host
-    RAM (GPU). ``replay_exchange``, like ``tensor_parallel`` > 1, is only a what-if of the planner's:
-    recompute replaying the split MoE blocks' exchange as ERNIEKit's does (``recompute_plan``)."""
+    parallel x pipeline parallel, which the planner only uses to say a run needs them). Sharding shards the
+    optimizer state (stage 1; stage 2 the gradients too) over the ranks holding the same weights; expert
+    parallelism gives each rank 1 / ``expert_parallel`` of every MoE layer's routed experts; offload keeps
+    the optimizer state in host RAM (GPU). ``replay_exchange``, like ``tensor_parallel`` or
+    ``pipeline_parallel`` > 1, is only a what-if of the planner's: recompute replaying the split MoE blocks'
+    exchange as ERNIEKit's does (``recompute_plan``). Under pipeline parallelism a device holds one stage's
+    layers (``pipeline_stage``, ``stage_layers``)."""
 
     devices: int = 1
     expert_parallel: int = 1
@@ -106,25 +108,33 @@ class Layout:
     offload: bool = False
     tensor_parallel: int = 1
     replay_exchange: bool = False
+    pipeline_parallel: int = 1
+    pipeline_stage: int = 0
 
     @property
     def replays_exchange(self) -> bool:
         """Whether recompute rebuilds a split MoE block whole, its exchange included: never in this engine;
-        in the planner's what-ifs, with ``replay_exchange`` or tensor parallelism (``recompute_plan``)."""
-        return self.replay_exchange or self.tensor_parallel > 1
+        in the planner's what-ifs, with ``replay_exchange``, tensor or pipeline parallelism
+        (``recompute_plan``)."""
+        return self.replay_exchange or self.tensor_parallel > 1 or self.pipeline_parallel > 1
 
     @property
     def sharding_degree(self) -> int:
         if not self.sharding_stage:
             return 1
+        ranks = self.devices // self.pipeline_parallel  # each stage's ranks shard that stage's state
         if self.tensor_parallel > 1:  # experts split over the tensor-parallel group and beyond (moe_group mp)
-            return max(self.devices // max(self.expert_parallel, self.tensor_parallel), 1)
-        return max(self.devices // self.expert_parallel, 1)
+            return max(ranks // max(self.expert_parallel, self.tensor_parallel), 1)
+        return max(ranks // self.expert_parallel, 1)
 
     def describe(self) -> str:
         parts = []
         if self.tensor_parallel > 1:
             parts.append(f"tensor parallel {self.tensor_parallel}")
+        if self.pipeline_parallel > 1:
+            parts.append(
+                f"pipeline parallel {self.pipeline_parallel} (stage {self.pipeline_stage} the fullest)"
+            )
         if self.expert_parallel > 1:
             parts.append(f"experts split over {self.expert_parallel}")
         if self.sharding_stage:
@@ -172,6 +182,16 @@ def local_counts(counts: ParameterCounts, layout: Layout) -> ParameterCounts:
     )
 
 
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """The decoder layers of pipeline ``stage`` of ``stages``: an even split with the remainder on the last
+    stages, as fleet's ``SegmentLayers.uniform`` cuts (Paddle 3.3
+    paddle/distributed/fleet/meta_parallel/parallel_layers/pp_layers.py); the embedding goes with the
+    first stage and the head with the last (``count_parameters``)."""
+    size, extra = divmod(num_layers, stages)
+    start = stage * size + max(0, stage - (stages - extra))
+    return range(start, start + size + (1 if stage >= stages - extra else 0))
+
+
 def device_memory(
     model: ErnieConfig,
     counts: ParameterCounts,
@@ -187,6 +207,13 @@ def device_memory(
     """Bytes one device (one process on a CPU node) holds while training, by part, under ``layout``;
     ``host_offload``: what offload moves to host RAM per rank."""
     lora = cfg.lora
+    pp, in_flight, layers = layout.pipeline_parallel, 1, None
+    if pp > 1:  # one stage's layers; 1F1B keeps stages - stage micro-batches in flight on it
+        layers = stage_layers(model.num_hidden_layers, pp, layout.pipeline_stage)
+        in_flight = pp - layout.pipeline_stage
+        targets = list(cfg.lora_target_modules) if lora else []
+        counts = count_parameters(model, cfg.lora_rank, targets, layers)
+        trainable = counts.lora if lora else _full_trainable(model, counts, cfg)
     local = local_counts(counts, layout)
     local_trainable = local.lora if lora else max(trainable - (counts.total - local.total), 0)
     held = _held_bytes(local, cfg.compute_type, mode, gpu)
@@ -199,7 +226,9 @@ def device_memory(
         offloaded, masters, moments = masters + moments, 0.0, 0.0
     adapters = 4 * local.lora if lora else 0  # fp32 adapter weights beside the frozen base
     recompute, moe_recompute = recompute_plan(cfg, layout.expert_parallel, layout.replays_exchange)
-    act = _activation_bytes(model, recompute, rows, row_len, gpu, mode, layout.tensor_parallel, moe_recompute)
+    act = _activation_bytes(
+        model, recompute, rows, row_len, gpu, mode, layout.tensor_parallel, moe_recompute, layers, in_flight
+    )
     # DPO's reference: LoRA switches its adapters off (the base is the reference); Full keeps a frozen copy
     # of the base in the run's storage precision
     reference = 0.0
@@ -208,7 +237,9 @@ def device_memory(
         # engine/train/trainer.py build_reference). Under tensor parallelism, which only the planner's
         # what-if has, it is split like the model, as ERNIEKit builds it (erniekit/train/dpo/workflow.py:
         # ref_model = model_class.from_config(ref_config) with the run's tensor_parallel_degree and moe_group)
-        reference = _reference_bytes(local if layout.tensor_parallel > 1 else counts, cfg, mode, gpu)
+        # (and over pipeline stages, which the same config builds)
+        split = layout.tensor_parallel > 1 or pp > 1
+        reference = _reference_bytes(local if split else counts, cfg, mode, gpu)
     baseline = GPU_CONTEXT_BYTES if gpu else CPU_PROCESS_BASELINE_BYTES
     steady = baseline + held + adapters + masters + moments + reference
     # gradients fill up while backward frees activations, but Paddle's allocator keeps what it freed for

@@ -1,5 +1,6 @@
 """The planner: the settings that fit a model, stage and sequence length on the studio's nodes, why the
-others do not, and the what-ifs this engine does not run (ERNIEKit's recompute, tensor parallelism)."""
+others do not, and the what-ifs this engine does not run (ERNIEKit's recompute, tensor and pipeline
+parallelism)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from engine.estimate.calibration import GIB
 from engine.estimate.candidates import (
+    PLAN_PIPELINE_PARALLEL,
     PLAN_SHOWN,
     PLAN_TENSOR_PARALLEL,
     Candidate,
@@ -19,7 +21,7 @@ from engine.estimate.candidates import (
     _leanest,
     _pool_text,
     _preference,
-    _weigh,
+    _weigh_stages,
     _with_references,
 )
 from engine.estimate.checks import _sharding_stage, check_settings
@@ -34,7 +36,8 @@ from engine.train.stages import stage_info
 @dataclass
 class Plan:
     """The planner's answer: the settings that fit (best first) at the fewest devices, the closest ones
-    that do not and why, and when nothing fits, the reason (a tensor-parallel degree that would)."""
+    that do not and why, and when nothing fits, the reason (a tensor-parallel degree that would, with a
+    pipeline-parallel degree where tensor parallelism alone does not)."""
 
     model: str
     stage: str
@@ -48,6 +51,7 @@ class Plan:
     reason: str = ""
     needs_tensor_parallel: int | None = None
     tensor_parallel_option: Verdict | None = None  # the setting that would fit with that much
+    needs_pipeline_parallel: int | None = None  # set with needs_tensor_parallel when TP alone is not enough
 
     @property
     def verdict(self) -> str:
@@ -75,6 +79,7 @@ class Plan:
             "tensor_parallel_option": self.tensor_parallel_option.to_dict()
             if self.tensor_parallel_option
             else None,
+            "needs_pipeline_parallel": self.needs_pipeline_parallel,
         }
 
 
@@ -153,7 +158,7 @@ def plan_run(
         cfg = replace(
             base, compute_type=cand.compute_type, recompute=cand.recompute, dpo_reference_dtype=cand.reference
         )
-        return _weigh(model, counts, cfg, trainable, rows, seq_len, cand, pool, kind)
+        return _weigh_stages(model, counts, cfg, trainable, rows, seq_len, cand, pool, kind)
 
     verdicts: dict[int, list[Verdict]] = {}
     for d in counts_to_try:
@@ -190,7 +195,11 @@ def plan_run(
             f"; with the experts split over {closest.candidate.layout.expert_parallel}: {closest.reason}"
         )
     plan.reason += _replay_what_if(split, weigh)
-    _tensor_parallel_what_if(plan, model, base, kind, counts_to_try[-1], pool, stage_pin, weigh)
+    what_if = (model, base, kind, counts_to_try[-1], pool, stage_pin, weigh)
+    closest = _tensor_parallel_what_if(plan, *what_if)
+    if closest is not None:
+        _pipeline_parallel_what_if(plan, closest, *what_if)
+        plan.reason += _fewer_devices_what_if(counts_to_try[:-1], *what_if)
     return plan
 
 
@@ -221,11 +230,11 @@ def _tensor_parallel_what_if(
     pool: list[NodeFacts],
     stage_pin: int | None,
     weigh,
-) -> None:
+) -> Verdict | None:
     """Would tensor parallelism make it fit on ``devices``? Weighed as ERNIEKit's recipes run it (fleet's
     mp layers with sequence parallel, experts split, whole layers replayed under recompute, a Full DPO
     reference split like the model: ``recompute_plan``, ``device_memory``). Sets ``needs_tensor_parallel``
-    to the smallest degree that would, or says what the largest one would still leave per device."""
+    to the smallest degree that would; otherwise returns the closest setting of the largest degree."""
     per_node = max(n.devices for n in pool)
     closest: Verdict | None = None
     for tp in PLAN_TENSOR_PARALLEL:
@@ -245,18 +254,110 @@ def _tensor_parallel_what_if(
                 f"{fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()}), "
                 "and this engine has no tensor parallelism (fleet's mp layers are not implemented)"
             )
-            return
+            return None
         closest = _leanest(weighed) if weighed else closest
+    if closest is not None:
+        plan.reason += (
+            f"; even with tensor_parallel_degree {closest.candidate.layout.tensor_parallel} "
+            f"({_tensor_parallel_terms(base, closest.candidate)}): {closest.reason}"
+        )
+    return closest
+
+
+def _pipeline_parallel_what_if(
+    plan: Plan,
+    tp_closest: Verdict,
+    model: ErnieConfig,
+    base: TrainConfig,
+    kind: str,
+    devices: int,
+    pool: list[NodeFacts],
+    stage_pin: int | None,
+    weigh,
+) -> None:
+    """Where tensor parallelism alone leaves too much per device: would pipeline parallelism with it make
+    the run fit on ``devices``, as ERNIEKit's 300B-A47B recipes combine them (PaddlePaddle/ERNIE
+    examples/configs/ERNIE-4.5-300B-A47B: sft/run_sft_8k.yaml and run_sft_32k.yaml tensor_parallel_degree 8
+    x pipeline_parallel_degree 5, dpo/run_dpo_8k.yaml and run_dpo_32k.yaml 8 x 14)? Each stage holds its
+    share of the layers (``stage_layers``) with their weights, gradients, state and reference, and the
+    activations of the micro-batches 1F1B keeps in flight on it; a setting fits if its fullest stage does
+    (``_weigh_stages``). Tries the fewest stages first, then the smallest tensor-parallel degree; sets
+    ``needs_pipeline_parallel`` and ``needs_tensor_parallel``, or says what the closest leaves."""
+    per_node = max(n.devices for n in pool)
+    closest: Verdict | None = None
+    for pp in (p for p in PLAN_PIPELINE_PARALLEL if p <= model.num_hidden_layers):
+        for tp in PLAN_TENSOR_PARALLEL:
+            if tp > per_node or devices % (tp * pp):
+                continue
+            cands = _candidates(model, kind, base.fine_tuning, devices, pool, None, stage_pin, tp=tp, pp=pp)
+            cands = _with_references(cands, base.stage, base.fine_tuning, base.reference_free)
+            weighed = [weigh(c) for c in cands]
+            fit = sorted((v for v in weighed if v.fits), key=_preference)
+            if fit:
+                plan.needs_tensor_parallel, plan.needs_pipeline_parallel = tp, pp
+                plan.tensor_parallel_option = fit[0]
+                plan.reason += (
+                    f"; it needs tensor and pipeline parallelism: with tensor_parallel_degree {tp} and "
+                    f"pipeline_parallel_degree {pp} ({_pipeline_terms(base, fit[0].candidate)}) it would take "
+                    f"{fit[0].memory['peak'] / GIB:.1f} GiB per device on its fullest stage "
+                    f"({fit[0].candidate.describe()}), and this engine has neither (fleet's mp layers and "
+                    "pipeline parallelism are not implemented)"
+                )
+                return
+            closest = min([*weighed, closest] if closest else weighed, key=lambda v: v.memory["peak"])
     if closest is None:
+        held = "weights, gradients and reference" if tp_closest.memory["reference_model"] else "weights"
+        plan.reason += (
+            f"; pipeline parallelism, which would split the {held} over stages, does not divide "
+            f"{devices} devices over a tensor-parallel group here, and this engine has neither"
+        )
         return
-    held = (
-        "weights, gradients and reference" if closest.memory["reference_model"] else "weights and gradients"
-    )
+    lay = closest.candidate.layout
     plan.reason += (
-        f"; even with tensor_parallel_degree {closest.candidate.layout.tensor_parallel} "
-        f"({_tensor_parallel_terms(base, closest.candidate)}): {closest.reason}; what would split the "
-        f"{held} further, pipeline parallelism (ERNIEKit's pipeline_parallel_degree) or sharding combined "
-        "with expert parallelism, is not in this engine either"
+        f"; even with pipeline parallelism (at best tensor_parallel_degree {lay.tensor_parallel} x "
+        f"pipeline_parallel_degree {lay.pipeline_parallel}, {_pipeline_terms(base, closest.candidate)}): "
+        f"{closest.reason}; and this engine has neither tensor nor pipeline parallelism"
+    )
+
+
+def _fewer_devices_what_if(
+    counts: list[int],
+    model: ErnieConfig,
+    base: TrainConfig,
+    kind: str,
+    devices: int,
+    pool: list[NodeFacts],
+    stage_pin: int | None,
+    weigh,
+) -> str:
+    """Where tensor parallelism alone does not fit on all ``devices``: would it on fewer of them (``counts``,
+    the fewest first)? Expert parallelism needs a degree that divides both the experts and the devices, so
+    fewer devices can split the experts further (64 experts: 16 ways on 112 devices, 32 on 32). The clause
+    that says so, or nothing."""
+    per_node = max(n.devices for n in pool)
+    for d in counts:
+        for tp in PLAN_TENSOR_PARALLEL:
+            if tp > per_node or d % tp:
+                continue
+            cands = _candidates(model, kind, base.fine_tuning, d, pool, None, stage_pin, tp=tp)
+            cands = _with_references(cands, base.stage, base.fine_tuning, base.reference_free)
+            fit = sorted((v for v in map(weigh, cands) if v.fits), key=_preference)
+            if fit:
+                return (
+                    f"; tensor parallelism alone would fit on {d} of the {devices} devices: "
+                    f"tensor_parallel_degree {tp} ({_tensor_parallel_terms(base, fit[0].candidate)}) would take "
+                    f"{fit[0].memory['peak'] / GIB:.1f} GiB per device ({fit[0].candidate.describe()})"
+                )
+    return ""
+
+
+def _pipeline_terms(cfg: TrainConfig, cand: Candidate) -> str:
+    """What the pipeline what-if assumes beyond the degrees: fleet's layer split and 1F1B schedule."""
+    pp = cand.layout.pipeline_parallel
+    return (
+        f"{_tensor_parallel_terms(cfg, cand)}, the decoder layers split evenly over {pp} stages (fleet's "
+        f"uniform segmentation) with the embedding on the first and the head on the last, 1F1B with "
+        f"gradient_accumulation_steps {pp}: stage s keeps {pp} - s micro-batches in flight"
     )
 
 

@@ -29,12 +29,13 @@ class ParameterCounts:
         return asdict(self)
 
 
-def _linear_shapes(config: ErnieConfig) -> list[tuple[str, int, int, int]]:
-    """(LoRA target, in, out, copies) of every decoder linear; expert linears say 'expert:<target>'."""
+def _linear_shapes(config: ErnieConfig, layers: range) -> list[tuple[str, int, int, int]]:
+    """(LoRA target, in, out, copies) of every linear of decoder ``layers``; expert linears say
+    'expert:<target>'."""
     h, hd = config.hidden_size, config.head_dim
     nh, kv = config.num_attention_heads, config.num_key_value_heads
     out: list[tuple[str, int, int, int]] = []
-    for i in range(config.num_hidden_layers):
+    for i in layers:
         out += [("qkv_proj", h, (nh + 2 * kv) * hd, 1), ("o_proj", nh * hd, h, 1)]
         if not config.is_moe_layer(i):
             inter = config.intermediate_size
@@ -68,19 +69,31 @@ def _vision_linears(config: ErnieConfig) -> dict[str, list[tuple[int, int, int]]
 
 
 def count_parameters(
-    config: ErnieConfig, lora_rank: int = 8, lora_targets: list[str] | tuple[str, ...] = ()
+    config: ErnieConfig,
+    lora_rank: int = 8,
+    lora_targets: list[str] | tuple[str, ...] = (),
+    layers: range | None = None,
 ) -> ParameterCounts:
-    """Total and active weights of ``config`` by part, and the LoRA adapters of ``lora_targets``."""
+    """Total and active weights of ``config`` by part, and the LoRA adapters of ``lora_targets``.
+
+    ``layers`` counts one pipeline stage: those decoder layers, with the embedding (and the vision tower)
+    when it starts at layer 0 and the final norm and head when it ends at the last layer. A tied head is
+    the embedding, which a last stage that is not also the first holds a copy of (fleet's shared layer)."""
     h = config.hidden_size
-    embedding = config.vocab_size * h
-    head = 0 if config.tie_word_embeddings else config.vocab_size * h
-    linears = _linear_shapes(config)
+    n_layers = config.num_hidden_layers
+    layers = range(n_layers) if layers is None else layers
+    first, last = layers.start == 0, layers.stop == n_layers
+    embedding = config.vocab_size * h if first else 0
+    tied_copy = config.tie_word_embeddings and not first
+    head = config.vocab_size * h if last and (not config.tie_word_embeddings or tied_copy) else 0
+    linears = _linear_shapes(config, layers)
     decoder = sum(i * o * n for _, i, o, n in linears)
     experts = sum(i * o * n for t, i, o, n in linears if t.startswith("expert:"))
-    moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
+    moe_layers = sum(config.is_moe_layer(i) for i in layers)
     routers = moe_layers * h * sum(config.expert_counts) if config.is_moe else 0
-    norms = h * (2 * config.num_hidden_layers + 1)
-    vision = vision_parameter_count(config.vision_config, h) if config.vision_config is not None else 0
+    norms = h * (2 * len(layers) + (1 if last else 0))
+    vision_count = vision_parameter_count(config.vision_config, h) if config.vision_config is not None else 0
+    vision = vision_count if first else 0
     total = embedding + head + decoder + routers + norms + vision
     # a text token runs k experts of the text group (the first); the vision group serves image tokens
     unused = 0
@@ -91,7 +104,7 @@ def count_parameters(
         for n, inter in zip(config.expert_counts[1:], config.expert_intermediate_sizes[1:], strict=True):
             unused += moe_layers * 3 * h * inter * n
     active = total - unused - vision
-    matmul = decoder - unused + routers + config.vocab_size * h
+    matmul = decoder - unused + routers + (config.vocab_size * h if last else 0)
     targets = set(lora_targets)
     adapters = sum(lora_rank * (i + o) * n for t, i, o, n in linears if t.removeprefix("expert:") in targets)
     expert_adapters = sum(
@@ -100,7 +113,7 @@ def count_parameters(
         if t.startswith("expert:") and t.removeprefix("expert:") in targets
     )
     for group, shapes in _vision_linears(config).items():
-        if group in targets:
+        if group in targets and first:
             adapters += sum(lora_rank * (i + o) * n for i, o, n in shapes)
     return ParameterCounts(
         total=total,

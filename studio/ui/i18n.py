@@ -836,6 +836,12 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         "not have",
         "若使用 tensor_parallel_degree {tp} 可放下（每设备 {peak:.1f} GiB），但本引擎不支持张量并行",
     ),
+    "tr.plan.tp_pp": (
+        "it would fit with tensor_parallel_degree {tp} and pipeline_parallel_degree {pp} ({peak:.1f} GiB per "
+        "device on the fullest stage), which this engine does not have",
+        "若使用 tensor_parallel_degree {tp} 与 pipeline_parallel_degree {pp} 可放下（最满的流水线阶段每设备 "
+        "{peak:.1f} GiB），但本引擎不支持张量并行与流水线并行",
+    ),
     "tr.plan.over": ("{peak:.1f} GiB > {cap:.1f} GiB", "{peak:.1f} GiB > {cap:.1f} GiB"),
     "tr.plan.host": ("host RAM {host:.0f} GiB > {cap:.0f} GiB", "主机内存 {host:.0f} GiB > {cap:.0f} GiB"),
     "tr.plan.rejected": ("why the others do not fit", "其他配置为何不可行"),

@@ -61,7 +61,7 @@ from studio.ui.train_form import (
     unmet,
 )
 from studio.ui.train_import import ImportBox, ImportHandlers, build_import_box
-from studio.ui.train_templates import StartHandlers, build_start_box, wire_start_box
+from studio.ui.train_templates import StartHandlers, build_start_box, what_if_text, wire_start_box
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
 _SCHEMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -310,8 +310,7 @@ def format_plan(plan: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
             parts.append(text("tr.plan.moe", lang, moe=mem["moe_activations"]))
         option = plan.get("tensor_parallel_option")
         if option:
-            tp = plan["needs_tensor_parallel"]
-            parts.append(text("tr.plan.tp", lang, tp=tp, peak=option["memory_gib"]["peak"]))
+            parts.append(what_if_text(plan, option, lang))
         lines.append("; ".join(parts))
     if rejected:
         lines.append(f"\n<details><summary>{text('tr.plan.rejected', lang)}</summary>\n")

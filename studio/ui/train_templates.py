@@ -118,9 +118,21 @@ def format_verdict(recipe: recipes_svc.Recipe, verdict: dict[str, Any], lang: st
         lines.append("- " + text("tr.plan.none", lang, devices=devices, peak=peak, cap=cap))
         option = plan.get("tensor_parallel_option")
         if option:
-            tp = plan["needs_tensor_parallel"]
-            lines.append("- " + text("tr.plan.tp", lang, tp=tp, peak=option["memory_gib"]["peak"]))
+            lines.append("- " + what_if_text(plan, option, lang))
     return "\n".join(lines)
+
+
+def what_if_text(plan: dict[str, Any], option: dict[str, Any], lang: str) -> str:
+    """The parallelism a plan that does not fit would need (tensor, and pipeline where that alone is not
+    enough), which this engine does not run."""
+    tp, pp, peak = (
+        plan["needs_tensor_parallel"],
+        plan.get("needs_pipeline_parallel"),
+        option["memory_gib"]["peak"],
+    )
+    if pp:
+        return text("tr.plan.tp_pp", lang, tp=tp, pp=pp, peak=peak)
+    return text("tr.plan.tp", lang, tp=tp, peak=peak)
 
 
 class StartHandlers:

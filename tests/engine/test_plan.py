@@ -1,18 +1,22 @@
 """The planner (engine.estimate.plan_run) against ERNIEKit's hardware table (tests/engine/data/
 erniekit_hardware.csv, docs/training.md): each row fits its listed GPUs (or says it needs tensor
-parallelism, or why this engine cannot), and does not fit on half as many, with the reason; and the
-planner's refusals of settings that cannot run."""
+parallelism, or tensor and pipeline parallelism, which this engine does not run), and does not fit on half
+as many, with the reason and what the what-ifs say there; the pipeline stage's memory; and the planner's
+refusals of settings that cannot run."""
 
 from __future__ import annotations
 
 import csv
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from engine.estimate import GIB, Candidate, Layout, NodeFacts, PlanError, count_parameters, plan_run
+from engine.estimate.activations import _activation_bytes
 from engine.estimate.candidates import _weigh
+from engine.estimate.memory import device_memory, stage_layers
 from engine.models.config import ErnieConfig
 from engine.models.presets import preset_fields
 from engine.train.config import TrainConfig, config_from_dict
@@ -61,26 +65,49 @@ def test_each_row_on_its_gpus_and_on_half_as_many(row):
     else:
         assert got.verdict == "does not fit" and got.fits == []
         assert f"does not fit on {gpus} device(s)" in got.reason and "GiB per device" in got.reason
+        # weighed as ERNIEKit's recipes run it (sequence parallel, whole layers replayed under recompute)
+        assert got.needs_tensor_parallel in (2, 4, 8) and "sequence parallel" in got.reason
+        option = got.tensor_parallel_option
+        settings = option.candidate.settings()
+        assert option.memory["peak"] <= 0.92 * 80 * GIB and settings["num_devices"] == gpus
+        assert settings["tensor_parallel_degree"] == got.needs_tensor_parallel
         if row["expected"] == "needs tensor parallelism":
-            # weighed as ERNIEKit's recipes run it (sequence parallel, whole layers replayed under recompute)
-            assert got.needs_tensor_parallel in (2, 4, 8)
-            assert "needs tensor parallelism" in got.reason and "tensor_parallel_degree" in got.reason
-            assert "sequence parallel" in got.reason
-            assert got.tensor_parallel_option.memory["peak"] <= 0.92 * 80 * GIB
-        else:  # what keeps it off these GPUs here: the MoE blocks' activations that recompute keeps
-            # under expert parallelism (the dispatch and combine), or the whole weights without it
-            assert got.needs_tensor_parallel is None
-            # (a Full DPO run's frozen reference holds every expert in each process)
-            assert "MoE blocks" in got.reason or "reference model" in got.reason
-            # and even tensor parallelism 8 leaves more than a device holds: ERNIEKit's recipes for these
-            # rows also split the layers over pipeline stages
-            assert "even with tensor_parallel_degree 8" in got.reason and "pipeline parallelism" in got.reason
+            assert "needs tensor parallelism" in got.reason and got.needs_pipeline_parallel is None
+            assert "pipeline_parallel_degree" not in settings
+        else:
+            assert row["expected"] == "needs tensor and pipeline parallelism", row["expected"]
+            # tensor parallelism 8 alone still leaves more than a device holds on all of them ...
+            assert "even with tensor_parallel_degree 8" in got.reason
+            # ... and split over pipeline stages as ERNIEKit's recipes do, the fullest stage fits
+            pp = got.needs_pipeline_parallel
+            assert (
+                pp
+                and settings["pipeline_parallel_degree"] == pp
+                and settings["gradient_accumulation_steps"] >= pp
+            )
+            tp = got.needs_tensor_parallel
+            said = f"needs tensor and pipeline parallelism: with tensor_parallel_degree {tp} and pipeline_parallel_degree {pp}"
+            assert said in got.reason
+            assert "1F1B" in got.reason and "this engine has neither" in got.reason
+            # 64 experts split at most 16 ways on 112 devices, 32 ways on 32: TP alone fits on fewer of them
+            assert f"tensor parallelism alone would fit on 32 of the {gpus} devices" in got.reason
+            assert got.to_dict()["needs_pipeline_parallel"] == pp
     if row["half"]:
         half = plan(row, gpus // 2)
         assert half.verdict == row["half"], half.reason
         if row["half"] == "does not fit":
             assert f"does not fit on {gpus // 2} device(s)" in half.reason
             assert "GiB per device against" in half.reason
+            # what the what-ifs this engine does not run say on half the GPUs (docs/training.md: most rows'
+            # what-ifs fit there too; ERNIEKit's counts are its recipes' layouts, not their least memory)
+            said = "none"
+            if half.needs_tensor_parallel:
+                said = (
+                    "tensor and pipeline parallelism"
+                    if half.needs_pipeline_parallel
+                    else "tensor parallelism"
+                )
+            assert said == row["half_what_if"], half.reason
 
 
 def test_a_fitting_plan_says_why_the_cheaper_choices_do_not_fit():
@@ -172,6 +199,79 @@ def test_the_tensor_parallel_what_if_runs_as_erniekit_runs_it():
     assert mem(Layout(8, expert_parallel=4), "DPO")["reference_model"] == pytest.approx(whole_ref)
     dpo_tp = mem(Layout(8, expert_parallel=4, tensor_parallel=2), "DPO")
     assert dpo_tp["reference_model"] == pytest.approx(dpo_tp["weights"]) and dpo_tp["weights"] < whole_ref / 3
+
+
+def test_pipeline_stages_split_the_layers_as_fleet_does():
+    """The what-if's stages are fleet's uniform segmentation (the remainder on the last stages)."""
+    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
+
+    for layers, stages in ((54, 14), (54, 7), (54, 5), (28, 4), (18, 5), (8, 8)):
+        bounds = SegmentLayers.uniform(None, layers, stages)
+        assert [stage_layers(layers, stages, s) for s in range(stages)] == [
+            range(a, b) for a, b in itertools.pairwise(bounds)
+        ]
+
+
+def test_a_pipeline_stage_counts_its_layers_and_the_ends_hold_the_embedding_and_head():
+    model = ErnieConfig(**preset_fields("ernie-4.5-300b-a47b"))
+    targets = ["qkv_proj", "o_proj", "up_gate_proj", "down_proj"]
+    whole = count_parameters(model, 8, targets)
+    stages = [count_parameters(model, 8, targets, stage_layers(54, 7, s)) for s in range(7)]
+    for part in (
+        "total",
+        "embedding",
+        "head",
+        "decoder_linears",
+        "expert_linears",
+        "other",
+        "lora",
+        "expert_lora",
+    ):
+        assert sum(getattr(s, part) for s in stages) == getattr(whole, part), part
+    assert stages[0].embedding == whole.embedding and stages[-1].head == whole.head > 0
+    assert stages[3].embedding == stages[3].head == 0
+    # a tied head is the embedding: a last stage that is not the first holds its copy (fleet's shared layer)
+    tied = ErnieConfig(**preset_fields("ernie-4.5-0.3b"))
+    assert count_parameters(tied).head == 0
+    assert count_parameters(tied, layers=stage_layers(18, 2, 1)).head == tied.vocab_size * tied.hidden_size
+
+
+def test_a_pipeline_stage_holds_its_share_and_the_micro_batches_in_flight():
+    """Under the pipeline what-if a device holds its stage's weights (split further by tensor and expert
+    parallelism) and the activations of the micro-batches 1F1B keeps in flight on it: stages - stage."""
+    model = ErnieConfig(**preset_fields("ernie-4.5-300b-a47b"))
+    base = {"model_name_or_path": "m", "train_dataset_path": "d", "output_dir": "o", "compute_type": "bf16"}
+    cfg = config_from_dict(TrainConfig, {**base, "fine_tuning": "Full", "recompute": True})
+    counts = count_parameters(model)
+    lay = Layout(112, expert_parallel=8, offload=True, tensor_parallel=2, pipeline_parallel=7)
+
+    def mem(layout: Layout, stage: str = "SFT") -> dict:
+        return device_memory(
+            model, counts, replace(cfg, stage=stage), "bf16-amp", True, counts.total, 1, 8192, layout
+        )
+
+    stages = [mem(replace(lay, pipeline_stage=s)) for s in range(7)]
+    flat = mem(replace(lay, pipeline_parallel=1))
+    # no stage repeats or drops a layer: their weights add up to the unpipelined device's
+    assert sum(s["weights"] for s in stages) == pytest.approx(flat["weights"], rel=1e-6)
+    assert sum(s["gradients"] for s in stages) == pytest.approx(flat["gradients"], rel=1e-6)
+    assert max(s["weights"] for s in stages) < flat["weights"] / 5
+    # the logits only on the last stage
+    assert all(s["logits"] == 0 for s in stages[:-1]) and stages[-1]["logits"] == flat["logits"] > 0
+    # the first stage keeps 7 micro-batches' layer inputs: 2 a layer (attention and FFN block), bf16, split
+    # over the tensor-parallel group (sequence parallel); the rebuilt layer once
+    first = stage_layers(54, 7, 0)
+    one = _activation_bytes(model, "full", 1, 8192, True, "bf16-amp", 2, "block", first, 1)
+    seven = _activation_bytes(model, "full", 1, 8192, True, "bf16-amp", 2, "block", first, 7)
+    assert seven["layers"] - one["layers"] == pytest.approx(
+        6 * len(first) * 2 * 2 * model.hidden_size * 8192 / 2
+    )
+    assert stages[0]["activations"] == pytest.approx(seven["total"])
+    kept = _activation_bytes(model, None, 1, 8192, True, "bf16-amp", 2, None, first, 1)["layers"]
+    assert _activation_bytes(model, None, 1, 8192, True, "bf16-amp", 2, None, first, 3)["layers"] == 3 * kept
+    # a Full DPO reference is split like the model: over the stages too
+    dpo = mem(replace(lay, pipeline_stage=3), "DPO")
+    assert dpo["reference_model"] == pytest.approx(dpo["weights"])
 
 
 @pytest.mark.parametrize(

@@ -312,3 +312,23 @@ def test_the_step_time_follows_the_nodes_own_record(client, session):
         "this node's recent runs took 0.49x the modelled step time (1 run(s))" in a
         for a in est["assumptions"]
     )
+
+
+def test_the_train_form_names_both_degrees_when_tensor_parallelism_alone_is_not_enough():
+    """ERNIE-4.5-300B-A47B Full DPO on ERNIEKit's 112 GPUs: the plan (as REST returns it) needs tensor and
+    pipeline parallelism, and the Train form says both degrees, in English and Chinese."""
+    from engine.estimate import GIB, NodeFacts, plan_run
+
+    model = ErnieConfig(**preset_fields("ernie-4.5-300b-a47b"))
+    nodes = [NodeFacts("gpu", f"node{i}", 80 * GIB, 2048 * GIB, "NVIDIA H800", devices=8) for i in range(14)]
+    plan = plan_run(model, "DPO", "Full", 4096, nodes).to_dict()
+    tp, pp = plan["needs_tensor_parallel"], plan["needs_pipeline_parallel"]
+    assert (
+        tp in (2, 4, 8)
+        and pp
+        and plan["tensor_parallel_option"]["settings"]["pipeline_parallel_degree"] == pp
+    )
+    assert f"tensor_parallel_degree {tp} and pipeline_parallel_degree {pp}" in format_plan(plan)
+    assert f"pipeline_parallel_degree {pp}" in format_plan(plan, "zh") and "流水线并行" in format_plan(
+        plan, "zh"
+    )
