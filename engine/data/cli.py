@@ -26,7 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if args.model and is_paddleocr_vl_dir(
             args.model
         ):  # what a PaddleOCR-VL run checks, by line and field
-            from engine.data.ocr import check_ocr_file
+            from engine.data.loader import check_ocr_file
             from engine.data.paddleocr_vl_processor import OCRProcessorSettings
 
             settings = OCRProcessorSettings.from_model_dir(args.model)

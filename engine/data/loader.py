@@ -429,3 +429,17 @@ def build_train_data(
 ) -> TrainData:
     """The batch stream of a training run (see ``TrainData`` for the keyword options)."""
     return TrainData(spec, tokenizer, stage, max_seq_len, packing, seed, **kwargs)
+
+
+def check_ocr_file(
+    path: str | Path,
+    tokenizer: ErnieTokenizer,
+    max_seq_len: int,
+    settings: OCRProcessorSettings | None = None,
+    fmt: str | None = None,
+) -> ValidationReport:
+    """Every problem of an OCR dataset file (or zip) as a PaddleOCR-VL run reads it, by line and field: what
+    the studio shows before it queues a run. Never raises for bad records."""
+    encoder = OCRSampleEncoder(tokenizer, max_seq_len, settings)
+    _, _, report = encode_file(path, fmt, "sft", encoder, tokenizer)
+    return report

@@ -9,12 +9,10 @@ PaddleOCR-VL image processor (``paddleocr_vl_processor.image_grid``, from the fi
 A record PaddleOCR-VL cannot learn from is an error naming its line and field, never a sample quietly
 skipped: no image, a video, an image that does not decode, text that does not fit ``max_seq_len`` after
 the image tokens. The record checks themselves (paths confined to the dataset directory, the pixel limit)
-are ``formats``'.
+are ``formats``'; ``loader.check_ocr_file`` reads a whole file as a run does.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from engine.data.encode import EncodedSample, SampleEncoder, turn_samples
 from engine.data.formats import (
@@ -26,7 +24,6 @@ from engine.data.formats import (
     VideoClip,
 )
 from engine.data.paddleocr_vl_processor import OCRProcessorSettings, image_grid
-from engine.data.validate import ValidationReport
 from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START, ErnieTokenizer
 
 
@@ -99,19 +96,3 @@ class OCRSampleEncoder(SampleEncoder):
             f"({image} of them the image's), over max_seq_len={self.max_seq_len}; raise max_seq_len, lower "
             "max_pixels (fewer image tokens) or split the text"
         )
-
-
-def check_ocr_file(
-    path: str | Path,
-    tokenizer: ErnieTokenizer,
-    max_seq_len: int,
-    settings: OCRProcessorSettings | None = None,
-    fmt: str | None = None,
-) -> ValidationReport:
-    """Every problem of an OCR dataset file (or zip) as a PaddleOCR-VL run reads it, by line and field: what
-    the studio shows before it queues a run. Never raises for bad records."""
-    from engine.data.loader import encode_file
-
-    encoder = OCRSampleEncoder(tokenizer, max_seq_len, settings)
-    _, _, report = encode_file(path, fmt, "sft", encoder, tokenizer)
-    return report

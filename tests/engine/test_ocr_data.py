@@ -18,7 +18,8 @@ import engine
 from engine.data import DatasetError, build_train_data, detect_format, validate_file
 from engine.data.archive import ArchiveError, dataset_file
 from engine.data.formats import RecordError, parse_record
-from engine.data.ocr import OCRSampleEncoder, check_ocr_file
+from engine.data.loader import check_ocr_file
+from engine.data.ocr import OCRSampleEncoder
 from engine.data.paddleocr_vl_processor import (
     CHAT_TEMPLATE,
     OCRProcessorSettings,
