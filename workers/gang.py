@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 import yaml
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from engine.train.parallel import NodeGroup, launch_command
 from studio.config import Settings
 from studio.db import session_factory
-from studio.models import RunStatus
+from studio.models import Run, RunStatus
 from studio.services import runs as runs_svc
 from studio.services.models import BUILDABLE_PRESETS, build_preset
 from studio.services.run_lifecycle import requeue_run
@@ -47,6 +48,7 @@ from workers.training import (
     _finish,
     _log_line,
     _rank_tails,
+    execute_run,
     launcher_devices,
     visible_gpus,
 )
@@ -78,6 +80,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def execute_training(settings: Settings, run_id: int, worker: str) -> str | None:
+    """One attempt of `run_id` on this worker: its node's part when the run spans several nodes, else the
+    whole run (`training.execute_run`). Decided here, above both, so the one-node code never imports this."""
+    with session_factory(settings)() as session:
+        nodes = session.scalar(select(Run.num_nodes).where(Run.id == run_id))
+    if nodes and nodes > 1:
+        return execute_part(settings, run_id, worker)
+    return execute_run(settings, run_id, worker)
 
 
 def execute_part(settings: Settings, run_id: int, worker: str) -> str | None:

@@ -16,11 +16,12 @@ from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EVAL_TASK, EXPORT_TASK,
 from workers.downloading import execute_download
 from workers.evaluating import execute_eval
 from workers.exporting import execute_export
+from workers.gang import execute_training
 from workers.media import execute_media_fetch
 from workers.nodes import NodeAgent, hold_work_queues
 from workers.reconcile import Reconciler
 from workers.serving import execute_deployment
-from workers.training import SHUTTING_DOWN, execute_run
+from workers.training import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 _reconcilers: list[Reconciler] = []
@@ -42,7 +43,7 @@ def _settings(app) -> Settings:
 @shared_task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_training(self, run_id: int) -> str | None:
     """One attempt of a training run (resumes from the newest checkpoint when there is one)."""
-    return execute_run(_settings(self.app), int(run_id), self.request.hostname or "worker")
+    return execute_training(_settings(self.app), int(run_id), self.request.hostname or "worker")
 
 
 @shared_task(name=DEPLOYMENT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)

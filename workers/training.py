@@ -140,13 +140,8 @@ class Heartbeat(threading.Thread):
 
 
 def execute_run(settings: Settings, run_id: int, worker: str) -> str | None:
-    """Run one attempt of `run_id` on this worker; returns the final status (None if not claimed)."""
-    with session_factory(settings)() as session:
-        nodes = session.scalar(select(Run.num_nodes).where(Run.id == run_id))
-    if nodes and nodes > 1:
-        from workers.gang import execute_part
-
-        return execute_part(settings, run_id, worker)
+    """Run one attempt of the one-node run `run_id` on this worker; returns the final status (None if not
+    claimed). A run over several nodes goes through `workers.gang.execute_training`."""
     with session_factory(settings)() as session:
         attempt = claim_run(session, run_id, worker, settings.node_name)
     if attempt is None:
