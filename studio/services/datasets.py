@@ -23,10 +23,11 @@ from engine.data.records import TABLE_SUFFIXES
 from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
 from engine.eval.config import BENCHMARK_TYPES
 from studio.config import Settings
-from studio.models import Dataset
+from studio.models import Dataset, Run, RunStatus
 from studio.services import media as media_svc
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
+from studio.services.models import ensure_model_dir
 from studio.services.paths import ALLOWED_DATASET_SUFFIXES, confine, relative_to_home, safe_upload_name
 from studio.services.store import get_or_404
 
@@ -623,7 +624,6 @@ def _tokenizer(session: Session, settings: Settings, model: str, field: str):
     from engine import load_tokenizer
     from engine.models.paths import tokenizer_dir
     from engine.tokenizer import ChatTemplateRefused
-    from studio.services.models import ensure_model_dir
 
     d = ensure_model_dir(session, settings, model, field=field)
     try:
@@ -664,8 +664,6 @@ def dataset_stats(
 
 def delete_dataset(session: Session, settings: Settings, dataset_id: int) -> None:
     """Remove a dataset and its file; refused while a queued or running run trains on it."""
-    from studio.models import Run, RunStatus
-
     ds = get_dataset(session, dataset_id)
     active = session.scalars(select(Run).where(Run.status.in_([RunStatus.QUEUED, RunStatus.RUNNING]))).all()
     users = [r.id for r in active if dataset_id in (r.dataset_ids or [])]

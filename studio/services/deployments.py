@@ -22,13 +22,12 @@ from engine.serve import fastdeploy
 from engine.serve.llamacpp import SERVE_GGUF_TYPE
 from studio import queue
 from studio.config import Settings
-from studio.models import Deployment, DeploymentStatus, Export, RunStatus, utcnow
+from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
 from studio.schemas import RequestModel
 from studio.services.errors import Conflict, InvalidInput, ServiceError, Unavailable
 from studio.services.events import add_event
 from studio.services.models import model_dir_for
 from studio.services.paths import confine
-from studio.services.runs import get_run
 from studio.services.store import RowId, get_or_404
 
 log = logging.getLogger(__name__)
@@ -86,7 +85,7 @@ def new_deployment(session: Session, settings: Settings, spec: DeploymentSpec) -
         else:
             model_dir, default_name = checkpoint_export_dir(settings, export, spec.gguf_type)
     elif spec.run_id is not None:
-        run = get_run(session, spec.run_id)
+        run = get_or_404(session, Run, spec.run_id, "run")
         if run.status != RunStatus.SUCCEEDED:
             raise Conflict(f"run {run.id} is {run.status}; deploy it once it has succeeded")
         model_dir = str(confine(settings, run.model_dir or run.output_dir, field="run_id"))

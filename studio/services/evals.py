@@ -27,6 +27,7 @@ from engine.data.formats import resolve_image
 from engine.data.records import iter_raw
 from engine.eval.config import BENCHMARK_TYPES, CHAT_TYPES, OCR_TYPES, EvalConfig, option_problems
 from engine.train.config import ConfigError, config_from_dict
+from studio import queue
 from studio.config import Settings
 from studio.models import (
     TERMINAL_RUN_STATUSES,
@@ -576,8 +577,6 @@ def pairwise_summary(session: Session, ev: Evaluation) -> dict[str, Any]:
 
 def cancel_eval(session: Session, settings: Settings, eval_id: int) -> Evaluation:
     """A queued eval is cancelled at once; a running one is flagged and its worker stops the scorer."""
-    from studio import queue
-
     ev = get_eval(session, eval_id)
     if ev.status in TERMINAL_RUN_STATUSES:
         raise Conflict(f"eval {eval_id} already ended ({ev.status}); nothing to cancel")
@@ -617,8 +616,6 @@ def delete_eval(session: Session, settings: Settings, eval_id: int) -> None:
     if ev.status == RunStatus.RUNNING:
         raise Conflict(f"eval {eval_id} is running; cancel it first")
     if ev.status == RunStatus.QUEUED:
-        from studio import queue
-
         queue.purge_job(settings, queue.EVAL_TASK, eval_id, jobs.EVALS.queue)
     session.delete(ev)
     session.commit()

@@ -25,7 +25,7 @@ from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, 
 from studio.services import deployments, jobs
 from studio.services.errors import Conflict, InvalidInput, NotFound, ServiceError
 from studio.services.events import add_event
-from studio.services.runs import confine_config_paths
+from studio.services.paths import confine_config_paths
 from studio.services.store import get_or_404
 
 

@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 from engine.data.records import TABLE_SUFFIXES  # benchmark tables: uploaded as they are, never in a .zip
+from engine.train.config import ERNIEKIT_ALIASES, ERNIEKIT_NOTICES, TrainConfig
 from studio.config import Settings
 from studio.services.errors import InvalidInput
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 ALLOWED_DATASET_SUFFIXES = (".jsonl", ".json")
+# Config keys whose value is a path on the server, read from the engine's schema (its text `*_path`, `*_dir`
+# and `*_file` keys, and the ERNIEKit `*_path` keys it ignores): a path is never taken from a request, only
+# ids the studio resolves to confined paths (`runs` says what to send instead of each).
+PATH_KEYS = tuple(
+    sorted(
+        {
+            f.name
+            for f in dataclasses.fields(TrainConfig)
+            if f.type in (str, "str") and f.name.endswith(("_path", "_dir", "_file"))
+        }
+        # ERNIEKit keys this engine accepts without effect may name paths too (overwrite_output_dir is a flag)
+        | {
+            key
+            for key in {*ERNIEKIT_NOTICES, *ERNIEKIT_ALIASES}
+            if key.endswith("_path") or key == "input_dir"
+        }
+    )
+)
 
 
 def confine(
@@ -88,3 +109,12 @@ def safe_upload_name(filename: str | None) -> str:
 
 def relative_to_home(settings: Settings, path: Path) -> str:
     return str(path.resolve().relative_to(settings.home))
+
+
+def confine_config_paths(settings: Settings, cfg: dict[str, Any], where: str) -> None:
+    """Check every path a stored config names lies under home (a model also under ERNIE_STUDIO_MODEL_ROOTS):
+    for configs written before paths were refused in hyperparameters."""
+    for key in PATH_KEYS:
+        if cfg.get(key):
+            roots = settings.extra_model_roots if key == "model_name_or_path" else None
+            confine_list(settings, str(cfg[key]), field=f"{where}: {key}", roots=roots)

@@ -3,7 +3,6 @@ config, queue position, estimates. What the workers do to a run is in `studio.se
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -16,8 +15,6 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from engine.train.config import (
-    ERNIEKIT_ALIASES,
-    ERNIEKIT_NOTICES,
     FINE_TUNING,
     MAX_DEVICES,
     STAGES,
@@ -36,9 +33,12 @@ from studio.schemas import RequestModel
 from studio.services import metric_series
 from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput, ServiceError
+from studio.services.estimates import check_known_devices, estimate_spec
+from studio.services.evals import check_model_reads, check_options, engine_config, eval_datasets, hold_out
 from studio.services.events import add_event
+from studio.services.exports import create_export as queue_export
 from studio.services.models import is_ocr_model, model_config, model_dir_for
-from studio.services.paths import confine_list
+from studio.services.paths import PATH_KEYS, confine_config_paths
 from studio.services.run_lifecycle import dispatch_run, withdraw_run
 from studio.services.store import RowId, get_or_404
 
@@ -59,24 +59,6 @@ MANAGED_KEYS = (
 # Filled in by the studio only when the spec names evaluation sets (`eval_dataset_ids`).
 EVAL_KEYS = ("eval_dataset_type", "eval_dataset_path", "eval_dataset_prob")
 STUDIO_KEYS = (*MANAGED_KEYS, *EVAL_KEYS)
-# Config keys whose value is a path on the server, read from the engine's schema (its text `*_path`, `*_dir`
-# and `*_file` keys, and the ERNIEKit `*_path` keys it ignores): a path is never taken from a request, only
-# ids the studio resolves to confined paths. Each maps to what to send instead.
-PATH_KEYS = tuple(
-    sorted(
-        {
-            f.name
-            for f in dataclasses.fields(TrainConfig)
-            if f.type in (str, "str") and f.name.endswith(("_path", "_dir", "_file"))
-        }
-        # ERNIEKit keys this engine accepts without effect may name paths too (overwrite_output_dir is a flag)
-        | {
-            key
-            for key in {*ERNIEKIT_NOTICES, *ERNIEKIT_ALIASES}
-            if key.endswith("_path") or key == "input_dir"
-        }
-    )
-)
 _INSTEAD = {
     "model_name_or_path": "pick the model with `base_model` (a preset, a model dir under ERNIE_STUDIO_HOME or "
     "ERNIE_STUDIO_MODEL_ROOTS, or run:<id>)",
@@ -299,15 +281,6 @@ def _check_choices(spec: RunSpec) -> None:
             raise InvalidInput(f"hyperparameters.{key}: must be a string, number or boolean, got {value!r}")
 
 
-def confine_config_paths(settings: Settings, cfg: dict[str, Any], where: str) -> None:
-    """Check every path a stored config names lies under home (a model also under ERNIE_STUDIO_MODEL_ROOTS):
-    for configs written before paths were refused in hyperparameters."""
-    for key in PATH_KEYS:
-        if cfg.get(key):
-            roots = settings.extra_model_roots if key == "model_name_or_path" else None
-            confine_list(settings, str(cfg[key]), field=f"{where}: {key}", roots=roots)
-
-
 def _instead(key: str) -> str:
     return _INSTEAD.get(key, "upload files as datasets and pass their ids (dataset_ids, eval_dataset_ids)")
 
@@ -445,8 +418,6 @@ def create_run(
 
 def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
     """What can be checked of "evaluate after training" before the run exists (`create_run` splits the data)."""
-    from studio.services.evals import check_model_reads, check_options, eval_datasets
-
     ev = spec.evaluate
     if ev is None:
         return
@@ -471,8 +442,6 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
 
 def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run) -> dict[str, Any]:
     """Hold out the split (the trainer is given the rest) and keep what the evals after training need."""
-    from studio.services.evals import engine_config, hold_out
-
     ev = spec.evaluate
     plan: dict[str, Any] = ev.model_dump()
     plan["holdout_files"] = []
@@ -843,8 +812,6 @@ def delete_run(session: Session, settings: Settings, run_id: int) -> None:
 
 def create_export(session: Session, settings: Settings, run_id: int, **choices: Any):
     """Queue `ernie-studio export` of a finished run (see studio.services.exports.create_export)."""
-    from studio.services.exports import create_export as queue_export
-
     return queue_export(session, settings, run_id, **choices)
 
 
@@ -863,16 +830,12 @@ def estimate_resources(session: Session, settings: Settings, spec: RunSpec) -> d
 
 
 def _check_known_devices(session: Session, settings: Settings, spec: RunSpec) -> None:
-    from studio.services.estimates import check_known_devices
-
     check_known_devices(session, settings, spec.num_devices)
 
 
 def _estimate(
     session: Session, settings: Settings, spec: RunSpec, queue_name: str, *, compute_stats: bool
 ) -> dict[str, Any]:
-    from studio.services.estimates import estimate_spec
-
     return estimate_spec(
         session,
         settings,
