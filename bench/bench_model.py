@@ -96,7 +96,7 @@ def component_choices(batch: int, seq: int, repeats: int) -> list[tuple[str, str
     """Forward + backward time of the alternatives we chose between, at the benchmark's shapes."""
     import paddle.nn.functional as F
 
-    from engine.models import layers
+    from engine.models import layers, plain_ops
 
     h, vocab = DENSE["hidden_size"], DENSE["vocab_size"]
     nq, nkv, hd = DENSE["num_attention_heads"], DENSE["num_key_value_heads"], DENSE["head_dim"]
@@ -110,11 +110,11 @@ def component_choices(batch: int, seq: int, repeats: int) -> list[tuple[str, str
     x, emb = leaf(batch, seq, h), leaf(vocab, h)
 
     def square(q, k, v):
-        block, layers.ATTENTION_BLOCK = layers.ATTENTION_BLOCK, 1 << 30
+        block, plain_ops.ATTENTION_BLOCK = plain_ops.ATTENTION_BLOCK, 1 << 30
         try:
             return layers.attention(q, k, v, None)
         finally:
-            layers.ATTENTION_BLOCK = block
+            plain_ops.ATTENTION_BLOCK = block
 
     def sdpa(q, k, v):
         g = nq // nkv

@@ -6,7 +6,7 @@
 - ``sum_grads_mixed_dtypes``: 2 ranks on 2 GPUs all-reduce bf16 / fp16 gradients beside fp32 router gates.
 
 The weight-only GEMM (per channel only, forward-only probe) and flash attention are among the fast-path
-self-tests (``engine.models.kernels.SELF_TESTS``). A CPU node reports these checks skipped: the tests
+self-tests (``engine.models.kernel_self_tests.SELF_TESTS``). A CPU node reports these checks skipped: the tests
 cover the same code there (tests/engine/test_precision.py, test_distributed.py).
 """
 

@@ -14,7 +14,7 @@ import paddle
 
 from engine.doctor.report import Check, DoctorFloors
 from engine.models.checkpoint import load_plain_model
-from engine.models.kernels import SelfTestResult
+from engine.models.kernel_self_tests import SelfTestResult
 
 # The training probe: this many AdamW steps on one fixed batch must cut its loss by at least this fraction
 # (a healthy node goes from ~7.0 to ~1.4 in 20 steps; broken kernels, NaNs or a stuck optimizer do not).
@@ -62,13 +62,13 @@ def device_check(facts: dict[str, Any], floors: DoctorFloors) -> Check:
 
 
 def fast_path_checks(quick: bool) -> list[Check]:
-    """Each fast path this device has against its plain path (``engine.models.kernels.self_tests``, the
+    """Each fast path this device has against its plain path (``engine.models.kernel_self_tests.self_tests``, the
     same comparisons the tests run); a path the device lacks is reported as skipped, with the reason."""
-    from engine.models import kernels
+    from engine.models import kernel_self_tests
 
     start = time.perf_counter()
     try:
-        results = kernels.self_tests(quick)
+        results = kernel_self_tests.self_tests(quick)
     except Exception as e:
         return [Check("fast_paths", False, f"the fast-path self-tests raised {type(e).__name__}: {e}")]
     each = round((time.perf_counter() - start) / max(len(results), 1), 3)

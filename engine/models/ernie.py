@@ -14,9 +14,10 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from engine.models import plain_ops
 from engine.models.config import ErnieConfig
 from engine.models.gpas import GPASGate
-from engine.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
+from engine.models.layers import MLP, Attention, PackedKeyStarts, RMSNorm, RotaryEmbedding
 from engine.models.moe import (
     MoELayer,
     RouterStats,
@@ -25,6 +26,7 @@ from engine.models.moe import (
     orthogonal_loss,
     z_loss,
 )
+from engine.models.plain_ops import packed_causal_mask
 from engine.models.positions import batch_positions, vision_routed_ids
 from engine.models.quantized import upcast_matmul
 from engine.models.vision import Grid, Resampler, VisionTransformer, check_grids
@@ -212,9 +214,9 @@ def packed_key_starts(segment_ids: paddle.Tensor, block: int | None = None) -> t
     A query sees only earlier keys of its own sample, so a block of short packed samples needs only the keys
     from the start of its earliest sample: attention skips the rest instead of masking it.
     """
-    from engine.models import layers
-
-    block = block or layers.ATTENTION_BLOCK  # read at call time: the blocks must be the ones attention uses
+    block = (
+        block or plain_ops.ATTENTION_BLOCK
+    )  # read at call time: the blocks must be the ones attention uses
     seg = segment_ids.numpy()
     b, t = seg.shape
     first = np.empty_like(seg)
@@ -227,20 +229,7 @@ def packed_key_starts(segment_ids: paddle.Tensor, block: int | None = None) -> t
         sample_starts.append(np.concatenate([[0], cuts]) + r * t)
     cu_seqlens = np.concatenate([*sample_starts, [b * t]]).astype(np.int32)
     starts = [int(first[:, s : s + block].min()) for s in range(0, t, block)]
-    return layers.PackedKeyStarts(starts, cu_seqlens)
-
-
-def packed_causal_mask(segment_ids: paddle.Tensor) -> paddle.Tensor:
-    """[B, T] sample index per position (-1 for padding) -> additive fp32 [B, 1, T, T].
-
-    Tokens attend causally only inside their own packed sample; padding rows attend to themselves so the
-    softmax never sees an all -inf row.
-    """
-    t = segment_ids.shape[1]
-    same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
-    causal = paddle.tril(paddle.ones([t, t], dtype="bool")).unsqueeze(0)
-    keep = (same & causal) | paddle.eye(t).astype("bool").unsqueeze(0)
-    return paddle.where(keep, 0.0, float("-inf")).astype("float32").unsqueeze(1)
+    return PackedKeyStarts(starts, cu_seqlens)
 
 
 def decoder_mask(

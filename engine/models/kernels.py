@@ -6,8 +6,8 @@ once (device, compute capability, whether the kernel exists in this Paddle build
 op on a small probe) and logs it once, with the reason for every path that is off.
 ``ERNIE_STUDIO_DISABLE_FAST_PATHS=name,name`` (or ``all``) switches paths off by hand.
 
-``self_tests(quick)`` compares each fast path with the plain path on a tiny model, forward logits and the
-gradients of every parameter; the tests and ``ernie-studio doctor`` both call it.
+The self-tests that compare each fast path with the plain path on a tiny model build whole models, so they
+live above the models in ``kernel_self_tests``; this module imports no model module.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import contextvars
 import ctypes
 import functools
-import itertools
 import logging
 import math
 import os
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+
+from engine.models.plain_ops import apply_rotary_plain, attention_plain, packed_causal_mask, rms_norm_plain
 
 log = logging.getLogger(__name__)
 
@@ -138,22 +139,6 @@ class FastPath:
     name: str
     on: bool
     reason: str  # why it is on or off, one line
-
-
-@dataclass
-class SelfTestResult:
-    """One fast path against its plain path on a tiny model."""
-
-    name: str
-    ran: bool
-    passed: bool
-    reason: str
-    max_abs_diff_fwd: float | None = None
-    max_abs_diff_grads: float | None = None  # None: not compared (a forward-only case, or not run)
-    tolerance: float | None = None  # on both differences; see ``self_tests``
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 # ---- the decision ----------------------------------------------------------------------------------
@@ -272,8 +257,6 @@ def _agreement(fast: Callable, plain: Callable, *inputs: paddle.Tensor, backward
 
 
 def _probe_rms_norm() -> tuple[float, float]:
-    from engine.models.layers import rms_norm_plain
-
     w = paddle.rand([64]) + 0.5
     return _agreement(
         lambda x: rms_norm_fused(x, w, 1e-5), lambda x: rms_norm_plain(x, w, 1e-5), paddle.randn([4, 64])
@@ -281,8 +264,6 @@ def _probe_rms_norm() -> tuple[float, float]:
 
 
 def _probe_rope() -> tuple[float, float]:
-    from engine.models.layers import apply_rotary_plain
-
     angles = paddle.rand([2, 5, 1, 8]) * 10
     cos, sin = angles.cos(), angles.sin()
     return _agreement(
@@ -297,15 +278,10 @@ def _qkv(batch: int) -> list[paddle.Tensor]:
 
 
 def _probe_flash() -> tuple[float, float]:
-    from engine.models.layers import attention_plain
-
     return _agreement(flash_causal, lambda q, k, v: attention_plain(q, k, v, None), *_qkv(2)), 3e-2
 
 
 def _probe_flash_varlen() -> tuple[float, float]:
-    from engine.models.ernie import packed_causal_mask
-    from engine.models.layers import attention_plain
-
     mask = packed_causal_mask(paddle.to_tensor([[0] * 6 + [1] * 10]))
     cu = paddle.to_tensor([0, 6, 16], dtype="int32")
     return _agreement(
@@ -355,7 +331,7 @@ def rms_norm_fused(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddl
 
 
 def rope_fused(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """The interleaved rotation of ``layers.apply_rotary_plain`` in one kernel. x [B, T, H, D].
+    """The interleaved rotation of ``plain_ops.apply_rotary_plain`` in one kernel. x [B, T, H, D].
 
     Paddle's ``use_neox_rotary_style=True`` is the one that rotates adjacent (even, odd) pairs, ERNIE's
     layout; its sin / cos hold one value per element, so each pair's angle is repeated. Positions may
@@ -433,7 +409,8 @@ def weight_only_refusal(group_size: int, needs_grad: bool, compute_capability: i
 
 
 @functools.cache
-def _compute_capability() -> int:
+def compute_capability() -> int:
+    """This GPU's compute capability as major*10+minor (0 without a GPU in use)."""
     return _gpu()[1]
 
 
@@ -451,7 +428,7 @@ def weight_only_linear(layer, x: paddle.Tensor) -> paddle.Tensor | None:
     groups = int(layer.weight_scale.shape[0])
     group_size = -1 if groups == 1 else layer.in_features // groups
     needs_grad = paddle.is_grad_enabled() and not x.stop_gradient
-    if weight_only_refusal(group_size, needs_grad, _compute_capability()) is not None:
+    if weight_only_refusal(group_size, needs_grad, compute_capability()) is not None:
         return None
     cached = getattr(layer, "_kernel_weight", None)
     if cached is None or cached[0] != x.dtype:
@@ -464,171 +441,3 @@ def weight_only_linear(layer, x: paddle.Tensor) -> paddle.Tensor | None:
     return paddle.nn.quant.weight_only_linear(
         x, q, bias=bias, weight_scale=scale, weight_dtype="int4" if layer.bits == 4 else "int8"
     )
-
-
-# ---- self-tests: each fast path against its plain path on a tiny model ------------------------------
-
-FP32_TOLERANCE = 1e-5  # absolute, on logits and on every gradient
-HALF_TOLERANCE = 2e-2  # bf16 paths: relative to the plain path's largest |value|, per tensor
-
-
-@dataclass(frozen=True)
-class _Case:
-    paths: tuple[str, ...]  # what the case switches on (the plain run has them off)
-    preset: str
-    dtype: str
-    inputs: str  # "causal" | "packed" | "vl"
-    full_only: bool = False
-    weight_only: bool = False
-    grads: bool = True  # False: forward only, under no_grad (as serving runs)
-    group_size: int = -1  # weight-only cases: the scales' group size (-1 per channel)
-
-
-SELF_TESTS = {
-    "grouped_moe": _Case(("grouped_moe",), "tiny-moe", "float32", "packed"),
-    "grouped_moe_vl": _Case(("grouped_moe",), "tiny-vl", "float32", "vl", full_only=True),
-    "swiglu": _Case(("swiglu",), "tiny", "float32", "causal"),
-    "flash_attention": _Case(("flash_attention",), "tiny", "bfloat16", "causal"),
-    "flash_attention_varlen": _Case(("flash_attention_varlen",), "tiny", "bfloat16", "packed"),
-    "fused_rms_norm": _Case(("fused_rms_norm",), "tiny", "float32", "packed"),
-    "fused_rope": _Case(("fused_rope",), "tiny", "float32", "packed"),
-    "weight_only_linear": _Case(("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True),
-    "weight_only_linear_inference": _Case(
-        ("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True, grads=False
-    ),
-    # group-wise scales must take the dequantize path with the kernel on (weight_only_refusal)
-    "weight_only_linear_group64": _Case(
-        ("weight_only_linear",),
-        "tiny",
-        "bfloat16",
-        "causal",
-        full_only=True,
-        weight_only=True,
-        grads=False,
-        group_size=64,
-    ),
-}
-
-
-def self_tests(quick: bool = True) -> list[SelfTestResult]:
-    """Every fast path against the plain path (see ``self_test``); ``quick`` uses short rows and leaves
-    out the VL MoE case."""
-    return [self_test(name, quick) for name, case in SELF_TESTS.items() if not (quick and case.full_only)]
-
-
-def self_test(name: str, quick: bool = True) -> SelfTestResult:
-    """Forward logits and the gradient of every parameter with ``name``'s paths on against off.
-
-    Tolerances: fp32 cases ``FP32_TOLERANCE`` absolute; bf16 cases (flash attention, weight-only GEMM:
-    the kernels exist only in half precision) compare with the plain path in bf16, each tensor's
-    difference divided by the plain path's largest |value|, against ``HALF_TOLERANCE``. Gradients must
-    exist for the same parameters in both runs (an expert without tokens has none in either).
-    """
-    case = SELF_TESTS[name]
-    caps = capabilities()
-    off = [p for p in case.paths if not caps[p].on]
-    if off:
-        return SelfTestResult(name, ran=False, passed=False, reason=f"{off[0]} is off: {caps[off[0]].reason}")
-    if case.weight_only and case.grads:
-        refusal = weight_only_refusal(case.group_size, True, _compute_capability())
-        if refusal:
-            return SelfTestResult(name, False, False, f"weight_only_linear with gradients is off: {refusal}")
-    tol = FP32_TOLERANCE if case.dtype == "float32" else HALF_TOLERANCE
-    relative = case.dtype != "float32"
-    try:
-        model, inputs = _tiny_model_and_inputs(case, 64 if quick else 2 * 128 + 32)
-        if "grouped_moe" in case.paths and not _all_groups_grouped(model):
-            return SelfTestResult(name, True, False, "the tiny model's experts do not take the grouped path")
-        grad_mode = paddle.enable_grad if case.grads else paddle.no_grad
-        with grad_mode(), forced(**dict.fromkeys(case.paths, False)):
-            plain = _logits_and_grads(model, inputs, case.grads)
-        with grad_mode(), forced(**dict.fromkeys(case.paths, True)):
-            fast = _logits_and_grads(model, inputs, case.grads)
-    except Exception as exc:
-        return SelfTestResult(name, ran=True, passed=False, reason=f"{type(exc).__name__}: {exc}"[:300])
-    missing = sorted(set(plain[1]) ^ set(fast[1]))
-    if missing:
-        return SelfTestResult(
-            name, True, False, f"gradients exist in one path only, e.g. {missing[0]}", tolerance=tol
-        )
-    fwd = _diff(plain[0], fast[0], relative)
-    grads = max((_diff(plain[1][k], fast[1][k], relative) for k in plain[1]), default=0.0)
-    passed = fwd <= tol and grads <= tol
-    if not case.grads:
-        grads = None
-    kind = "relative to the largest |value|" if relative else "absolute"
-    reason = f"{case.dtype} on {case.preset}, {kind}: " + (
-        "agrees" if passed else "differs beyond the tolerance"
-    )
-    return SelfTestResult(name, True, passed, reason, fwd, grads, tol)
-
-
-def _diff(a: np.ndarray, b: np.ndarray, relative: bool) -> float:
-    d = float(np.abs(a - b).max()) if a.size else 0.0
-    return d / max(float(np.abs(a).max()), 1e-12) if relative and a.size else d
-
-
-def _tiny_model_and_inputs(case: _Case, seq: int):
-    from engine.models.checkpoint import cast_model
-    from engine.models.ernie import ErnieForCausalLM
-    from engine.models.initialize import init_weights
-    from engine.models.presets import preset_config
-    from engine.models.quantized import apply_weight_only
-
-    paddle.seed(0)
-    cfg = preset_config(case.preset, vocab_size=512)
-    model = ErnieForCausalLM(cfg)
-    init_weights(model, seed=0, std=0.05)
-    for layer in model.sublayers():
-        if hasattr(layer, "moe_statics"):
-            # Shut one expert of every group out of routing: the paths must agree on experts without tokens.
-            bias = np.zeros(layer.moe_statics.e_score_correction_bias.shape, np.float32)
-            bias[:, 0] = -10.0
-            layer.moe_statics.e_score_correction_bias.set_value(paddle.to_tensor(bias))
-    cast_model(model, case.dtype)
-    if case.weight_only:
-        apply_weight_only(model, "wint8", case.group_size)
-    model.train()
-    rng = np.random.default_rng(0)
-    ids = paddle.to_tensor(rng.integers(16, cfg.vocab_size, size=(2, seq)))
-    inputs = {"input_ids": ids, "labels": ids}
-    if case.inputs in ("packed", "vl"):
-        # Samples of uneven lengths packed into each row, positions restarting per sample, padding at the end.
-        seg = np.full((2, seq), -1)
-        pos = np.zeros((2, seq), np.int64)
-        for r, cuts in enumerate(([0, seq // 3, seq // 2, seq - 5], [0, seq // 4, seq - 1])):
-            for i, (a, b) in enumerate(itertools.pairwise(cuts)):
-                seg[r, a:b] = i
-                pos[r, a:b] = np.arange(b - a)
-        inputs |= {"segment_ids": paddle.to_tensor(seg), "position_ids": paddle.to_tensor(pos)}
-    if case.inputs == "vl":
-        inputs["token_type_ids"] = paddle.to_tensor((rng.random((2, seq)) < 0.4).astype(np.int64))
-    return model, inputs
-
-
-def _all_groups_grouped(model) -> bool:
-    """Whether every expert group of the model would run grouped (else the comparison proves nothing)."""
-    from engine.models.moe import MoELayer, can_group
-
-    for layer in model.sublayers():
-        if isinstance(layer, MoELayer):
-            bounds = np.cumsum([0, *layer.group_sizes])
-            if not all(can_group(layer.experts[a:b]) for a, b in itertools.pairwise(bounds)):
-                return False
-    return True
-
-
-def _logits_and_grads(model, inputs, grads: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The logits and (with ``grads``) every parameter's gradient of the loss; no gradients: ``{}``."""
-    if not grads:
-        return model(**inputs).logits.astype("float32").numpy(), {}
-    model.clear_gradients(set_to_zero=False)  # None, not zeros: which parameters got a gradient matters
-    out = model(**inputs)
-    out.loss.backward()
-    grads = {
-        n: p.grad.astype("float32").numpy()
-        for n, p in model.named_parameters()
-        if not p.stop_gradient and p.grad is not None
-    }
-    model.clear_gradients(set_to_zero=False)
-    return out.logits.astype("float32").numpy(), grads

@@ -1,21 +1,19 @@
 """The decoder's building blocks: RMSNorm, rotary embeddings, GQA attention and the SwiGLU MLP.
 
-Each block that has a fused kernel asks ``kernels.enabled`` and otherwise runs its plain form here
-(``rms_norm_plain``, ``apply_rotary_plain``, ``attention_plain``): the reference the kernels are tested
-against.
+Each block that has a fused kernel asks ``kernels.enabled`` and otherwise runs its plain form
+(``plain_ops.rms_norm_plain``, ``apply_rotary_plain``, ``attention_plain``): the reference the kernels are
+probed and tested against.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
 
 from engine.models import kernels
 from engine.models.config import ErnieConfig
+from engine.models.plain_ops import apply_rotary_plain, attention_plain, rms_norm_plain
 
 
 class RMSNorm(nn.Layer):
@@ -28,16 +26,6 @@ class RMSNorm(nn.Layer):
         if kernels.enabled("fused_rms_norm") and x.place.is_gpu_place():
             return kernels.rms_norm_fused(x, self.weight, self.eps)
         return rms_norm_plain(x, self.weight, self.eps)
-
-
-def rms_norm_plain(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
-    # Normalise in fp32 as the reference implementations do, whatever the activation dtype. In fp32
-    # the casts are skipped: each is a copy plus a backward node, and this runs 2 x layers times.
-    if x.dtype == paddle.float32:
-        return x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
-    h = x.astype("float32")
-    h = h * paddle.rsqrt((h * h).mean(-1, keepdim=True) + eps)
-    return weight * h.astype(x.dtype)
 
 
 def rotary_frequencies(dim: int, theta: float) -> paddle.Tensor:
@@ -103,16 +91,6 @@ def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> pa
     return apply_rotary_plain(x, cos, sin)
 
 
-def apply_rotary_plain(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    b, t, h, d = x.shape
-    pairs = x.astype("float32").reshape([b, t, h, d // 2, 2])
-    # unbind, not two slices: a slice's gradient is a zero-filled tensor of the whole input (profiled on
-    # the CPU step), unbind's is one stack
-    even, odd = paddle.unbind(pairs, axis=-1)
-    out = paddle.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1)
-    return out.reshape([b, t, h, d]).astype(x.dtype)
-
-
 class Attention(nn.Layer):
     """Grouped-query attention with a fused Q/K/V projection (Paddle checkpoint layout)."""
 
@@ -159,11 +137,6 @@ class Attention(nn.Layer):
         return self.o_proj(out.reshape([b, t, nq * hd]))
 
 
-# Causal attention over long sequences runs in query blocks of this many rows, each against only the keys
-# it can see: about 40% less score / softmax work at 512 tokens than masking a full T x S square.
-ATTENTION_BLOCK = 128
-
-
 class PackedKeyStarts(tuple):
     """The first visible key of each query block (a plain tuple to ``attention_plain``) of packed rows,
     plus where each sample starts when the rows are laid end to end (``cu_seqlens`` [samples + 1], every
@@ -204,86 +177,6 @@ def attention(
         if mask is None and kernels.enabled("flash_attention"):
             return kernels.flash_causal(q, k, v)
     return attention_plain(q, k, v, mask, causal)
-
-
-def attention_plain(
-    q: paddle.Tensor,
-    k: paddle.Tensor,
-    v: paddle.Tensor,
-    mask: paddle.Tensor | None,
-    causal: bool | tuple[int, ...] = False,
-) -> paddle.Tensor:
-    """Softmax attention. q [B, T, H, D], k/v [B, S, Hkv, D]; mask additive fp32 [B|1, 1, T, S] or None.
-
-    With mask None the attention is causal with the query block aligned to the end of the keys.
-    ``causal=True`` promises that ``mask`` hides every key after the query (our padding and packing masks
-    do), so key blocks after a query block are skipped instead of masked. A tuple also promises, per
-    query block of ``ATTENTION_BLOCK`` rows, the first key any of its queries can see (packed samples):
-    keys before it are skipped too.
-    """
-    b, t, nq, hd = q.shape
-    s, nkv = k.shape[1], k.shape[2]
-    group = nq // nkv
-    # [B, Hkv, group, T, D] so that each KV head serves its group of query heads without copying K/V;
-    # the 1/sqrt(D) scale goes on q, which is group*T*D elements instead of group*T*S scores.
-    qh = (q * (1.0 / math.sqrt(hd))).reshape([b, t, nkv, group, hd]).transpose([0, 2, 3, 1, 4])
-    kh = k.transpose([0, 2, 1, 3])  # [B, Hkv, S, D]
-    vh = v.transpose([0, 2, 1, 3])
-    if mask is not None:
-        mask = mask.astype("float32").unsqueeze(2)  # [B|1, 1, 1, T, S]
-    # Two blocks at least: below that the extra kernels cost more than the skipped keys save.
-    if (mask is None or causal) and t == s and t >= 2 * ATTENTION_BLOCK:
-        key_starts = causal if isinstance(causal, tuple) else None
-        # Blocks by split and concat, not by slicing: each slice's gradient is a zero-filled tensor of the
-        # whole q / k / v (profiled on the CPU step), split's is one concat.
-        starts = list(range(0, t, ATTENTION_BLOCK))
-        sizes = [min(ATTENTION_BLOCK, t - start) for start in starts]
-        q_blocks = paddle.split(qh, sizes, axis=3)
-        k_blocks = paddle.split(kh, sizes, axis=2)
-        v_blocks = paddle.split(vh, sizes, axis=2)
-        outs = []
-        for i, start in enumerate(starts):
-            end = start + sizes[i]
-            k0 = key_starts[i] if key_starts else 0
-            if mask is None:
-                m = paddle.triu(
-                    paddle.full([end - start, end], float("-inf"), dtype="float32"), diagonal=start + 1
-                )
-            else:
-                m = mask[..., start:end, k0:end]
-            keys, values = _key_span(k_blocks, k0, i), _key_span(v_blocks, k0, i)
-            outs.append(_attend(q_blocks[i], keys, values, m))
-        out = paddle.concat(outs, axis=3)
-    else:
-        if mask is None and t > 1:
-            mask = paddle.triu(paddle.full([t, s], float("-inf"), dtype="float32"), diagonal=s - t + 1)
-        out = _attend(qh, kh, vh, mask)
-    return out.transpose([0, 3, 1, 2, 4]).reshape([b, t, nq, hd])
-
-
-def _key_span(blocks: list[paddle.Tensor], k0: int, last: int) -> paddle.Tensor:
-    """Keys k0 .. the end of block `last` from the [B, Hkv, block, D] blocks (only the first is sliced)."""
-    first = k0 // ATTENTION_BLOCK
-    head = blocks[first]
-    if k0 > first * ATTENTION_BLOCK:
-        head = head[:, :, k0 - first * ATTENTION_BLOCK :]
-    parts = [head, *blocks[first + 1 : last + 1]]
-    return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=2)
-
-
-def _attend(
-    qh: paddle.Tensor, kh: paddle.Tensor, vh: paddle.Tensor, mask: paddle.Tensor | None
-) -> paddle.Tensor:
-    """qh [B, Hkv, g, T, D] (already scaled), kh / vh [B, Hkv, S, D], additive mask -> [B, Hkv, g, T, D]."""
-    b, nkv, g, t, hd = qh.shape
-    s = kh.shape[2]
-    scores = paddle.matmul(qh.reshape([b, nkv, g * t, hd]), kh, transpose_y=True).reshape([b, nkv, g, t, s])
-    if scores.dtype != paddle.float32:
-        scores = scores.astype("float32")
-    if mask is not None:
-        scores = scores + mask
-    probs = F.softmax(scores, axis=-1).astype(qh.dtype).reshape([b, nkv, g * t, s])
-    return paddle.matmul(probs, vh).reshape([b, nkv, g, t, hd])
 
 
 class MLP(nn.Layer):

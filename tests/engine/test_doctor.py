@@ -69,17 +69,17 @@ def test_device_floor_and_a_cuda_build_without_gpus():
 
 
 def test_the_doctor_runs_every_kernel_self_test_and_a_disagreeing_path_fails_it():
-    from engine.models import kernels
+    from engine.models import kernel_self_tests
 
     checks = probes.fast_path_checks(quick=True)
-    assert [c.name for c in checks] == [f"fast_path:{r.name}" for r in kernels.self_tests(True)]
+    assert [c.name for c in checks] == [f"fast_path:{r.name}" for r in kernel_self_tests.self_tests(True)]
     by_name = {c.name: c for c in checks}
     # On this CPU the grouped MoE experts and SwiGLU really run against their plain paths.
     for name in ("fast_path:grouped_moe", "fast_path:swiglu"):
         assert by_name[name].passed and by_name[name].values["ran"]
         assert by_name[name].values["max_abs_diff_fwd"] <= by_name[name].values["tolerance"]
     assert all(c.passed for c in checks)  # a path the device lacks is skipped, not failed
-    broken = kernels.SelfTestResult("fused_rope", True, False, "forward differs", 0.5, 1e-7, 1e-5)
+    broken = kernel_self_tests.SelfTestResult("fused_rope", True, False, "forward differs", 0.5, 1e-7, 1e-5)
     check = probes.fast_path_check(broken)
     assert not check.passed and "5.00e-01" in check.detail and "DISABLE_FAST_PATHS=fused_rope" in check.detail
 

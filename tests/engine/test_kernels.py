@@ -1,4 +1,4 @@
-"""Fast paths against their plain paths (``kernels.self_tests``, the same checks ``ernie-studio doctor``
+"""Fast paths against their plain paths (``kernel_self_tests.self_tests``, the same checks ``ernie-studio doctor``
 runs) and the capability decision that picks them."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.models import kernels
+from engine.models import kernel_self_tests, kernels
 from engine.models.ernie import packed_key_starts
 
 
-@pytest.mark.parametrize("name", list(kernels.SELF_TESTS))
+@pytest.mark.parametrize("name", list(kernel_self_tests.SELF_TESTS))
 def test_fast_path_matches_plain_path(name: str) -> None:
-    result = kernels.self_test(name, quick=False)
+    result = kernel_self_tests.self_test(name, quick=False)
     if not result.ran:
         pytest.skip(result.reason)
     assert result.passed, result
@@ -22,13 +22,15 @@ def test_fast_path_matches_plain_path(name: str) -> None:
 
 
 def test_every_fast_path_has_a_self_test() -> None:
-    covered = {p for case in kernels.SELF_TESTS.values() for p in case.paths}
+    covered = {p for case in kernel_self_tests.SELF_TESTS.values() for p in case.paths}
     assert covered == set(kernels.FAST_PATHS)
 
 
 def test_self_tests_report_every_path_with_a_reason() -> None:
-    results = kernels.self_tests(quick=True)
-    assert {r.name for r in results} == {n for n, c in kernels.SELF_TESTS.items() if not c.full_only}
+    results = kernel_self_tests.self_tests(quick=True)
+    assert {r.name for r in results} == {
+        n for n, c in kernel_self_tests.SELF_TESTS.items() if not c.full_only
+    }
     for r in results:
         assert r.reason
         if not r.ran:  # a skipped check says which capability is missing
@@ -103,7 +105,8 @@ def _rope_kernel_reference(q, k, v, sin, cos, position_ids, use_neox_rotary_styl
 def test_fused_rope_inputs_follow_the_kernels_layout(monkeypatch) -> None:
     """The kernel has no CPU build: check the sin / cos table and position lookup ``rope_fused`` hands it
     against the kernel's formula, with per-row positions as packing and 3-D RoPE give them."""
-    from engine.models.layers import RotaryEmbedding, apply_rotary_plain
+    from engine.models.layers import RotaryEmbedding
+    from engine.models.plain_ops import apply_rotary_plain
 
     monkeypatch.setattr(
         paddle.incubate.nn.functional, "fused_rotary_position_embedding", _rope_kernel_reference

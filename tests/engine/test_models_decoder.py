@@ -188,7 +188,8 @@ def test_recompute_gives_the_same_loss_and_gradients() -> None:
 
 def test_blocked_causal_attention_equals_full_square() -> None:
     """Beyond ATTENTION_BLOCK tokens causal attention runs in query blocks; same values as the masked square."""
-    from engine.models.layers import ATTENTION_BLOCK, attention
+    from engine.models.layers import attention
+    from engine.models.plain_ops import ATTENTION_BLOCK
 
     t = 2 * ATTENTION_BLOCK + 37
     q = _t(RNG.normal(size=(2, t, 4, 8)).astype(np.float32))
@@ -206,7 +207,7 @@ def test_blocked_causal_attention_equals_full_square() -> None:
     for blocked, square_grad in zip(*grads, strict=True):
         np.testing.assert_allclose(blocked, square_grad, rtol=1e-4, atol=1e-5)
     seg = np.array([[0] * 100 + [1] * (t - 100)] * 2)
-    from engine.models.ernie import packed_causal_mask
+    from engine.models.plain_ops import packed_causal_mask
 
     mask = packed_causal_mask(_t(seg))
     np.testing.assert_allclose(
