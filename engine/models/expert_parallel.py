@@ -34,6 +34,8 @@ import paddle
 from paddle import nn
 from paddle.autograd import PyLayer
 
+from engine.models.moe import MoELayer, run_experts
+
 EXPERT_PARAM = re.compile(r"(^|\.)mlp\.experts\.(\d+)\.")
 
 
@@ -96,6 +98,17 @@ class ExpertGroup:
         per = experts_in_group // self.size
         return range(self.position * per, (self.position + 1) * per)
 
+    def run_experts(
+        self,
+        layer,
+        parts: list[tuple[int, paddle.Tensor, paddle.Tensor, paddle.Tensor]],
+        flat,
+        recompute: bool,
+    ) -> list[paddle.Tensor]:
+        """``run_split_experts`` for ``layer``: the MoE layer calls it through its ``expert_group``, so
+        ``moe`` never imports this module (which imports ``moe``)."""
+        return run_split_experts(layer, parts, flat, recompute)
+
 
 def new_expert_group(degree: int) -> ExpertGroup:
     """This rank's ``ExpertGroup`` under ``paddle.distributed`` (initialised by the trainer)."""
@@ -136,8 +149,6 @@ def sum_over_experts(value: paddle.Tensor, eg: ExpertGroup) -> paddle.Tensor:
 
 
 def moe_layers(model: nn.Layer) -> list[nn.Layer]:
-    from engine.models.moe import MoELayer
-
     return [m for m in model.sublayers() if isinstance(m, MoELayer)]
 
 
@@ -420,8 +431,6 @@ def _run_held(x: paddle.Tensor, ids: np.ndarray, layer, per: list[int]) -> paddl
 
     Per modality group through ``moe.run_experts``, the one-process code (grouped or looped alike), so an
     expert computes its rows as it would there."""
-    from engine.models.moe import run_experts
-
     if not len(ids):
         return x * 0.0
     held = [e for e in layer.experts if not isinstance(e, RemoteExpert)]

@@ -283,7 +283,7 @@ class MoELayer(nn.Layer):
         self.active_experts: int | None = None
         self.active_k: int | None = None
         # Expert parallelism (engine.models.expert_parallel): the group the routed experts are split over;
-        # None runs every expert here.
+        # None runs every expert here. Its ``run_experts`` exchanges the tokens with the other ranks.
         self.expert_group = None
 
     def gate_weight(self, group: int) -> paddle.Tensor:
@@ -335,9 +335,7 @@ class MoELayer(nn.Layer):
             stats.gate_weights.append(w)
             stats.groups.append(g)
         if self.expert_group is not None:  # every rank exchanges once per layer, tokens or not
-            from engine.models.expert_parallel import run_split_experts
-
-            ys = run_split_experts(self, [p[:4] for p in split], flat, recompute_experts)
+            ys = self.expert_group.run_experts(self, [p[:4] for p in split], flat, recompute_experts)
             for (*_, idx), y in zip(split, ys, strict=True):
                 out = _place(out, y, idx)
         if self.shared_experts is not None:
