@@ -108,9 +108,9 @@ def main() -> None:
 def deepen(base: Path, layers: int, seed: int) -> None:
     """The tiny preset with ``layers`` decoder layers, freshly initialised in place (tokenizer kept)."""
     from engine.models import ErnieForCausalLM
-    from engine.models.checkpoint import save_model
     from engine.models.config import ErnieConfig
     from engine.models.initialize import init_weights
+    from engine.models.saving import save_model
 
     model = ErnieForCausalLM(ErnieConfig.from_file(base).replace(num_hidden_layers=layers))
     init_weights(model, seed)

@@ -44,8 +44,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from engine.doctor.runner import run_doctor
 
     if not args.verbose:
-        # The probes load their tiny models through the checkpoint reader, which logs each load.
-        logging.getLogger("engine.models.checkpoint").setLevel(logging.WARNING)
+        # The probes load their tiny models through the model loader, which logs each load.
+        logging.getLogger("engine.models.loading").setLevel(logging.WARNING)
     if args.reuse_s < 0:
         raise SystemExit(f"--reuse-s must be 0 or more seconds, got {args.reuse_s:g}")
     report = run_doctor(full=args.full, floors=DoctorFloors(), reuse_s=args.reuse_s, cache_dir=args.cache_dir)

@@ -53,7 +53,7 @@ def fp16_loss_scale_check(model_dir: Path, steps: int = 3) -> Check:
     scale, and a few scaled AdamW steps must keep the loss finite."""
     from paddle.amp.auto_cast import amp_global_state
 
-    from engine.models.checkpoint import load_plain_model
+    from engine.models.loading import load_plain_model
     from engine.train.precision import INITIAL_LOSS_SCALE, PrecisionMode, resolve_precision, set_up_amp
 
     name = NAMES[0]
@@ -120,7 +120,8 @@ def rotary_fp32_check(model_dir: Path) -> Check:
     """The rotary tables after AMP's O2 decorate and after ``cast_model`` against the fp32 model's."""
     from paddle.amp.auto_cast import amp_global_state
 
-    from engine.models.checkpoint import cast_model, load_plain_model
+    from engine.models.checkpoint import cast_model
+    from engine.models.loading import load_plain_model
     from engine.train.precision import Precision, PrecisionMode, decorate_for_amp
 
     dtype = _low_precision()

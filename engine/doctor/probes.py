@@ -13,8 +13,8 @@ import numpy as np
 import paddle
 
 from engine.doctor.report import Check, DoctorFloors
-from engine.models.checkpoint import load_plain_model
 from engine.models.kernel_self_tests import SelfTestResult
+from engine.models.loading import load_plain_model
 
 # The training probe: this many AdamW steps on one fixed batch must cut its loss by at least this fraction
 # (a healthy node goes from ~7.0 to ~1.4 in 20 steps; broken kernels, NaNs or a stuck optimizer do not).

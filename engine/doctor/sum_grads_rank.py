@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from engine.models.checkpoint import cast_model, load_plain_model
+from engine.models.checkpoint import cast_model
+from engine.models.loading import load_plain_model
 from engine.train.parallel import DataParallel
 
 

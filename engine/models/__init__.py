@@ -12,16 +12,16 @@ from typing import Any
 
 _EXPORTS = {
     "CheckpointError": "engine.models.checkpoint",
-    "load_plain_model": "engine.models.checkpoint",
-    "save_model": "engine.models.checkpoint",
     "ErnieConfig": "engine.models.config",
     "VisionConfig": "engine.models.config",
     "CausalLMOutput": "engine.models.ernie",
     "DynamicCache": "engine.models.ernie",
     "ErnieForCausalLM": "engine.models.ernie",
     "load_model": "engine.models.loading",
+    "load_plain_model": "engine.models.loading",
     "preset_config": "engine.models.presets",
     "preset_names": "engine.models.presets",
+    "save_model": "engine.models.saving",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,5 @@
-"""Load and save ERNIE 4.5 checkpoints in both public layouts.
+"""Read and write ERNIE 4.5 checkpoints in both public layouts (``loading.load_model`` and
+``saving.save_model`` are the entry points: they also know PaddleOCR-VL and the streaming reader).
 
 Paddle layout (``ernie.*``, Linear weights [in, out], fused ``qkv_proj`` / ``up_gate_proj``) is what the
 engine holds in memory and writes by default. The PyTorch / Hugging Face layout (``model.*``, [out, in],
@@ -346,14 +347,6 @@ def lm_head_orientation(store: TensorStore, layout: str, config: ErnieConfig) ->
     )
 
 
-def load_state(model: ErnieForCausalLM, directory: Path, storage=None) -> dict[str, str]:
-    """Fill ``model`` from the checkpoint in ``directory`` tensor by tensor (``streaming.stream_state``),
-    held as ``storage`` says (default fp32). Returns a report of what was done."""
-    from engine.models.streaming import stream_state
-
-    return stream_state(model, directory, storage)
-
-
 def resolve_dtype(dtype: str) -> str:
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
     if dtype not in {"float32", "float16", "bfloat16"}:
@@ -373,33 +366,6 @@ def cast_model(model: ErnieForCausalLM, dtype: str) -> ErnieForCausalLM:
             continue
         # Layer by layer: ``Parameter.set_value`` refuses another dtype, ``_to_impl`` swaps the storage.
         layer._to_impl(dtype=dtype, include_sublayers=False, floating_only=True)
-    return model
-
-
-def load_plain_model(
-    path: str | Path, dtype: str = "float32", storage=None, prepare: Callable | None = None
-) -> ErnieForCausalLM:
-    """Load a plain checkpoint directory (either public layout, single or sharded) in eval mode.
-
-    The model is built without parameter memory and each tensor is read straight into its held precision:
-    ``dtype`` (fp32 on a CPU, which has no bf16 / fp16 matmul), or a ``streaming.Storage`` (a training run's
-    bf16 / wint8 / wint4 storage). LoRA runs and PTQ exports are not plain checkpoints:
-    ``engine.models.loading.load_model`` reads all kinds. ``prepare(model)`` runs before any weight is
-    read (expert parallelism drops the experts other ranks hold).
-    """
-    from engine.models.streaming import Storage, lazy_model, stream_state
-
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: model directory does not exist")
-    config = ErnieConfig.from_file(directory)
-    storage = storage or Storage(resolve_dtype(dtype))
-    model = lazy_model(config)
-    if prepare is not None:
-        prepare(model)
-    report = stream_state(model, directory, storage)
-    log.info("loaded %s (%s layout, stored %s)", directory, report["layout"], report["stored_dtypes"])
-    model.eval()
     return model
 
 
@@ -502,23 +468,15 @@ def write_tensors_streamed(
     return names
 
 
-def save_model(
+def save_ernie(
     model: ErnieForCausalLM,
     directory: str | Path,
     dtype: str = "float32",
     max_shard_size: str | int = "5GB",
     layout: str = "paddle",
 ) -> Path:
-    """Write config.json and the weights (Paddle layout by default, ``layout='hf'`` for PyTorch).
-
-    PaddleOCR-VL has no Paddle layout of its own: ``paddle`` writes its published (official) form."""
-    from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
-
-    if isinstance(model, PaddleOCRVLForConditionalGeneration):
-        from engine.models.paddleocr_vl_checkpoint import save_paddleocr_vl
-
-        form = "official" if layout == "paddle" else layout
-        return save_paddleocr_vl(model, directory, form, dtype, max_shard_size)
+    """Write an ERNIE model's config.json and weights (Paddle layout by default, ``layout='hf'`` for
+    PyTorch). ``saving.save_model`` writes any model the engine builds (PaddleOCR-VL too)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(dtype=dtype)

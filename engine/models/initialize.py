@@ -9,10 +9,10 @@ import numpy as np
 import paddle
 
 from engine import tokenizer as tokens
-from engine.models.checkpoint import save_model
 from engine.models.config import ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
 from engine.models.presets import TINY_PRESETS, ocr_preset_config, preset_config
+from engine.models.saving import save_model
 from engine.tokenizer import train_tokenizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus.txt"

@@ -1,6 +1,6 @@
 """``load_model``: the one way to load a model directory a person hands in.
 
-Three kinds of directory load: a plain checkpoint (either public layout, ``checkpoint.load_plain_model``), a
+Three kinds of directory load: a plain checkpoint (either public layout, ``load_plain_model``), a
 LoRA run (adapter + base path, no config.json: the base with the adapter merged) and a PTQ export
 (``quantization_config`` in config.json: quantized linears stay quantized).
 """
@@ -8,6 +8,7 @@ LoRA run (adapter + base path, no config.json: the base with the adapter merged)
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -21,7 +22,6 @@ from engine.models.checkpoint import (
     TensorStore,
     cast_model,
     detect_layout,
-    load_plain_model,
     resolve_dtype,
 )
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
@@ -38,6 +38,8 @@ from engine.models.quantized import (
     unpack_int4,
 )
 from engine.models.streaming import Storage, lazy_model, read_value, stream_state
+
+log = logging.getLogger(__name__)
 
 
 def load_model(
@@ -63,6 +65,37 @@ def load_model(
     if is_quantized_dir(path):
         return load_quantized_model(path, storage, prepare)
     return load_plain_model(path, dtype, storage, prepare)
+
+
+def load_state(model: ErnieForCausalLM, directory: Path, storage=None) -> dict[str, str]:
+    """Fill ``model`` from the checkpoint in ``directory`` tensor by tensor (``streaming.stream_state``),
+    held as ``storage`` says (default fp32). Returns a report of what was done."""
+    return stream_state(model, directory, storage)
+
+
+def load_plain_model(
+    path: str | Path, dtype: str = "float32", storage=None, prepare: Callable | None = None
+) -> ErnieForCausalLM:
+    """Load a plain checkpoint directory (either public layout, single or sharded) in eval mode.
+
+    The model is built without parameter memory and each tensor is read straight into its held precision:
+    ``dtype`` (fp32 on a CPU, which has no bf16 / fp16 matmul), or a ``streaming.Storage`` (a training run's
+    bf16 / wint8 / wint4 storage). LoRA runs and PTQ exports are not plain checkpoints:
+    ``engine.models.loading.load_model`` reads all kinds. ``prepare(model)`` runs before any weight is
+    read (expert parallelism drops the experts other ranks hold).
+    """
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: model directory does not exist")
+    config = ErnieConfig.from_file(directory)
+    storage = storage or Storage(resolve_dtype(dtype))
+    model = lazy_model(config)
+    if prepare is not None:
+        prepare(model)
+    report = stream_state(model, directory, storage)
+    log.info("loaded %s (%s layout, stored %s)", directory, report["layout"], report["stored_dtypes"])
+    model.eval()
+    return model
 
 
 def is_quantized_dir(directory: str | Path) -> bool:

@@ -180,8 +180,9 @@ def _export_ernie(
     cfg: ExportConfig, out: Path, final: Path, tokenizer_src: Path, merged: bool, notices
 ) -> ExportSummary:
     """An ERNIE 4.5 model or LoRA run: streamed where it can be, else through the loaded model."""
-    from engine.models.checkpoint import save_model, write_tensors_streamed
+    from engine.models.checkpoint import write_tensors_streamed
     from engine.models.loading import TensorSource, load_model
+    from engine.models.saving import save_model
     from engine.tokenizer import load_tokenizer
 
     source = TensorSource(tokenizer_src)

@@ -1268,7 +1268,7 @@ def _save_final(cfg: TrainConfig, model, out_dir: Path, adapter: dict | None = N
     """Full runs: the model in Paddle layout at the root, in float32 (a bf16 run's weights upcast exactly,
     its fp32 router and norms kept; ``export dtype=bfloat16`` writes them in bf16). LoRA runs: the adapter +
     a base reference (``adapter``: its tensors when gathered from the ranks of an expert-parallel run)."""
-    from engine.models.checkpoint import save_model
+    from engine.models.saving import save_model
 
     model.eval()
     if cfg.lora:

@@ -145,7 +145,7 @@ def golden_roundtrip(dp: DataParallel, out: Path) -> dict:
     with paddle.no_grad():
         logits = model(paddle.to_tensor(expected["input_ids"])).logits.numpy()
     if unsplit_experts(model, model.expert_group):
-        from engine.models.checkpoint import save_model
+        from engine.models.saving import save_model
 
         save_model(model, out / "golden-unsplit")
     return {"golden_logits_diff": float(np.abs(logits - expected["logits"]).max())}

@@ -113,8 +113,8 @@ def test_export_refuses_topk_above_experts(tiny_moe_model_dir, tmp_path):
 @pytest.fixture(scope="module")
 def sharp_moe(tiny_moe_model_dir, tmp_path_factory) -> Path:
     """tiny-moe with std 0.2 weights and non-zero correction biases: every layer and expert matters."""
-    from engine.models.checkpoint import save_model
     from engine.models.initialize import init_weights
+    from engine.models.saving import save_model
     from engine.tokenizer import copy_tokenizer_files
 
     out = tmp_path_factory.mktemp("elastic") / "sharp-moe"

@@ -185,9 +185,9 @@ def test_wint4_moe_export_is_fastdeploys_mix_quant(tiny_moe_model_dir, tmp_path)
 def test_moe_layers_fastdeploy_would_misread_are_refused(tiny_moe_model_dir, tiny_vl_model_dir, tmp_path):
     """FastDeploy's text MoE builds every layer from moe_layer_start_index on as MoE (end, interval and
     mlp_layer_types unread); its VL model honours start and end. A config it would build otherwise is refused."""
-    from engine.models.checkpoint import save_model
     from engine.models.config import ErnieConfig
     from engine.models.ernie import ErnieForCausalLM
+    from engine.models.saving import save_model
     from engine.tokenizer import copy_tokenizer_files
 
     text = json.loads((tiny_moe_model_dir / "config.json").read_text())

@@ -12,8 +12,8 @@ import paddle
 import pytest
 
 import engine
-from engine.models.checkpoint import save_model
 from engine.models.gpas import GPASGate, add_gates, gate_parameters
+from engine.models.saving import save_model
 from engine.train import run_export, run_training
 from engine.train.config import ConfigError, ExportConfig, TrainConfig, config_from_dict, load_export_config
 from engine.train.export import serving_problems

@@ -55,7 +55,7 @@ def mib(key):
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) / 1024
 
-from engine.models.checkpoint import save_model
+from engine.models.saving import save_model
 from engine.models.loading import load_model
 from engine.models.streaming import Storage
 

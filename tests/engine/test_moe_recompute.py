@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.models.checkpoint import load_plain_model
+from engine.models.loading import load_plain_model
 from engine.models.moe import MoELayer
 from engine.train import moe_balance
 

@@ -21,10 +21,11 @@ import paddle
 import pytest
 
 import engine
-from engine.models.checkpoint import TensorStore, save_model
+from engine.models.checkpoint import TensorStore
 from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
 from engine.models.paddleocr_vl_config import PaddleOCRVLConfig
 from engine.models.positions import batch_positions
+from engine.models.saving import save_model
 
 GOLDEN = Path(__file__).parent / "golden" / "paddleocr_vl"
 CASES = ["text", "image", "two_images"]

@@ -18,7 +18,8 @@ from paddle.amp.auto_cast import amp_global_state
 
 from engine.doctor.gpu_checks import rotary_fp32_check
 from engine.models import quantized
-from engine.models.checkpoint import cast_model, load_plain_model
+from engine.models.checkpoint import cast_model
+from engine.models.loading import load_plain_model
 from engine.models.quantized import LowPrecisionEmbedding, LowPrecisionLinear
 from engine.models.safetensors_io import SafetensorsFile
 from engine.train import run_export, run_training

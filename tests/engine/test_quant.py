@@ -11,7 +11,7 @@ import pytest
 from paddle import nn
 
 import engine
-from engine.models.checkpoint import load_plain_model
+from engine.models.loading import load_plain_model
 from engine.models.lora import LoRALinear
 from engine.models.quantized import (
     FP8_MAX,

@@ -18,7 +18,7 @@ import pytest
 
 import engine
 from engine.data import build_train_data
-from engine.models.checkpoint import load_plain_model
+from engine.models.loading import load_plain_model
 from engine.models.lora import LoRALinear, apply_lora, load_adapter_weights, lora_layers
 from engine.train import run_export, run_training
 from engine.train.config import ExportConfig, TrainConfig, config_from_dict, load_export_config

@@ -16,9 +16,9 @@ import paddle
 import pytest
 
 import engine
-from engine.models.checkpoint import load_state
 from engine.models.config import ErnieConfig
 from engine.models.ernie import ErnieForCausalLM
+from engine.models.loading import load_state
 from engine.models.positions import batch_positions, moe_token_types
 from tests.engine.test_models_parity import PARITY_ATOL
 
@@ -139,7 +139,8 @@ def test_layouts_round_trip_bit_identical_and_pt_export_is_what_transformers_wri
     """hub -PT -> Paddle (= Baidu's layout, bit for bit) -> load -> -PT (= what transformers writes)."""
     import json
 
-    from engine.models.checkpoint import TensorStore, save_model
+    from engine.models.checkpoint import TensorStore
+    from engine.models.saving import save_model
 
     save_model(models["pt_hub"], tmp_path / "paddle", layout="paddle")
     assert _same_tensors(TensorStore(tmp_path / "paddle"), TensorStore(GOLDEN / "paddle"))
@@ -156,7 +157,7 @@ def test_paddle_config_is_baidus_flat_form(models, tmp_path) -> None:
     vision_config with embed_dim / mlp_ratio), and it means the same model as transformers' nested one."""
     import json
 
-    from engine.models.checkpoint import save_model
+    from engine.models.saving import save_model
 
     save_model(models["pt"], tmp_path, layout="paddle")
     d = json.loads((tmp_path / "config.json").read_text())
@@ -190,7 +191,7 @@ def test_transformers_reads_our_pt_export(models, tmp_path):
     import subprocess
     import sys
 
-    from engine.models.checkpoint import save_model
+    from engine.models.saving import save_model
 
     save_model(models["paddle"], tmp_path, layout="hf", max_shard_size="200KB")
     tool = Path(__file__).resolve().parents[2] / "tools" / "check_vl_export.py"
