@@ -1430,6 +1430,8 @@ class ExportConfig:
             )
         if self.quantization and not self.eval_dataset_path:
             log.info("no eval_dataset_path: PTQ perplexity will not be reported")
+        if self.quantization and self.export_format != "gguf":
+            problems += _quantized_export_problems(self)
         if self.export_format == "gguf":
             if not self.gguf_types:
                 problems.append(f"gguf_types is empty; name one or more of {', '.join(GGUF_TYPES)}")
@@ -1439,6 +1441,44 @@ class ExportConfig:
                     "gguf_types (q8_0, q4_K_M)"
                 )
         return problems
+
+
+def _quantized_export_problems(cfg: ExportConfig) -> list[str]:
+    """A PTQ export writes its own weights: the Paddle layout, quantized values with fp32 scales."""
+    problems = []
+    if cfg.layout != "paddle":
+        problems.append(
+            "quantization: quantized exports are written in the Paddle layout; choose layout paddle"
+        )
+    default_dtype = config_default(ExportConfig, "dtype")
+    if cfg.dtype != default_dtype:
+        problems.append(
+            f"dtype: a {cfg.quantization} export stores quantized weights with fp32 scales; leave dtype at "
+            f"{default_dtype} or export without quantization"
+        )
+    return problems
+
+
+# What a person chooses about an export: the studio's REST body, its Runs tab and its database row are made
+# from these fields of ExportConfig (their defaults, help and choices). The studio sets the other keys from
+# the run (its paths, the perplexity set, an elastic member's sizes); the CLI reads every key.
+EXPORT_CHOICES = (
+    "layout",
+    "quantization",
+    "dtype",
+    "max_shard_size",
+    "export_format",
+    "gguf_types",
+    "gpas_gates",
+)
+
+
+def config_default(cls: type, name: str) -> Any:
+    """The default of one config key (a list key's factory value)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    raise KeyError(f"{cls.__name__} has no key {name!r}")
 
 
 # ---- loading -------------------------------------------------------------------------------------------

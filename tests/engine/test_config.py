@@ -297,3 +297,18 @@ def test_read_keys_is_load_configs_reading_of_a_text(tmp_path):
     bad = read_keys(TrainConfig, values, "b.yaml", lines)
     assert bad.unknown == ["b.yaml:2: unknown key 'learning_rat'; did you mean 'learning_rate'?"]
     assert bad.wrong == {"seed": "b.yaml:1: seed must be int, got 'x'"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (["layout=hf"], "quantization: quantized exports are written in the Paddle layout"),
+        (["dtype=bfloat16"], "dtype: a wint8 export stores quantized weights with fp32 scales"),
+    ],
+)
+def test_a_ptq_export_refuses_choices_it_would_not_honour(overrides, problem):
+    """PTQ writes its own weights in the Paddle layout: a layout or dtype beside it is refused at load (the
+    CLI and the studio alike), not dropped or refused after the model was quantized."""
+    with pytest.raises(ConfigError, match=problem):
+        load_export_config(None, ["output_dir=out", "quantization=wint8", *overrides])
+    assert load_export_config(None, ["output_dir=out", "quantization=wint8"]).dtype == "float32"
