@@ -24,6 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from engine.train.config import ExportConfig, config_default
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -228,6 +230,15 @@ class Deployment(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
+def _export_default(key: str) -> Any:
+    return config_default(ExportConfig, key)
+
+
+def _export_defaults(key: str) -> dict[str, Any]:
+    """A column's default and server default: the engine's default of the export choice ``key``."""
+    return {"default": _export_default(key), "server_default": _export_default(key)}
+
+
 class Export(Base):
     """`ernie-studio export` of a finished run: LoRA merge, layout conversion, PTQ."""
 
@@ -235,22 +246,20 @@ class Export(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    layout: Mapped[str] = mapped_column(String(16), default="paddle")
-    quantization: Mapped[str] = mapped_column(String(16), default="")
-    # The weights' dtype and largest shard (engine.train.config.ExportConfig's dtype and max_shard_size).
-    dtype: Mapped[str] = mapped_column(String(16), default="float32", server_default="float32")
-    max_shard_size: Mapped[str] = mapped_column(String(32), default="5GB", server_default="5GB")
-    # ExportConfig's export_format and gguf_types (comma-separated); gguf_files: per file {type, path,
-    # size_bytes, perplexity, relative_to_f16} from the export's export_summary.json.
-    export_format: Mapped[str] = mapped_column(
-        String(16), default="safetensors", server_default="safetensors"
-    )
+    # The export's choices (engine.train.config.EXPORT_CHOICES), each column's default the engine's
+    # (ExportConfig); gguf_types comma-separated, "" for a checkpoint export; layout "gguf" for a GGUF one.
+    layout: Mapped[str] = mapped_column(String(16), default=_export_default("layout"))
+    quantization: Mapped[str] = mapped_column(String(16), default=_export_default("quantization"))
+    dtype: Mapped[str] = mapped_column(String(16), **_export_defaults("dtype"))
+    max_shard_size: Mapped[str] = mapped_column(String(32), **_export_defaults("max_shard_size"))
+    export_format: Mapped[str] = mapped_column(String(16), **_export_defaults("export_format"))
     gguf_types: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    # gguf_files: per file {type, path, size_bytes, perplexity, relative_to_f16} from export_summary.json.
     gguf_files: Mapped[list[Any] | None] = mapped_column(nullable=True)
     # An elastic run's member (d<depth>-e<experts>-k<topk>, engine.models.elastic); "" = the whole model.
     elastic_member: Mapped[str] = mapped_column(String(32), default="", server_default="")
     # A GPAS model's gates: keep or fold (engine.train.config.ExportConfig.gpas_gates).
-    gpas_gates: Mapped[str] = mapped_column(String(16), default="keep", server_default="keep")
+    gpas_gates: Mapped[str] = mapped_column(String(16), **_export_defaults("gpas_gates"))
     # Deploy once it succeeds (the Runs tab's one-click member deploy): the worker finishing the export, or
     # the reconciler when that worker died first, makes the deployment once (deployed_at) and links it.
     deploy_on_success: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

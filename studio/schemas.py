@@ -3,15 +3,14 @@ the base of every request body."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.train.config import GGUF_TYPES, LAYOUTS, PTQ_METHODS, ExportConfig
+from engine.train.config import EXPORT_CHOICES, ExportConfig, config_default, field_info
 from studio.queue import devices_of
 
 
@@ -194,40 +193,55 @@ class DeploymentOut(ORM):
     stopped_at: datetime | None
 
 
-def _export_field(key: str) -> Any:
-    """A request field of an export with the engine's default and help (ExportConfig)."""
-    f = next(f for f in dataclasses.fields(ExportConfig) if f.name == key)
-    choices = f.metadata.get("choices")
-    help_text = f.metadata["help"] + (f" One of {', '.join(choices)}." if choices else "")
-    return Field(default=f.default, max_length=32, description=help_text)
+def _export_choice(key: str) -> tuple[Any, Any]:
+    """(type, Field) of one export choice (engine.train.config.EXPORT_CHOICES) from ExportConfig: its help,
+    choices and default. A key whose default is empty or a list takes None (the engine's default)."""
+    info = field_info(ExportConfig, key)
+    default = config_default(ExportConfig, key)
+    choices = [c for c in info.get("choices") or () if c]
+    help_text = info["help"] + (f" One of {', '.join(choices)}." if choices else "")
+    if isinstance(default, list):
+        help_text += f" Default: {', '.join(default)}."
+        return list[str] | None, Field(default=None, max_length=len(choices), description=help_text)
+    if default == "":
+        return str | None, Field(default=None, max_length=32, description=help_text + " Default: none.")
+    return str, Field(default=default, max_length=32, description=help_text)
 
 
-class ExportIn(RequestModel):
-    layout: str = Field(default="paddle", description=" or ".join(LAYOUTS))
-    ptq: str | None = Field(
-        default=None, description=f"{', '.join(p for p in PTQ_METHODS if p)} post-training quantization"
-    )
-    dtype: str = _export_field("dtype")
-    max_shard_size: str = _export_field("max_shard_size")
-    export_format: str = _export_field("export_format")
-    gguf_types: list[str] | None = Field(
-        default=None,
-        max_length=len(GGUF_TYPES),
-        description=f"export_format gguf: the GGUF files to write, of {', '.join(GGUF_TYPES)} "
-        "(default: the engine's, ExportConfig.gguf_types); q4_K_M needs llama.cpp's llama-quantize.",
-    )
-    gpas_gates: str = _export_field("gpas_gates")
-    elastic_member: str | None = Field(
-        default=None,
-        max_length=32,
-        description="An elastic run's member to export as a model of its own (d<depth>-e<experts>-k<topk>, "
-        "from GET /runs/{id}/elastic); empty exports the whole model.",
-    )
-    deploy_on_success: bool = Field(
-        default=False,
-        description="Start a deployment of the export once it is written (the worker does it; poll the "
-        "export's deploy_state and deployment_id).",
-    )
+# The body of POST /runs/{id}/export: ExportConfig's EXPORT_CHOICES, then what the studio adds to them.
+ExportIn = create_model(
+    "ExportIn",
+    __base__=RequestModel,
+    __doc__="An export of a succeeded run: the engine's export choices (ExportConfig), an elastic member, "
+    "and whether to deploy it.",
+    **{key: _export_choice(key) for key in EXPORT_CHOICES},
+    ptq=(
+        str | None,
+        Field(
+            default=None,
+            max_length=32,
+            deprecated=True,
+            description="The former name of quantization, still read; give one of the two.",
+        ),
+    ),
+    elastic_member=(
+        str | None,
+        Field(
+            default=None,
+            max_length=32,
+            description="An elastic run's member to export as a model of its own (d<depth>-e<experts>-k<topk>, "
+            "from GET /runs/{id}/elastic); empty exports the whole model.",
+        ),
+    ),
+    deploy_on_success=(
+        bool,
+        Field(
+            default=False,
+            description="Start a deployment of the export once it is written (the worker does it; poll the "
+            "export's deploy_state and deployment_id).",
+        ),
+    ),
+)
 
 
 class ElasticDeployIn(RequestModel):

@@ -3,7 +3,6 @@ model directory under home/models, so it shows up among the base models."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +10,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from engine.train.config import (
-    EXPORT_DTYPES,
-    EXPORT_FORMATS,
-    GPAS_EXPORT,
-    LAYOUTS,
-    PTQ_METHODS,
+    EXPORT_CHOICES,
     ConfigError,
     ExportConfig,
+    config_default,
     config_from_dict,
+    field_info,
 )
 from studio.config import Settings
 from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
@@ -31,11 +28,12 @@ from studio.services.store import get_or_404
 
 def export_default(key: str) -> Any:
     """The engine's default of one `ernie-studio export` key (ExportConfig), which REST and the UI start from."""
-    f = next(f for f in dataclasses.fields(ExportConfig) if f.name == key)
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return config_default(ExportConfig, key)
 
 
 DTYPE_NAMES = {"float32": "", "bfloat16": "bf16", "float16": "fp16"}  # as export folder names show them
+# The name the REST body and the Runs tab gave quantization before both were made from ExportConfig.
+FORMER_NAMES = {"ptq": "quantization"}
 
 
 def create_export(
@@ -43,20 +41,15 @@ def create_export(
     settings: Settings,
     run_id: int,
     *,
-    layout: str = "paddle",
-    ptq: str | None = None,
-    dtype: str | None = None,
-    max_shard_size: str | None = None,
-    export_format: str | None = None,
-    gguf_types: list[str] | None = None,
     elastic_member: str | None = None,
-    gpas_gates: str | None = None,
     deploy_on_success: bool = False,
+    **choices: Any,
 ) -> Export:
     """Queue an export of a succeeded run into home/models/run-<id>[-<member>]-<layout>[-<bf16|fp16>][-<ptq>]
-    (GGUF: run-<id>[-<member>]-gguf); dtype, max_shard_size and gguf_types default to the engine's
-    (ExportConfig) and are checked by it; ``elastic_member`` names a member of an elastic run's family to
-    write as a model of its own; ``deploy_on_success`` starts a deployment of it once it is written."""
+    (GGUF: run-<id>[-<member>]-gguf). ``choices`` are ExportConfig's EXPORT_CHOICES (``ptq`` read as
+    quantization), each None or left out at the engine's default, and checked by it; ``elastic_member``
+    names a member of an elastic run's family to write as a model of its own; ``deploy_on_success`` starts
+    a deployment of it once it is written."""
     run = get_or_404(session, Run, run_id, "run")
     if run.status != RunStatus.SUCCEEDED:
         raise Conflict(f"run {run_id} is {run.status}; export it once it has succeeded")
@@ -64,107 +57,101 @@ def create_export(
     if member:
         check_member(run, member)
     confine_config_paths(settings, run.config, f"run {run.id}'s config")
-    ptq = ptq or ""
-    dtype = dtype or export_default("dtype")
-    max_shard_size = (max_shard_size or export_default("max_shard_size")).strip()
-    export_format = export_format or export_default("export_format")
-    if export_format not in EXPORT_FORMATS:
-        raise InvalidInput(f"export_format: {export_format!r} is not one of {', '.join(EXPORT_FORMATS)}")
-    gpas_gates = gpas_gates or export_default("gpas_gates")
-    if gpas_gates not in GPAS_EXPORT:
-        raise InvalidInput(f"gpas_gates: {gpas_gates!r} is not one of {', '.join(GPAS_EXPORT)}")
-    if export_format == "gguf":
-        return _create_gguf_export(
-            session, settings, run, gguf_types, ptq, member, gpas_gates, deploy_on_success
-        )
-    if gguf_types:
+    options, names = read_choices(choices)
+    for key in ("export_format", "gpas_gates"):
+        _check_choice(key, options[key], names)
+    if options["export_format"] == "gguf":
+        return _create_gguf_export(session, settings, run, options, member, deploy_on_success)
+    if choices.get("gguf_types"):
         raise InvalidInput("gguf_types: GGUF types apply to export_format gguf")
-    _check_checkpoint_choices(layout, ptq, dtype)
-    try:  # the engine's own checks of these choices (max_shard_size's form and bound)
-        config_from_dict(
-            ExportConfig,
-            {"layout": layout, "quantization": ptq, "dtype": dtype, "max_shard_size": max_shard_size,
-             "output_dir": run.output_dir},
-            source="export",
-        )  # fmt: skip
-    except ConfigError as e:
-        raise InvalidInput(str(e).removeprefix("export: ")) from None
-    parts = (DTYPE_NAMES[dtype], ptq)
-    name = f"run-{run.id}{f'-{member}' if member else ''}-{layout}" + "".join(f"-{p}" for p in parts if p)
+    for key in ("layout", "quantization", "dtype"):
+        _check_choice(key, options[key], names)
+    checked = {key: options[key] for key in EXPORT_CHOICES if key != "gguf_types"}
+    _engine_checks(run, checked)
+    parts = (DTYPE_NAMES[options["dtype"]], options["quantization"])
+    name = f"run-{run.id}{f'-{member}' if member else ''}-{options['layout']}" + "".join(
+        f"-{p}" for p in parts if p
+    )
     export = Export(
         run_id=run.id,
         elastic_member=member,
-        gpas_gates=gpas_gates,
-        layout=layout,
-        quantization=ptq,
-        dtype=dtype,
-        max_shard_size=max_shard_size,
+        **checked,
         status=RunStatus.QUEUED,
         export_dir=str(settings.models_dir / name),
         deploy_on_success=deploy_on_success,
     )
-    session.add(export)
-    session.flush()
-    add_event(session, "export.queued", f"export {name} queued", run_id=run.id, data={"export_id": export.id})
-    session.commit()
-    dispatch_export(session, settings, export)
-    return export
+    return _queue(session, settings, export, f"export {name} queued")
 
 
-def _check_checkpoint_choices(layout: str, ptq: str, dtype: str) -> None:
-    """The layout, PTQ and dtype of a checkpoint export, each against the engine's choices."""
-    if layout not in LAYOUTS:
-        raise InvalidInput(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
-    if ptq not in PTQ_METHODS:
-        raise InvalidInput(f"ptq: {ptq!r} is not one of {', '.join(p for p in PTQ_METHODS if p)}")
-    if dtype not in EXPORT_DTYPES:
-        raise InvalidInput(f"dtype: {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
-    if ptq and layout != "paddle":
-        raise InvalidInput("ptq: quantized exports are written in the Paddle layout; choose layout paddle")
-    if ptq and dtype != export_default("dtype"):
-        raise InvalidInput(
-            f"dtype: a {ptq} export stores quantized weights with fp32 scales; leave dtype at "
-            f"{export_default('dtype')} or export without ptq"
-        )
+def read_choices(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every export choice (EXPORT_CHOICES) from a request's: None or left out takes the engine's default.
+    Also returns the name each was given under (``ptq`` for quantization), which errors use."""
+    unknown = sorted(set(given) - set(EXPORT_CHOICES) - set(FORMER_NAMES))
+    if unknown:
+        raise InvalidInput(f"{unknown[0]}: not an export choice; the choices are {', '.join(EXPORT_CHOICES)}")
+    names = {key: key for key in EXPORT_CHOICES}
+    given = dict(given)
+    for former, key in FORMER_NAMES.items():
+        if given.get(former) is None:
+            given.pop(former, None)
+            continue
+        if given.get(key) is not None:
+            raise InvalidInput(f"{former}: the former name of {key}; give one of the two")
+        given[key], names[key] = given.pop(former), former
+    options = {key: export_default(key) if given.get(key) is None else given[key] for key in EXPORT_CHOICES}
+    if isinstance(options["max_shard_size"], str):
+        options["max_shard_size"] = options["max_shard_size"].strip()
+    return options, names
+
+
+def _check_choice(key: str, value: Any, names: dict[str, str]) -> None:
+    """One choice against the engine's (ExportConfig), the error naming the field as the request did."""
+    allowed = field_info(ExportConfig, key)["choices"]
+    if value not in allowed:
+        shown = ", ".join(c for c in allowed if c)
+        raise InvalidInput(f"{names[key]}: {value!r} is not one of {shown}")
+
+
+def _engine_checks(run: Run, options: dict[str, Any]) -> None:
+    """The engine's own checks of the choices together (max_shard_size's form, PTQ's layout and dtype, GGUF
+    types), as `ernie-studio export` makes them."""
+    try:
+        config_from_dict(ExportConfig, {**options, "output_dir": run.output_dir}, source="export")
+    except ConfigError as e:
+        raise InvalidInput(str(e).removeprefix("export: ")) from None
 
 
 def _create_gguf_export(
     session: Session,
     settings: Settings,
     run: Run,
-    gguf_types: list[str] | None,
-    ptq: str,
+    options: dict[str, Any],
     member: str,
-    gpas_gates: str,
     deploy_on_success: bool,
 ) -> Export:
-    types = list(gguf_types or export_default("gguf_types"))
-    try:  # the engine's checks: each type one of GGUF_TYPES, no PTQ beside it
-        config_from_dict(
-            ExportConfig,
-            {"export_format": "gguf", "gguf_types": types, "quantization": ptq, "output_dir": run.output_dir},
-            source="export",
-        )
-    except ConfigError as e:
-        raise InvalidInput(str(e).removeprefix("export: ")) from None
+    types = list(options["gguf_types"])
+    # the engine's checks: each type one of GGUF_TYPES, no PTQ beside it
+    _engine_checks(
+        run, {"export_format": "gguf", "gguf_types": types, "quantization": options["quantization"]}
+    )
     export = Export(
         run_id=run.id,
         elastic_member=member,
-        gpas_gates=gpas_gates,
+        gpas_gates=options["gpas_gates"],
         layout="gguf",
-        quantization="",
         export_format="gguf",
         gguf_types=",".join(types),
         status=RunStatus.QUEUED,
         export_dir=str(settings.models_dir / f"run-{run.id}{f'-{member}' if member else ''}-gguf"),
         deploy_on_success=deploy_on_success,
     )
+    return _queue(session, settings, export, f"GGUF export of run {run.id} ({', '.join(types)}) queued")
+
+
+def _queue(session: Session, settings: Settings, export: Export, message: str) -> Export:
     session.add(export)
     session.flush()
-    add_event(
-        session, "export.queued", f"GGUF export of run {run.id} ({', '.join(types)}) queued", run_id=run.id,
-        data={"export_id": export.id},
-    )  # fmt: skip
+    add_event(session, "export.queued", message, run_id=export.run_id, data={"export_id": export.id})
     session.commit()
     dispatch_export(session, settings, export)
     return export

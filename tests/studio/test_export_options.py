@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from studio_helpers import DEMO_SFT, upload
 
-from engine.train.config import EXPORT_DTYPES, ExportConfig, field_info
+from engine.train.config import EXPORT_CHOICES, EXPORT_DTYPES, ExportConfig, config_default, field_info
 from studio import queue
 from studio.models import Export, Run, RunStatus
 from studio.services.exports import export_config, export_default
@@ -190,3 +190,48 @@ def test_a_gguf_export_is_not_a_model_to_train_or_evaluate(client, settings, ses
     assert client.get("/api/v1/evals").json() == []
     r = client.post("/api/v1/runs", json={"dataset_ids": [ds], "base_model": export.export_dir})
     assert r.status_code == 422 and "has no config.json" in r.json()["message"]
+
+
+def test_the_export_body_and_row_are_made_from_the_engines_export_choices(client, session, run_id):
+    """ExportConfig's EXPORT_CHOICES are the REST body's fields (help, choices, defaults) and the row's
+    columns (defaults): a new export option is a field of ExportConfig, its name there and its column."""
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["ExportIn"]["properties"]
+    columns = Export.__table__.columns
+    for key in EXPORT_CHOICES:
+        info, default = field_info(ExportConfig, key), config_default(ExportConfig, key)
+        assert schema[key]["description"].startswith(info["help"]), key
+        assert all(c in schema[key]["description"] for c in info["choices"] or ()), key
+        empty = default == "" or isinstance(default, list)  # None: the engine's default at the service
+        assert schema[key].get("default") == (None if empty else default), key
+        if key != "gguf_types":  # comma-joined in its row; "" for a checkpoint export
+            assert columns[key].default.arg == default, key
+    r = client.post(f"/api/v1/runs/{run_id}/export", json={})
+    assert r.status_code == 201, r.text
+    row = session.get(Export, r.json()["id"])
+    assert {k: getattr(row, k) for k in EXPORT_CHOICES} == {
+        **{k: config_default(ExportConfig, k) for k in EXPORT_CHOICES},
+        "gguf_types": "",
+    }
+
+
+def test_quantization_is_the_bodys_name_and_ptq_is_still_read(client, session, run_id):
+    new = client.post(f"/api/v1/runs/{run_id}/export", json={"quantization": "wint8"})
+    old = client.post(f"/api/v1/runs/{run_id}/export", json={"ptq": "wint4"})
+    assert (new.status_code, old.status_code) == (201, 201), (new.text, old.text)
+    assert (new.json()["quantization"], old.json()["quantization"]) == ("wint8", "wint4")
+    assert old.json()["export_dir"].endswith(f"models/run-{run_id}-paddle-wint4")
+    both = client.post(f"/api/v1/runs/{run_id}/export", json={"quantization": "wint8", "ptq": "wint8"})
+    assert both.status_code == 422 and both.json()["message"].startswith(
+        "ptq: the former name of quantization"
+    )
+    for body, field in (({"ptq": "wint9"}, "ptq"), ({"quantization": "wint9"}, "quantization")):
+        bad = client.post(f"/api/v1/runs/{run_id}/export", json=body)
+        assert (
+            bad.status_code == 422
+            and bad.json()["message"] == f"{field}: 'wint9' is not one of wint8, wint4, fp8"
+        )
+    hf = client.post(f"/api/v1/runs/{run_id}/export", json={"quantization": "fp8", "layout": "hf"})
+    assert hf.status_code == 422 and hf.json()["message"].startswith(
+        "quantization: quantized exports are written"
+    )
+    assert len(client.get("/api/v1/exports").json()) == 2
