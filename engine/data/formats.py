@@ -526,6 +526,10 @@ def _chatml_labels(rec: dict, n_assistant: int, problems: list[str]) -> list[int
     return labels
 
 
+# (index, role, text, reasoning, trained) of one usable chatml message
+CleanMessage = tuple[int, str, str, str | None, bool]
+
+
 def _chatml(rec: dict, problems: list[str]) -> Conversation | None:
     _unknown_keys(rec, CHATML_KEYS, problems)
     msgs = rec.get("messages")
@@ -540,38 +544,7 @@ def _chatml(rec: dict, problems: list[str]) -> Conversation | None:
     if not msgs:
         problems.append("'messages' is empty")
         return None
-    # (index, role, text, reasoning, trained) of every usable message
-    clean: list[tuple[int, str, str, str | None, bool]] = []
-    for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            problems.append(f"{where} must be an object with 'role' and 'content', got {_type_name(m)}")
-            continue
-        role, content = m.get("role"), m.get("content")
-        if role not in CHATML_ROLES:
-            problems.append(f"{where}.role is {json.dumps(role)}; use one of {', '.join(CHATML_ROLES)}")
-            continue
-        if m.get("tool_calls") is not None and role != "assistant":
-            problems.append(
-                f"{where} is a {role} message with tool_calls; only assistant messages call tools"
-            )
-            continue
-        if content is None and (m.get("tool_calls") or m.get("reasoning_content")):
-            content = ""
-        text = _message_text(content, role, where, problems)
-        if text is None:
-            continue
-        reasoning = None
-        if role == "assistant":
-            reasoning, text = _assistant_parts(m, text, where, problems)
-        if not text.strip() and not reasoning:
-            problems.append(f"{where} ({role}) has empty content")
-            continue
-        trained = m.get("loss", True)
-        if not isinstance(trained, bool):
-            problems.append(f"{where}.loss must be true or false, got {json.dumps(trained)}")
-            trained = True
-        clean.append((i, role, text, reasoning, trained))
+    clean = [c for i, m in enumerate(msgs) if (c := _chatml_message(i, m, problems)) is not None]
     labels = _chatml_labels(
         rec, sum(1 for m in msgs if isinstance(m, dict) and m.get("role") == "assistant"), problems
     )
@@ -588,9 +561,53 @@ def _chatml(rec: dict, problems: list[str]) -> Conversation | None:
         clean = clean[1:]
     if tools:
         system = (system + "\n" if system else "") + tool_list_text(tools)
+    turns, called = _chatml_turns(clean, problems)
+    if problems:
+        return None
+    thinking = any(t.reasoning is not None for t in turns)
+    if thinking:  # ERNIE's Thinking template gives answers without reasoning an empty think block
+        for t in turns:
+            t.reasoning = "" if t.reasoning is None else t.reasoning
+    return Conversation(system, turns, per_turn=thinking or tools is not None or called)
+
+
+def _chatml_message(i: int, m: Any, problems: list[str]) -> CleanMessage | None:
+    """One chatml message checked and split into its parts; None (with the problem noted) if unusable."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        problems.append(f"{where} must be an object with 'role' and 'content', got {_type_name(m)}")
+        return None
+    role, content = m.get("role"), m.get("content")
+    if role not in CHATML_ROLES:
+        problems.append(f"{where}.role is {json.dumps(role)}; use one of {', '.join(CHATML_ROLES)}")
+        return None
+    if m.get("tool_calls") is not None and role != "assistant":
+        problems.append(f"{where} is a {role} message with tool_calls; only assistant messages call tools")
+        return None
+    if content is None and (m.get("tool_calls") or m.get("reasoning_content")):
+        content = ""
+    text = _message_text(content, role, where, problems)
+    if text is None:
+        return None
+    reasoning = None
+    if role == "assistant":
+        reasoning, text = _assistant_parts(m, text, where, problems)
+    if not text.strip() and not reasoning:
+        problems.append(f"{where} ({role}) has empty content")
+        return None
+    trained = m.get("loss", True)
+    if not isinstance(trained, bool):
+        problems.append(f"{where}.loss must be true or false, got {json.dumps(trained)}")
+        trained = True
+    return i, role, text, reasoning, trained
+
+
+def _chatml_turns(clean: list[CleanMessage], problems: list[str]) -> tuple[list[Turn], bool]:
+    """The (prompt, answer) turns of the messages after the system prompt, and whether an assistant
+    message called a tool through tool_calls; the order's problems are noted."""
     turns: list[Turn] = []
     prompt: list[str] = []
-    called = False  # whether an assistant message called a tool through tool_calls
+    called = False
     for i, role, text, reasoning, trained in clean:
         if role == "system":
             problems.append(
@@ -617,13 +634,7 @@ def _chatml(rec: dict, problems: list[str]) -> Conversation | None:
         problems.append("no assistant message: nothing to learn")
     if turns and not any(t.trained for t in turns) and not problems:
         problems.append("every assistant message has loss false, so the sample has nothing to learn")
-    if problems:
-        return None
-    thinking = any(t.reasoning is not None for t in turns)
-    if thinking:  # ERNIE's Thinking template gives answers without reasoning an empty think block
-        for t in turns:
-            t.reasoning = "" if t.reasoning is None else t.reasoning
-    return Conversation(system, turns, per_turn=thinking or tools is not None or called)
+    return turns, called
 
 
 # ---- VL ----------------------------------------------------------------------------------------------
