@@ -183,51 +183,28 @@ def _iter_lines(path: str | Path, start_byte: int = 0, start_line: int = 1) -> I
 def _iter_array(path: str | Path) -> Iterator[RawRecord]:
     """Stream the elements of a top-level JSON array without loading the file whole."""
     decoder = json.JSONDecoder()
-    # Incremental: a chunk may end inside a multi-byte character. Bad bytes become surrogates and are
-    # reported per record below instead of failing the whole file.
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-
-    def _text(data: bytes, eof: bool) -> str:
-        return utf8.decode(data, final=eof)
-
     with open(path, "rb") as f:
-        data = f.read(CHUNK)
-        eof = len(data) < CHUNK
-        buf, line, pos = _text(data, eof), 1, 0
-        # Skip BOM, whitespace and the opening bracket.
+        text = _ArrayText(f)
+        if not text.open_array():
+            return
+        line, expect_value, seen_comma = 1, True, False
         while True:
-            pos = _skip_ws(buf, pos)
-            if pos < len(buf):
-                break
-            if eof:
-                return
-            more = f.read(CHUNK)
-            eof = len(more) < CHUNK
-            buf += _text(more, eof)
-        if buf[pos] == "\ufeff":
-            pos += 1
-        pos = _skip_ws(buf, pos) + 1  # the '['
-        expect_value, seen_comma = True, False
-        while True:
-            new_pos = _skip_ws(buf, pos)
-            line += buf.count("\n", pos, new_pos)
-            pos = new_pos
-            if pos >= len(buf) and not eof:
-                more = f.read(CHUNK)
-                eof = len(more) < CHUNK
-                buf = buf[pos:] + _text(more, eof)
-                pos = 0
+            new_pos = _skip_ws(text.buf, text.pos)
+            line += text.buf.count("\n", text.pos, new_pos)
+            text.pos = new_pos
+            if text.pos >= len(text.buf) and not text.eof:
+                text.refill(CHUNK)
                 continue
-            if pos >= len(buf):
+            if text.pos >= len(text.buf):
                 yield RawRecord(line, error="invalid JSON: the array is not closed with ']'")
                 return
-            ch = buf[pos]
+            ch = text.buf[text.pos]
             if ch == "]":
                 if expect_value and seen_comma:
                     yield RawRecord(line, error="invalid JSON: a trailing ',' before ']'")
                 return
             if ch == "," and not expect_value:
-                pos += 1
+                text.pos += 1
                 expect_value = seen_comma = True
                 continue
             if not expect_value:
@@ -235,43 +212,81 @@ def _iter_array(path: str | Path) -> Iterator[RawRecord]:
                     line, error=f"invalid JSON: expected ',' or ']' between array elements, found {ch!r}"
                 )
                 return
-            while True:
-                try:
-                    obj, end = decoder.raw_decode(buf, pos)
-                    break
-                except json.JSONDecodeError as e:
-                    if eof or (
-                        e.pos + ARRAY_LOOKAHEAD < len(buf) and e.msg != "Unterminated string starting at"
-                    ):
-                        err_line = line + buf.count("\n", pos, e.pos)
-                        yield RawRecord(
-                            err_line, error=f"invalid JSON: {e.msg}; the rest of the array cannot be read"
-                        )
-                        return
-                    more = f.read(max(CHUNK, len(buf) - pos))
-                    eof = len(more) < CHUNK
-                    buf = buf[pos:] + _text(more, eof)
-                    pos = 0
-                except (RecursionError, ValueError) as e:  # past the parser's stack; over-long integers
-                    yield RawRecord(
-                        line, error=f"invalid JSON: {_parse_failure(e)}; the rest of the array cannot be read"
-                    )
-                    return
-            problem = json_value_problem(obj)
-            if _SURROGATE.search(buf, pos, end):
-                yield RawRecord(
-                    line,
-                    error="not valid UTF-8: the record holds bytes that are not UTF-8; save the file as UTF-8",
-                )
-            elif problem:
-                yield RawRecord(line, error=problem)
-            else:
-                yield RawRecord(line, record=obj)
-            line += buf.count("\n", pos, end)
-            pos = end
+            decoded = text.decode(decoder, line)
+            if isinstance(decoded, RawRecord):  # the array cannot be read on
+                yield decoded
+                return
+            obj, end = decoded
+            yield _array_record(obj, line, _SURROGATE.search(text.buf, text.pos, end) is not None)
+            line += text.buf.count("\n", text.pos, end)
+            text.pos = end
             expect_value = False
-            if pos > CHUNK:
-                buf, pos = buf[pos:], 0
+            if text.pos > CHUNK:
+                text.buf, text.pos = text.buf[text.pos :], 0
+
+
+class _ArrayText:
+    """The decoded text of a JSON array file from ``pos`` on, read chunk by chunk."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        # Incremental: a chunk may end inside a multi-byte character. Bad bytes become surrogates and are
+        # reported per record instead of failing the whole file.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self.buf, self.pos, self.eof = "", 0, False
+        self.refill(CHUNK)
+
+    def refill(self, size: int) -> None:
+        """Drop the text before ``pos`` and append the next ``size`` bytes of the file."""
+        data = self.f.read(size)
+        self.eof = len(data) < CHUNK
+        self.buf = self.buf[self.pos :] + self._utf8.decode(data, final=self.eof)
+        self.pos = 0
+
+    def open_array(self) -> bool:
+        """Skip a BOM, whitespace and the opening bracket; False for a file of whitespace only."""
+        while True:
+            self.pos = _skip_ws(self.buf, self.pos)
+            if self.pos < len(self.buf):
+                break
+            if self.eof:
+                return False
+            self.refill(CHUNK)
+        if self.buf[self.pos] == "\ufeff":
+            self.pos += 1
+        self.pos = _skip_ws(self.buf, self.pos) + 1  # the '['
+        return True
+
+    def decode(self, decoder: json.JSONDecoder, line: int) -> tuple[Any, int] | RawRecord:
+        """(value, end) of the JSON value at ``pos``, reading on while it is cut by the chunk's end; a
+        RawRecord with the error when it cannot be read (nor anything after it)."""
+        while True:
+            try:
+                return decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                if self.eof or (
+                    e.pos + ARRAY_LOOKAHEAD < len(self.buf) and e.msg != "Unterminated string starting at"
+                ):
+                    err_line = line + self.buf.count("\n", self.pos, e.pos)
+                    return RawRecord(
+                        err_line, error=f"invalid JSON: {e.msg}; the rest of the array cannot be read"
+                    )
+                self.refill(max(CHUNK, len(self.buf) - self.pos))
+            except (RecursionError, ValueError) as e:  # past the parser's stack; over-long integers
+                return RawRecord(
+                    line, error=f"invalid JSON: {_parse_failure(e)}; the rest of the array cannot be read"
+                )
+
+
+def _array_record(obj: Any, line: int, bad_bytes: bool) -> RawRecord:
+    """One decoded array element as a record, or the reason it is none (bytes that were not UTF-8, a
+    value JSON allows but a dataset must not)."""
+    if bad_bytes:
+        return RawRecord(
+            line, error="not valid UTF-8: the record holds bytes that are not UTF-8; save the file as UTF-8"
+        )
+    problem = json_value_problem(obj)
+    return RawRecord(line, error=problem) if problem else RawRecord(line, record=obj)
 
 
 def _skip_ws(buf: str, pos: int) -> int:
