@@ -1,4 +1,5 @@
-"""Functions in the service layers stay small enough to read and test alone.
+"""Functions stay small enough to read and test alone: no function over 80 lines in studio/, workers/ and the
+engine (its model math aside), no nesting over 4 blocks in studio/, workers/ and engine/serve.
 
 ruff's C901 / PLR0912 / PLR0915 / PLR1702 (pyproject.toml) bound complexity, branches, statements and
 nested blocks everywhere it runs; this test adds what ruff has no rule for: a function's length in lines.
@@ -12,9 +13,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# The studio, the workers and the model server are where long handlers grew; the rest of the engine is
-# held by ruff's complexity rules alone (its model and training code reads top to bottom by design).
+# The studio, the workers and the model server are where long handlers grew; the nesting bound holds there.
 CHECKED = ("studio", "workers", "engine/serve")
+# The length bound holds everywhere in the engine but its model math: the decoder, its layers and kernels,
+# read top to bottom like the paper they follow (STYLE.md, nanoGPT / litgpt); none is over the bound today.
+LENGTH_CHECKED = ("studio", "workers", "engine")
+MODEL_MATH = (
+    "engine/models/ernie.py",
+    "engine/models/layers.py",
+    "engine/models/plain_ops.py",
+    "engine/models/kernels.py",
+    "engine/models/moe.py",
+    "engine/models/expert_parallel.py",
+    "engine/models/vision.py",
+    "engine/models/paddleocr_vl.py",
+    "engine/models/quantized.py",
+    "engine/models/gpas.py",
+)
+# Files another branch is splitting, each with where; a file here that has no over-long function left
+# fails test_every_pending_file_still_needs_its_place, so the entry goes when the split lands.
+PENDING = {
+    "engine/estimate.py": "estimate_run, _time and plan_run are being split on the estimate branch (issue 31)",
+}
 MAX_LINES = 80
 MAX_NESTING = 4
 
@@ -38,25 +58,44 @@ def _nesting(node: ast.AST, depth: int = 0) -> int:
     return deepest
 
 
-def _sources() -> list[Path]:
+def _sources(parts: tuple[str, ...] = CHECKED) -> list[Path]:
     files: list[Path] = []
-    for part in CHECKED:
+    for part in parts:
         files.extend(sorted((ROOT / part).rglob("*.py")))
     return files
 
 
+def _length_sources() -> list[Path]:
+    skipped = {*MODEL_MATH, *PENDING}
+    return [p for p in _sources(LENGTH_CHECKED) if p.relative_to(ROOT).as_posix() not in skipped]
+
+
+def _too_long(path: Path, limit: int) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{fn.lineno}: {fn.name} has {fn.end_lineno - fn.lineno + 1} lines"
+        for fn in _functions(ast.parse(path.read_text(encoding="utf-8")))
+        if fn.end_lineno - fn.lineno + 1 > limit
+    ]
+
+
 def test_the_checked_folders_exist():
     assert len(_sources()) > 20
+    # 175 here: studio, workers and the engine less the model math and PENDING
+    assert len(_length_sources()) > 160
+
+
+def test_every_exempt_file_exists():
+    assert all((ROOT / path).is_file() for path in (*MODEL_MATH, *PENDING))
+
+
+def test_every_pending_file_still_needs_its_place():
+    done = [path for path in PENDING if not _too_long(ROOT / path, MAX_LINES)]
+    assert not done, f"no function over {MAX_LINES} lines left; take these out of PENDING: {done}"
 
 
 @pytest.mark.parametrize("limit", [MAX_LINES])
 def test_no_function_longer_than_the_limit(limit: int):
-    too_long = []
-    for path in _sources():
-        for fn in _functions(ast.parse(path.read_text(encoding="utf-8"))):
-            length = fn.end_lineno - fn.lineno + 1
-            if length > limit:
-                too_long.append(f"{path.relative_to(ROOT)}:{fn.lineno}: {fn.name} has {length} lines")
+    too_long = [line for path in _length_sources() for line in _too_long(path, limit)]
     assert not too_long, f"functions over {limit} lines:\n" + "\n".join(too_long)
 
 
