@@ -33,7 +33,9 @@ MODEL_MATH = (
 # Files another branch is splitting, each with where; a file here that has no over-long function left
 # fails test_every_pending_file_still_needs_its_place, so the entry goes when the split lands.
 PENDING = {
-    "engine/estimate.py": "estimate_run, _time and plan_run are being split on the estimate branch (issue 31)",
+    "engine/estimate/run.py": "estimate_run: the estimate helper splits it (issue 31)",
+    "engine/estimate/timing.py": "_time: the estimate helper splits it (issue 31)",
+    "engine/estimate/planner.py": "plan_run: the estimate helper splits it (issue 31)",
 }
 MAX_LINES = 80
 MAX_NESTING = 4
@@ -80,8 +82,8 @@ def _too_long(path: Path, limit: int) -> list[str]:
 
 def test_the_checked_folders_exist():
     assert len(_sources()) > 20
-    # 175 here: studio, workers and the engine less the model math and PENDING
-    assert len(_length_sources()) > 160
+    # 183 here: studio, workers and the engine less the model math and PENDING
+    assert len(_length_sources()) > 165
 
 
 def test_every_exempt_file_exists():

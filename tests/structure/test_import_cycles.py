@@ -161,7 +161,7 @@ def test_the_check_follows_a_longer_circle_and_names_of_a_package(tmp_path):
 def test_the_project_is_read():
     graph = import_graph(ROOT)
     assert {"engine.models.kernels", "studio.services.runs", "workers.training"} <= set(graph)
-    assert sum(len(edges) for edges in graph.values()) > 700  # 804 on this branch: the project's own imports
+    assert sum(len(edges) for edges in graph.values()) > 750  # 852 here: the project's own imports
 
 
 def test_no_import_circles_in_engine_studio_and_workers():
