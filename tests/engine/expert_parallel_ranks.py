@@ -3,8 +3,9 @@
 For tiny-moe and tiny-vl: one step's logits and gradients with the experts split over both ranks against
 one process holding the whole batch, the bytes of the routed experts each rank holds, and a 20-step
 expert-parallel training run; then each rank trains one of the two one-process references (rank 0 the text
-MoE, rank 1 the VL MoE, at the same time). Also splits the transformers-parity golden MoE, runs its golden
-input through the split model, and writes it back un-split. Results go to ``<out>/rank<r>.json``.
+MoE, rank 1 the VL MoE, at the same time). Also splits the transformers-parity golden text MoE and VL MoE
+(both expert groups), runs their golden inputs through the split models, and writes them back un-split.
+Results go to ``<out>/rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import paddle
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.models.expert_parallel import RemoteExpert, gather_to_writer, unsplit_experts  # noqa: E402
+from engine.models.expert_parallel import (  # noqa: E402
+    RemoteExpert,
+    gather_to_writer,
+    moe_layers,
+    unsplit_experts,
+)
 from engine.models.moe import MoELayer  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.train import run_training  # noqa: E402
@@ -134,21 +140,47 @@ def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path, extra: t
     }
 
 
-def golden_roundtrip(dp: DataParallel, out: Path) -> dict:
-    """The transformers-parity golden MoE split over the ranks: its logits, and written back un-split."""
-    golden = ROOT / "tests/engine/golden/moe"
-    yaml, over = overrides("moe", str(golden / "paddle"), out / "unused-golden", [])
+# The transformers-parity goldens each kind splits: the text MoE's one input, the VL MoE's cases (text,
+# images, a video) through both expert groups.
+GOLDENS = {"moe": "tests/engine/golden/moe", "vl": "tests/engine/golden/vl_moe"}
+
+
+def golden_inputs(kind: str, expected) -> dict[str, tuple[dict, np.ndarray]]:
+    """Each golden case's model inputs and transformers' logits."""
+    if kind == "moe":
+        return {"text": ({"input_ids": paddle.to_tensor(expected["input_ids"])}, expected["logits"])}
+    from tests.engine.test_vl_parity import CASES
+    from tests.engine.test_vl_parity import _case as vl_case
+
+    cases = {}
+    for case in CASES:
+        ids, pix, grids = vl_case(expected, case)
+        images = {"pixel_values": paddle.to_tensor(pix), "grid_thw": grids} if pix is not None else {}
+        cases[case] = ({"input_ids": paddle.to_tensor(ids), **images}, expected[f"{case}/logits"])
+    return cases
+
+
+def golden_roundtrip(kind: str, dp: DataParallel, out: Path) -> dict:
+    """A transformers-parity golden split over the ranks: each case's largest logit difference from
+    transformers', the experts this rank held (per MoE layer), and the model written back un-split to
+    ``<out>/golden-<kind>-unsplit``."""
+    golden = ROOT / GOLDENS[kind]
+    yaml, over = overrides(kind, str(golden / "paddle"), out / f"unused-golden-{kind}", [])
     cfg = load_config(yaml, [*over, "expert_parallel_degree=2"])
     model, _ = build_model(cfg, world=dp.world)
     model.eval()
-    expected = np.load(golden / "expected.npz")
+    gaps = {}
     with paddle.no_grad():
-        logits = model(paddle.to_tensor(expected["input_ids"])).logits.numpy()
+        for case, (inputs, logits) in golden_inputs(kind, np.load(golden / "expected.npz")).items():
+            gaps[case] = float(np.abs(model(**inputs).logits.numpy() - logits).max())
+    held = [
+        [i for i, e in enumerate(m.experts) if not isinstance(e, RemoteExpert)] for m in moe_layers(model)
+    ]
     if unsplit_experts(model, model.expert_group):
         from engine.models.saving import save_model
 
-        save_model(model, out / "golden-unsplit")
-    return {"golden_logits_diff": float(np.abs(logits - expected["logits"]).max())}
+        save_model(model, out / f"golden-{kind}-unsplit")
+    return {"logits_diff": gaps, "held_experts": held}
 
 
 def gather_check(dp: DataParallel) -> dict:
@@ -186,7 +218,7 @@ def main() -> None:
     for kind, model_dir in models.items():
         result[kind] = step_parity(kind, model_dir, dp, out)
         result[f"{kind}_recompute"] = step_parity(kind, model_dir, dp, out, ("recompute=true",))
-    result.update(golden_roundtrip(dp, out))
+    result["golden"] = {kind: golden_roundtrip(kind, dp, out) for kind in models}
     result["gather"] = gather_check(dp)
     for kind, model_dir in models.items():
         # the VL run also recomputes (experts replayed, the exchange not): its losses must not move
