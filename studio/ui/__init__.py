@@ -200,21 +200,20 @@ def _wire_language(
     demo = ctx.demo
     relabel = [*texts.components, header, states.lang]
     h = LanguageHandlers(texts)
-    switched = language.input(h.set_language, [language, *texts.tables], relabel)
-    restored = demo.load(known_language, states.lang, language).then(
-        h.set_language, [language, *texts.tables], relabel
-    )
+    # One chain for a switch and for the restore on load: the radio's change event fires only when the
+    # language differs from the page's, so an English page (the default) loads with none of it (each event
+    # costs the page a pass over every component that any event has touched: hundreds, after the form's).
+    demo.load(known_language, states.lang, language, show_progress="hidden")
+    chained = language.change(h.set_language, [language, *texts.tables], relabel)
     # Gradio's own texts (e.g. "Drop File Here") follow its front end's locale, which it takes from the
     # browser; the switch sets that locale too.
-    for event, always in ((switched, True), (restored, False)):
-        chained = event.then(None, language, None, js=GRADIO_LOCALE_JS)
-        if texts.uploads:
-            # On load an English page is drawn in English already (a redraw would drop a file being picked).
-            for shown in (False, True):
-                redraw = partial(visibility, shown, len(texts.uploads), always)
-                chained = chained.then(redraw, language, texts.uploads, show_progress="hidden")
-        for follower in ctx.language_followers:
-            chained = chained.then(follower.fn, follower.inputs, follower.outputs, show_progress="hidden")
+    chained = chained.then(None, language, None, js=GRADIO_LOCALE_JS)
+    if texts.uploads:
+        for shown in (False, True):
+            redraw = partial(visibility, shown, len(texts.uploads))
+            chained = chained.then(redraw, language, texts.uploads, show_progress="hidden")
+    for follower in ctx.language_followers:
+        chained = chained.then(follower.fn, follower.inputs, follower.outputs, show_progress="hidden")
 
 
 def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
@@ -255,10 +254,9 @@ def restore_tab(saved: Any, request: gr.Request) -> tuple[Any, ...]:
     return (gr.Tabs(selected=wanted), *tab_timers(wanted)[:2])
 
 
-def visibility(shown: bool, count: int, always: bool, lang: str) -> Any:
-    """``count`` components shown or hidden (one update, or a list of them); unless ``always``, only for
-    a language other than English."""
-    update = gr.update(visible=shown) if always or lang != DEFAULT_LANGUAGE else gr.skip()
+def visibility(shown: bool, count: int, lang: str) -> Any:
+    """``count`` components shown or hidden (one update, or a list of them): redrawn in ``lang``'s locale."""
+    update = gr.update(visible=shown)
     return update if count == 1 else [update] * count
 
 

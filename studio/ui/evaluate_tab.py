@@ -345,13 +345,7 @@ def build_evaluate_after_fields(ctx: UIContext, tab: gr.Tab) -> dict[str, gr.com
             "eval_datasets": t.make(gr.Dropdown, "ev.after_datasets", choices=[], multiselect=True, elem_id="tr-eval-datasets"),
             "eval_max_new_tokens": _max_new_tokens(t, "ev.max_new_tokens", "tr-eval-max-new-tokens"),
         }  # fmt: skip
-
-    def choices() -> Any:
-        return gr.update(choices=dataset_choices(ctx.read(datasets_svc.list_datasets, default=[])))
-
-    tab.select(choices, None, fields["eval_datasets"], show_progress="hidden")
-    ctx.demo.load(choices, None, fields["eval_datasets"], show_progress="hidden")
-    return fields
+    return fields  # its dataset choices are refreshed with the tab's pickers (train_tab.PICKER_KEYS)
 
 
 def build_compare_evals(ctx: UIContext) -> gr.Dataframe:

@@ -61,7 +61,7 @@ from studio.ui.train_form import (
     unmet,
 )
 from studio.ui.train_import import ImportBox, ImportHandlers, build_import_box
-from studio.ui.train_templates import StartHandlers, build_start_box, what_if_text, wire_start_box
+from studio.ui.train_templates import StartBox, StartHandlers, build_start_box, what_if_text, wire_start_box
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
 _SCHEMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -72,6 +72,8 @@ STAGE_DEPENDENT_KEYS = tuple(dict.fromkeys(key for d in STAGE_DEFAULTS.values() 
 
 # Config keys in form order: the choice rows' keys, then every option of the schema (studio.ui.train_form).
 CHOICE_KEYS = TOP_KEYS
+# The pickers whose choices are the studio's models and datasets, refreshed when the tab opens.
+PICKER_KEYS = ("base_model", "dataset_ids", "eval_dataset_ids", "eval_datasets")
 CONFIG_KEYS = (*CHOICE_KEYS, *OPTION_KEYS)
 SPEC_FIELDS = (
     "name",
@@ -479,19 +481,30 @@ class TrainHandlers:
         """The folders the base-model picker lists local models from."""
         return model_roots_text(self.ctx.settings)
 
-    def refresh_choices(
-        self, base_model: str | None, chosen: list[Any] | None, evals: list[Any] | None = None
-    ) -> tuple[Any, Any, Any]:
-        """Fresh base-model and dataset choices (training and evaluation); values are only filled in when
-        empty (this may land after the person picked something)."""
+    def refresh_choices(self, base_model: str | None) -> list[Any]:
+        """Fresh base-model and dataset choices (the ``PICKER_KEYS`` fields: training, evaluation and
+        evaluate-after sets); the base model is only filled in when empty (this may land after the person
+        picked something)."""
         models = self.ctx.read(models_svc.list_models, self.ctx.settings, default=[])
         choices = model_choices(models, current_language())
         items = self.ctx.read(datasets_svc.list_datasets, default=[])
         model_update = gr.update(choices=choices)
         if not base_model and choices:
             model_update["value"] = choices[0][1]
-        datasets = dataset_choices(items)
-        return model_update, gr.update(choices=datasets), gr.update(choices=datasets)
+        datasets = gr.update(choices=dataset_choices(items))
+        return [model_update, *(datasets for _ in PICKER_KEYS[1:])]
+
+    def open_tab(self, *args: Any) -> list[Any]:
+        """The tab opened or the page loaded (``review``'s inputs): fresh choices, then the form checked
+        with them, in one event (every event costs the page a pass over each component any event has
+        touched, which the form makes hundreds: the tab's five events took it 1.4-1.9 s on a loaded box).
+        Returns the pickers' updates, then ``review``'s."""
+        values = list(args[: len(self.keys)])
+        form = dict(zip(self.keys, values, strict=True))
+        pickers = self.refresh_choices(form["base_model"])
+        if "value" in pickers[0]:
+            values[self.keys.index("base_model")] = pickers[0]["value"]
+        return [*pickers, *self.review(*values, *args[len(self.keys) :])]
 
     def clone_into_form(self, run_id: Any) -> list[Any]:
         """For "clone into Train": one value per form key from the run's choices, then the tabs opened on
@@ -603,9 +616,33 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
     _wire_search(options)
     _wire_actions(ctx, tab, handlers, fields, options, side, launched_run, marks)
     starts = StartHandlers(ctx, handlers.keys, handlers.spec, form_values)
-    wire_start_box(ctx, tab, start_box, starts, [fields[k] for k in handlers.keys], handlers.review_wiring)
+    wire_start_box(start_box, starts, [fields[k] for k in handlers.keys], handlers.review_wiring)
+    _wire_open(ctx, tab, handlers, starts, [fields[k] for k in PICKER_KEYS], start_box)
     ctx.demo.load(handlers.model_roots, None, roots)
     return TrainTab(tab=tab, fields=fields, launched_run=launched_run, handlers=handlers, options=options)
+
+
+def _wire_open(
+    ctx: UIContext,
+    tab: gr.Tab,
+    handlers: TrainHandlers,
+    starts: StartHandlers,
+    pickers: list[Any],
+    box: StartBox,
+) -> None:
+    """Opening the tab is one event (``TrainHandlers.open_tab``, with the templates and the first recipe's
+    verdict, fresh for the nodes as they are); the page's load the same without the verdict."""
+    review = handlers.review_wiring
+    inputs, outputs = [*review["inputs"], box.template], [*pickers, *review["outputs"], box.template]
+
+    def loaded(*args: Any) -> list[Any]:
+        return [*handlers.open_tab(*args[:-1]), starts.template_choices(args[-1])]
+
+    def opened(*args: Any) -> list[Any]:
+        return [*loaded(*args[:-1]), starts.verdict(args[-1])]
+
+    tab.select(opened, [*inputs, box.recipe], [*outputs, box.verdict], show_progress="hidden")
+    ctx.demo.load(loaded, inputs, outputs, show_progress="hidden")
 
 
 def search_options(query: str) -> list[Any]:
@@ -657,7 +694,6 @@ def _wire_actions(
     # The person's own edits; a value set by a handler (a clone fills ~100 fields at once) is checked once,
     # after that handler (change events would check the form once per field it set).
     gr.on([comp.input for comp in inputs], trigger_mode="always_last", **review)
-    ctx.demo.load(**review)
     dependent = [fields[k] for k in STAGE_DEPENDENT_KEYS]
     for key in CHOICE_KEYS:
         fields[key].input(
@@ -671,7 +707,4 @@ def _wire_actions(
     imported = [*inputs, side.importer.status]
     side.importer.file.upload(importer.import_file, side.importer.file, imported).then(**review)
     side.importer.button.click(importer.import_text, side.importer.text, imported).then(**review)
-    pickers = [fields["base_model"], fields["dataset_ids"], fields["eval_dataset_ids"]]
-    tab.select(handlers.refresh_choices, pickers, pickers).then(**review)
-    ctx.demo.load(handlers.refresh_choices, pickers, pickers).then(**review)
     handlers.review_wiring = review

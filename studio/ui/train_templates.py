@@ -231,9 +231,7 @@ class StartHandlers:
         return [*(gr.skip() for _ in self.keys), status]
 
 
-def wire_start_box(
-    ctx: UIContext, tab: gr.Tab, box: StartBox, handlers: StartHandlers, inputs: list[Any], review: dict
-) -> None:
+def wire_start_box(box: StartBox, handlers: StartHandlers, inputs: list[Any], review: dict) -> None:
     """Recipes and templates fill the form (then the form is checked once, as after an import)."""
     filled = [*inputs, box.status]
     box.recipe.change(handlers.verdict, box.recipe, box.verdict, show_progress="hidden")
@@ -243,7 +241,4 @@ def wire_start_box(
     box.template_load.click(handlers.load_template, box.template, filled).then(**review)
     box.template_save.click(handlers.save_template, [box.template_name, *inputs], [box.status, box.template])
     box.template_delete.click(handlers.delete_template, box.template, [box.status, box.template])
-    tab.select(handlers.template_choices, box.template, box.template)
-    # the dropdown starts on the first recipe: its verdict, fresh for the nodes as they are when the tab opens
-    tab.select(handlers.verdict, box.recipe, box.verdict, show_progress="hidden")
-    ctx.demo.load(handlers.template_choices, box.template, box.template)
+    # the template list and the first recipe's verdict are refreshed when the tab opens (train_tab._wire_open)
