@@ -11,6 +11,7 @@ on the trial before its run is cancelled, and the trial is told once its run has
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -251,36 +252,36 @@ def advance(session: Session, settings: Settings, sweep_id: int) -> bool:
     params = parse_space(sweep.parameters)
     study = _study(settings, sweep)
     runs = _trial_runs(session, sweep_id)
-    stop = _stop_reason(session, sweep, s, study, runs)
+    # `halt`: cancelled or a budget spent: running trials are stopped and no new one is asked for;
+    # n_trials only stops the asking
+    halt = _halt_reason(session, sweep, s, runs)
     active = 0
     for t in study.get_trials(deepcopy=False):
         if t.state.name != "RUNNING":
             continue
         run = runs.get(t.number)
-        if run is None and not stop:
+        if run is None and not halt:
             run = _start_trial(session, settings, sweep, study, t.number, t.params)
-        active += _follow(session, settings, study, t, run, s, stop)
-    while not stop and active < sweep.parallelism and len(study.trials) < s.n_trials:
+        active += _follow(session, settings, study, t, run, s, halt)
+    while not halt and active < sweep.parallelism and len(study.trials) < s.n_trials:
         from engine.sweep import ask
 
         trial = ask(study, params)
         if _start_trial(session, settings, sweep, study, trial.number, trial.params) is not None:
             active += 1
-        stop = _stop_reason(session, sweep, s, study, _trial_runs(session, sweep_id))
-    if active:
+        halt = _halt_reason(session, sweep, s, _trial_runs(session, sweep_id))
+    if active or (not halt and len(study.trials) < s.n_trials):
         return False
-    return _finish(session, sweep, s, study, stop or "n_trials")
+    return _finish(session, sweep, s, study, halt or "n_trials")
 
 
-def _stop_reason(session: Session, sweep: Sweep, s: SweepSettings, study, runs: dict[int, Run]) -> str | None:
+def _halt_reason(session: Session, sweep: Sweep, s: SweepSettings, runs: dict[int, Run]) -> str | None:
     if sweep.cancel_requested:
         return "cancelled"
     if s.max_wall_s and sweep.started_at and (utcnow() - sweep.started_at).total_seconds() >= s.max_wall_s:
         return "max_wall_s"
     if s.max_total_steps and total_steps(session, [r.id for r in runs.values()]) >= s.max_total_steps:
         return "max_total_steps"
-    if len(study.trials) >= s.n_trials:
-        return "n_trials"
     return None
 
 
@@ -315,20 +316,20 @@ def _start_trial(
         session.rollback()
         trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
         study._storage.set_trial_system_attr(trial_id, STOPPED, f"refused: {e.message}"[:500])
-        study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        _tell(study, number, state=optuna.trial.TrialState.FAIL)
         log.warning("sweep %s trial %s refused: %s", sweep.id, number, e.message)
         return None
     log.info("sweep %s trial %s: run %s %s", sweep.id, number, run.id, values)
     return run
 
 
-def _follow(session: Session, settings: Settings, study, t, run: Run | None, s: SweepSettings, stop) -> int:
+def _follow(session: Session, settings: Settings, study, t, run: Run | None, s: SweepSettings, halt) -> int:
     """Report a running trial's new evaluations, prune or stop it, or tell Optuna how it ended; 1 while its
     run is still going."""
     import optuna
 
     if run is None:  # budget or cancel came before its run was made
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        _tell(study, t.number, state=optuna.trial.TrialState.FAIL)
         return 0
     session.refresh(run)
     if run.status in TERMINAL_RUN_STATUSES:
@@ -336,11 +337,9 @@ def _follow(session: Session, settings: Settings, study, t, run: Run | None, s: 
         return 0
     stopped = t.system_attrs.get(STOPPED)
     if stopped is None:
-        stopped = _report(session, study, t, run, s.objective) or stop
+        stopped = "pruned" if _report(session, study, t, run, s.objective) else halt
         if stopped:
-            study._storage.set_trial_system_attr(
-                t._trial_id, STOPPED, "pruned" if stopped is True else stopped
-            )
+            study._storage.set_trial_system_attr(t._trial_id, STOPPED, stopped)
     if stopped and not run.cancel_requested:
         runs_svc.cancel_run(session, settings, run.id)
     return 1
@@ -361,7 +360,7 @@ def _report(session: Session, study, t, run: Run, objective: str) -> bool:
         if objective in values and values[objective] is not None:
             study._storage.set_trial_intermediate_value(t._trial_id, step, float(values[objective]))
             reported = True
-    return reported and optuna.trial.Trial(study, t._trial_id).should_prune()
+    return reported and bool(optuna.trial.Trial(study, t._trial_id).should_prune())
 
 
 def _tell_ended(session: Session, study, t, run: Run, s: SweepSettings) -> None:
@@ -370,13 +369,22 @@ def _tell_ended(session: Session, study, t, run: Run, s: SweepSettings) -> None:
     _report(session, study, t, run, s.objective)
     stopped = study._storage.get_trial(t._trial_id).system_attrs.get(STOPPED)
     if stopped == "pruned":
-        study.tell(t.number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+        _tell(study, t.number, state=optuna.trial.TrialState.PRUNED)
         return
     value = _final_value(session, run.id, s.objective)
     if run.status == RunStatus.SUCCEEDED and value is not None:
-        study.tell(t.number, value, skip_if_finished=True)
+        _tell(study, t.number, value)
     else:
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        _tell(study, t.number, state=optuna.trial.TrialState.FAIL)
+
+
+def _tell(study, number: int, value: float | None = None, state=None) -> None:
+    """Tell Optuna how a trial ended, once: a trial already told (by a driver that was replaced while it
+    still finished its step) is left as it is."""
+    import optuna
+
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        study.tell(number, value, state=state, skip_if_finished=True)
 
 
 def _final_value(session: Session, run_id: int, objective: str) -> float | None:
