@@ -173,3 +173,38 @@ def test_a_trial_asked_before_a_crash_gets_one_run(tmp_path):
     finally:
         dispose_storages()
         dispose_engines()
+
+
+def test_the_steps_budget_stops_the_sweep_and_its_running_trial(tmp_path):
+    """Steps counted from the store reach max_total_steps: the running trial is cancelled through the runs'
+    cancel path, Optuna is told it failed, and the sweep ends without asking for more."""
+    from studio.services import jobs as jobs_svc
+    from studio.services.run_lifecycle import record_metrics
+
+    settings = Settings(home=tmp_path / "home")
+    upgrade(settings)
+    try:
+        with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as client:
+            body = _sweep_body(_Api(client), tmp_path, max_total_steps=5, enqueue=[])
+            sid = client.post("/api/v1/sweeps", json=body).json()["id"]
+        with session_factory(settings)() as s:
+            assert jobs_svc.claim(s, jobs_svc.SWEEPS, sid, "driver@test") is not None
+            assert sweeps_svc.advance(s, settings, sid) is False
+            (run,) = s.query(Run).filter(Run.sweep_id == sid).all()
+            record_metrics(s, run.id, [{"step": 4, "loss": 5.0}])  # as a worker records them
+            assert sweeps_svc.advance(s, settings, sid) is False  # 4 < 5: goes on, nothing new asked
+            assert s.query(Run).filter(Run.sweep_id == sid).count() == 1
+            record_metrics(s, run.id, [{"step": 5, "loss": 4.9}])
+            assert sweeps_svc.advance(s, settings, sid) is False  # the trial's cancel is asked for
+            s.refresh(run)
+            assert run.status == "cancelled" and run.cancel_requested
+            assert sweeps_svc.advance(s, settings, sid) is True
+            sweep = sweeps_svc.get_sweep(s, sid)
+            s.refresh(sweep)
+            assert (sweep.status, sweep.stop_reason) == ("failed", "max_total_steps")
+            (trial,) = sweeps_svc.trials(s, settings, sweep)
+            assert (trial["state"], trial["stopped"], trial["run_id"]) == ("fail", "max_total_steps", run.id)
+            assert sweeps_svc.total_steps(s, [run.id]) == 5
+    finally:
+        dispose_storages()
+        dispose_engines()
