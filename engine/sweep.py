@@ -254,6 +254,21 @@ def check_settings(s: SweepSettings, stage: str, params: list[Param], where: str
         raise SweepError(where, problems)
 
 
+def check_base(cfg: TrainConfig, objective: str, where: str) -> None:
+    """The trials' config must train and evaluate, or no trial reports its objective."""
+    problems = []
+    if not cfg.eval_dataset_path:
+        problems.append(
+            f"eval_dataset_path: {objective} comes from the evaluation every eval_steps; give an eval set"
+        )
+    if not cfg.do_eval:
+        problems.append(f"do_eval: false evaluates nothing, so no trial reports {objective}")
+    if not cfg.do_train:
+        problems.append("do_train: false trains nothing; a sweep compares trainings")
+    if problems:
+        raise SweepError(where, problems)
+
+
 def settings_from_dict(values: dict[str, Any], where: str) -> tuple[SweepSettings, list[Param]]:
     """A space file's mapping: `parameters` plus any SweepSettings key."""
     known = {f.name for f in dataclasses.fields(SweepSettings)}

@@ -32,7 +32,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """A local hyperparameter sweep: the config's trials trained one after another in this process."""
     import yaml
 
-    from engine.sweep import run_local_sweep, settings_from_dict
+    from engine.sweep import check_base, check_settings, run_local_sweep, settings_from_dict
     from engine.train.config import load_config
 
     cfg = load_config(args.config, args.overrides)
@@ -40,11 +40,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not isinstance(space, dict):
         raise ValueError(f"{args.space}: a mapping with `parameters` (docs/training.md, Sweeps)")
     settings, params = settings_from_dict(space, args.space)
-    from engine.sweep import check_settings
-
     check_settings(settings, cfg.stage, params, args.space)
-    if not cfg.eval_dataset_path:
-        raise ValueError(f"{args.config}: a sweep needs eval_dataset_path (its objective is an eval metric)")
+    check_base(cfg, settings.objective, args.config)
     study = run_local_sweep(cfg, settings, params, storage=args.storage)
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     if not done:

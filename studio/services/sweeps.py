@@ -22,7 +22,15 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from engine.sweep import MAX_TRIALS, Param, SweepError, SweepSettings, check_settings, parse_space
+from engine.sweep import (
+    MAX_TRIALS,
+    Param,
+    SweepError,
+    SweepSettings,
+    check_base,
+    check_settings,
+    parse_space,
+)
 from studio.config import Settings
 from studio.models import TERMINAL_RUN_STATUSES, Run, RunMetric, RunStatus, Sweep, utcnow
 from studio.schemas import RequestModel
@@ -84,6 +92,11 @@ def _checked(session: Session, settings: Settings, body: SweepIn) -> tuple[Sweep
     problems = runs_svc.spec_problems(session, settings, body.run)
     if problems:
         raise InvalidInput(f"run: {'; '.join(problems)}", details={"problems": problems})
+    cfg = runs_svc.effective_config(runs_svc.preview_config(session, settings, body.run))
+    try:
+        check_base(cfg, sw.objective, "run.hyperparameters")
+    except SweepError as e:
+        raise InvalidInput(str(e), details={"problems": e.problems}) from None
     _check_parallelism(session, settings, body)
     return sw, params
 

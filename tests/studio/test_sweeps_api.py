@@ -63,6 +63,10 @@ def test_settings_errors_name_the_key(client, body, session):
     )
     no_eval = {**body, "run": {**body["run"], "eval_dataset_ids": None}}
     assert "objective: eval_loss comes from the evaluation every eval_steps" in _refused(client, no_eval)
+    no_eval = {**body, "run": {**body["run"], "hyperparameters": {"do_eval": False}}}
+    assert "run.hyperparameters: do_eval: false evaluates nothing, so no trial reports eval_loss" in _refused(
+        client, no_eval
+    )
     assert "sampler: must be one of tpe, random" in _refused(client, {**body, "sampler": "grid"})
     assert "enqueue[0]: give values of the searched keys only" in _refused(
         client, {**body, "enqueue": [{"lora_rank": 8}]}

@@ -208,3 +208,32 @@ def test_the_steps_budget_stops_the_sweep_and_its_running_trial(tmp_path):
     finally:
         dispose_storages()
         dispose_engines()
+
+
+def test_cancelling_a_driven_sweep_cancels_its_trials(tmp_path):
+    """POST /sweeps/{id}/cancel on a sweep a driver holds: the driver cancels the trials' runs through their
+    cancel path, tells Optuna, and ends the sweep cancelled."""
+    from studio.services import jobs as jobs_svc
+
+    settings = Settings(home=tmp_path / "home")
+    upgrade(settings)
+    try:
+        with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as client:
+            body = _sweep_body(_Api(client), tmp_path, parallelism=2, enqueue=[])
+            sid = client.post("/api/v1/sweeps", json=body).json()["id"]
+            with session_factory(settings)() as s:
+                assert jobs_svc.claim(s, jobs_svc.SWEEPS, sid, "driver@test") is not None
+                assert sweeps_svc.advance(s, settings, sid) is False
+            out = client.post(f"/api/v1/sweeps/{sid}/cancel").json()
+            assert out["status"] == "running" and out["cancel_requested"]  # the driver ends it
+            with session_factory(settings)() as s:
+                assert sweeps_svc.advance(s, settings, sid) is False
+                assert sweeps_svc.advance(s, settings, sid) is True
+            sweep = client.get(f"/api/v1/sweeps/{sid}").json()
+        assert (sweep["status"], sweep["stop_reason"]) == ("cancelled", "cancelled")
+        assert [(t["state"], t["run_status"], t["stopped"]) for t in sweep["trials"]] == [
+            ("fail", "cancelled", "cancelled")
+        ] * 2
+    finally:
+        dispose_storages()
+        dispose_engines()
