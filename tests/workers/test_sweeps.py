@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from trainer_hold import hold_after_steps
+from trainer_hold import hold_after_steps, sigterm_pending
 from worker_helpers import DEMO_SFT, wait_for
 
 from engine.sweep import ask
@@ -81,13 +81,15 @@ def test_sweep_prunes_survives_its_driver_and_promotes_the_best(
         wait_for(lambda: (t := trial_run(0)) and t["run_status"] == "running", 120, "trial 0 to train")
         studio.stop("serve@testnode", signal.SIGKILL)
         studio.start_worker("serve2@testnode", serve=True)
-        # Trial 1 (the low learning rate) is held right after its first evaluation until the driver has
-        # asked for its cancel: however fast the machine, the cancel lands mid-run.
+        # Trial 1 (the low learning rate) is held right after its first evaluation until its worker has
+        # sent the cancel the pruner asked for: however fast the machine, the cancel lands mid-run.
         low = wait_for(lambda: (t := trial_run(1)) and t["run_status"] == "running" and t, 120, "trial 1")
         with factory() as s:
             pid, out = wait_for(lambda: _pid(s, low["run_id"]), 30, "trial 1's trainer")
         hold_after_steps(pid, Path(out) / "metrics.jsonl", 1)
         wait_for(lambda: api.get(f"/runs/{low['run_id']}")["cancel_requested"], 60, "the pruner's cancel")
+        # the worker's SIGTERM (the runs' cancel path) waits at the held trainer: let it go on now
+        wait_for(lambda: sigterm_pending(pid), 30, "the cancel's SIGTERM at trial 1's trainer", interval=0.02)
         os.kill(pid, signal.SIGCONT)
 
         sweep = wait_for(
