@@ -368,12 +368,13 @@ def _report(session: Session, study, t, run: Run, objective: str) -> bool:
         .where(RunMetric.run_id == run.id, RunMetric.step > seen)
         .order_by(RunMetric.step)
     ).all()
+    trial = optuna.trial.Trial(study, t._trial_id)  # the trial as its own training would hold it
     reported = False
     for step, values in rows:
-        if objective in values and values[objective] is not None:
-            study._storage.set_trial_intermediate_value(t._trial_id, step, float(values[objective]))
+        if values.get(objective) is not None:
+            trial.report(float(values[objective]), step)
             reported = True
-    return reported and bool(optuna.trial.Trial(study, t._trial_id).should_prune())
+    return reported and bool(trial.should_prune())
 
 
 def _tell_ended(session: Session, study, t, run: Run, s: SweepSettings) -> None:
