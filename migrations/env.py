@@ -7,6 +7,7 @@ from sqlalchemy import engine_from_config, pool
 
 from studio.config import Settings
 from studio.models import Base
+from studio.sweep_storage import OPTUNA_TABLES
 
 config = context.config
 target_metadata = Base.metadata
@@ -38,6 +39,12 @@ def run_migrations_online() -> None:
         _run(connection)
 
 
+def _studio_table(name, type_, parent_names) -> bool:
+    # Optuna keeps a sweep's study in its own tables of the same database (engine.sweep, RDBStorage); they
+    # are Optuna's to evolve, so the studio's autogenerate neither drops nor compares them.
+    return type_ != "table" or name in target_metadata.tables or name not in OPTUNA_TABLES
+
+
 def _run(connection) -> None:
     # Batch mode lets later migrations alter SQLite tables (it has no ALTER COLUMN).
     context.configure(
@@ -45,6 +52,7 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_name=_studio_table,
     )
     with context.begin_transaction():
         context.run_migrations()

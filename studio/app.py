@@ -19,6 +19,7 @@ from studio.api.routes import (
     nodes,
     recipes,
     runs,
+    sweeps,
     templates,
 )
 from studio.api.security import RequestOriginMiddleware
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None, *, with_ui: bool = True) -> Fas
         nodes.router,
         templates.router,
         recipes.router,
+        sweeps.router,
     ):
         app.include_router(r, prefix=API_PREFIX)
     if with_ui:

@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     serve_start_timeout_s: float = 600.0
     # FastDeploy servers a serving worker holds per GPU it sees; each takes 0.9 / this of the GPU's memory.
     fastdeploy_per_gpu: int = 1
+    # How often a sweep's driver reads its trials' evaluations (pruning) and starts the next trials.
+    sweep_poll_s: float = Field(default=5.0, gt=0)
     # How often a worker re-sends runs the broker never got and requeues runs of dead workers.
     reconcile_interval_s: float = 10.0
     # Every worker reports itself in the `nodes` table this often; one silent for node_offline_after_s is

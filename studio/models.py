@@ -1,5 +1,5 @@
 """SQL schema of the studio: datasets, runs, metric points, checkpoints, deployments, exports, downloads,
-evaluations and their sample rows, events, nodes, Train form templates."""
+evaluations and their sample rows, events, nodes, Train form templates, sweeps."""
 
 from __future__ import annotations
 
@@ -99,9 +99,44 @@ class Dataset(Base):
         return self.media_fetches[-1] if self.media_fetches else None
 
 
+class Sweep(Base):
+    """A hyperparameter search (issue 33): a base run spec, a search space and the sweep's settings
+    (engine.sweep.SweepSettings); its trials are runs (`runs.sweep_id`, `runs.sweep_trial`). Optuna keeps
+    the study (`study_name`) in its own tables of the same database. Driven by a worker like a job
+    (studio.services.jobs: claim, heartbeat, requeue when its worker died)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    # The RunSpec every trial starts from (POST /runs' body) and the searched keys {key: {type, low, ...}}.
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    parameters: Mapped[dict[str, Any]] = mapped_column()
+    # engine.sweep.SweepSettings (objective, direction, n_trials, sampler, pruner, budget, enqueue)
+    settings: Mapped[dict[str, Any]] = mapped_column()
+    parallelism: Mapped[int] = mapped_column(Integer, default=1)
+    study_name: Mapped[str] = mapped_column(String(255), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED, index=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Why the sweep stopped asking for trials (n_trials, max_wall_s, max_total_steps, cancelled).
+    stop_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_status_queue", "status", "queue"),)
+    __table_args__ = (
+        Index("ix_runs_status_queue", "status", "queue"),
+        # one run per trial: a driver restarted between asking Optuna and creating the run finds it here
+        UniqueConstraint("sweep_id", "sweep_trial", name="uq_runs_sweep_trial"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -126,6 +161,11 @@ class Run(Base):
     parent_run_id: Mapped[int | None] = mapped_column(
         ForeignKey("runs.id", ondelete="SET NULL"), nullable=True
     )
+    # A sweep's trial: the sweep and Optuna's trial number.
+    sweep_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    sweep_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
     output_dir: Mapped[str] = mapped_column(String(1024))
     model_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

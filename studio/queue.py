@@ -45,7 +45,8 @@ EXPORT_TASK = "workers.tasks.run_export"
 DOWNLOAD_TASK = "workers.tasks.run_download"
 EVAL_TASK = "workers.tasks.run_eval"
 MEDIA_TASK = "workers.tasks.run_media_fetch"
-TASK_NAMES = (RUN_TASK, DEPLOYMENT_TASK, EXPORT_TASK, DOWNLOAD_TASK, EVAL_TASK, MEDIA_TASK)
+SWEEP_TASK = "workers.tasks.run_sweep"
+TASK_NAMES = (RUN_TASK, DEPLOYMENT_TASK, EXPORT_TASK, DOWNLOAD_TASK, EVAL_TASK, MEDIA_TASK, SWEEP_TASK)
 
 _apps: dict[tuple[str, str], Celery] = {}
 _lock = threading.Lock()

@@ -135,6 +135,8 @@ class RunOut(ORM):
         "save); after the last step the final save still running; null while unknown or not running",
     )
 
+    sweep_id: int | None = Field(default=None, description="the sweep this run is a trial of")
+    sweep_trial: int | None = Field(default=None, description="its trial number in that sweep")
     num_nodes: int = Field(default=1, description="nodes the run is gang-scheduled over")
     placement: list[PlacementOut] = Field(
         default_factory=list, description="which node holds which ranks (runs over several nodes)"
@@ -528,3 +530,43 @@ class RecipeOut(BaseModel):
         description="status (fits, proposal, does_not_fit, cannot_plan, no_nodes), the recipe's own problems "
         "on the studio's nodes, the planner's plan and reason"
     )
+
+
+class SweepTrialOut(BaseModel):
+    number: int
+    state: str = Field(description="Optuna's: running, complete, pruned, fail")
+    params: dict[str, Any]
+    value: float | None = Field(description="the objective of its last evaluation (complete trials)")
+    run_id: int | None
+    run_status: str | None
+    last_step: int | None = Field(description="the step of its newest reported evaluation")
+    last_value: float | None
+    stopped: str | None = Field(description="why the driver stopped its run: pruned, a budget, cancelled")
+
+
+class SweepOut(ORM):
+    id: int
+    name: str
+    status: str
+    spec: dict[str, Any] = Field(description="the base run spec (POST /runs' body)")
+    parameters: dict[str, Any]
+    settings: dict[str, Any] = Field(description="objective, direction, n_trials, sampler, pruner, budget")
+    parallelism: int
+    study_name: str
+    cancel_requested: bool
+    stop_reason: str | None
+    estimate: dict[str, Any] | None
+    worker: str | None
+    error: str | None
+    created_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    heartbeat_at: datetime | None
+    trials: list[SweepTrialOut] | None = Field(default=None, description="GET /sweeps/{id} only")
+    leaderboard: list[SweepTrialOut] | None = Field(default=None, description="completed trials, best first")
+
+
+class SweepBestOut(SweepTrialOut):
+    objective: str
+    model_dir: str | None = Field(description="the best trial's model: deploy or export its run_id")

@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers that hand a run, a deployment, an export, a download or an eval to the functions doing the work.
+"""Celery tasks: thin wrappers that hand a run, a deployment, an export, a download, an eval or a sweep to the functions doing the work.
 They are registered under the names `studio.queue` publishes."""
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 from studio.config import Settings, get_settings
 from studio.models import utcnow
 from studio.processes import quiet_paddle_signal_handlers
-from studio.queue import DEPLOYMENT_TASK, DOWNLOAD_TASK, EVAL_TASK, EXPORT_TASK, MEDIA_TASK, RUN_TASK
+from studio.queue import (
+    DEPLOYMENT_TASK,
+    DOWNLOAD_TASK,
+    EVAL_TASK,
+    EXPORT_TASK,
+    MEDIA_TASK,
+    RUN_TASK,
+    SWEEP_TASK,
+)
 from workers.downloading import execute_download
 from workers.evaluating import execute_eval
 from workers.exporting import execute_export
@@ -21,6 +29,7 @@ from workers.media import execute_media_fetch
 from workers.nodes import NodeAgent, hold_work_queues
 from workers.reconcile import Reconciler
 from workers.serving import execute_deployment
+from workers.sweeping import execute_sweep
 from workers.training import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
@@ -74,6 +83,12 @@ def run_media_fetch(self, fetch_id: int) -> str | None:
 def run_eval(self, eval_id: int) -> str | None:
     """`ernie-studio eval` of one model on its datasets (continues a killed attempt's samples)."""
     return execute_eval(_settings(self.app), int(eval_id), self.request.hostname or "worker")
+
+
+@shared_task(name=SWEEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_sweep(self, sweep_id: int) -> str | None:
+    """Drive a hyperparameter sweep: ask Optuna for trials, queue them as runs, prune, tell results."""
+    return execute_sweep(_settings(self.app), int(sweep_id), self.request.hostname or "worker")
 
 
 @celeryd_after_setup.connect

@@ -28,6 +28,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """A local hyperparameter sweep: the config's trials trained one after another in this process."""
+    import yaml
+
+    from engine.sweep import check_base, check_settings, run_local_sweep, settings_from_dict
+    from engine.train.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    space = yaml.safe_load(Path(args.space).read_text())
+    if not isinstance(space, dict):
+        raise ValueError(f"{args.space}: a mapping with `parameters` (docs/training.md, Sweeps)")
+    settings, params = settings_from_dict(space, args.space)
+    check_settings(settings, cfg.stage, params, args.space)
+    check_base(cfg, settings.objective, args.config)
+    study = run_local_sweep(cfg, settings, params, storage=args.storage)
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    if not done:
+        print("no trial completed", flush=True)
+        return 1
+    best = study.best_trial
+    print(
+        f"best trial {best.number}: {settings.objective}={best.value} {best.params} "
+        f"model in {Path(cfg.output_dir) / f'trial-{best.number}'}",
+        flush=True,
+    )
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.train import run_export
     from engine.train.config import load_export_config
@@ -160,6 +188,18 @@ def register(subparsers) -> None:
     p.add_argument("config", help="YAML config (ERNIEKit keys)")
     p.add_argument("overrides", nargs="*", help="key=value overrides applied after the file")
     p.set_defaults(func=cmd_train)
+    p = subparsers.add_parser(
+        "sweep", help="search hyperparameters with Optuna: train a config's trials here, one after another"
+    )
+    p.add_argument("config", help="YAML config (ERNIEKit keys), as for train; it needs eval_dataset_path")
+    p.add_argument("--space", required=True, help="YAML search space and sweep settings (docs/training.md)")
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage URL (e.g. sqlite:///sweep.db) to keep and resume the study; default: in memory",
+    )
+    p.add_argument("overrides", nargs="*", help="key=value overrides applied after the file")
+    p.set_defaults(func=cmd_sweep)
     p = subparsers.add_parser(
         "estimate",
         help="memory, time and disk a training config would take, with a range and what it assumed",

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from studio import queue
 from studio.config import Settings
-from studio.models import Evaluation, Export, MediaFetch, ModelDownload, RunStatus, utcnow
+from studio.models import Evaluation, Export, MediaFetch, ModelDownload, RunStatus, Sweep, utcnow
 from studio.services.events import add_event
 
 
@@ -50,7 +50,11 @@ DOWNLOADS = JobKind(ModelDownload, queue.DOWNLOAD_TASK, queue.EXPORT_QUEUE, "dow
 EVALS = JobKind(Evaluation, queue.EVAL_TASK, queue.TRAIN_QUEUE, "eval", "requeue")
 # Fetching a dataset's images named by URL: network work like a download (a requeued fetch keeps its copies).
 MEDIA = JobKind(MediaFetch, queue.MEDIA_TASK, queue.EXPORT_QUEUE, "media", "requeue")
-KINDS = (EXPORTS, DOWNLOADS, EVALS, MEDIA)
+# A sweep's driver asks Optuna for trials and reads their evaluations; it only waits, so it takes a serving
+# worker's spare thread (never a training slot its own trials need). A requeued driver continues: every step
+# of a sweep is idempotent (studio.services.sweeps.advance).
+SWEEPS = JobKind(Sweep, queue.SWEEP_TASK, queue.EXPORT_QUEUE, "sweep", "requeue")
+KINDS = (EXPORTS, DOWNLOADS, EVALS, MEDIA, SWEEPS)
 
 
 def dispatch(session: Session, settings: Settings, kind: JobKind, job: Any) -> None:

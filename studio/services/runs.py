@@ -371,9 +371,14 @@ def _recorded_estimate(session: Session, settings: Settings, spec: RunSpec, queu
 
 
 def create_run(
-    session: Session, settings: Settings, spec: RunSpec, *, parent_run_id: int | None = None
+    session: Session,
+    settings: Settings,
+    spec: RunSpec,
+    *,
+    parent_run_id: int | None = None,
+    sweep: tuple[int, int] | None = None,
 ) -> Run:
-    """Record a queued run and put it on its queue."""
+    """Record a queued run and put it on its queue; `sweep` = (sweep id, trial number) for a sweep's trial."""
     queue_name = _queue_for(settings, spec)
     _check_known_devices(session, settings, spec)
     check_evaluate(session, settings, spec)
@@ -390,6 +395,8 @@ def create_run(
         queue=queue_name,
         output_dir="",
         parent_run_id=parent_run_id,
+        sweep_id=sweep[0] if sweep else None,
+        sweep_trial=sweep[1] if sweep else None,
     )
     session.add(run)
     session.flush()

@@ -10,7 +10,7 @@ from studio.models import Base
 
 EXPECTED_TABLES = {
     "datasets", "runs", "run_metrics", "checkpoints", "deployments", "exports", "events", "nodes", "model_downloads",
-    "evals", "eval_samples", "media_fetches", "run_parts", "train_templates",
+    "evals", "eval_samples", "media_fetches", "run_parts", "train_templates", "sweeps",
     "alembic_version",
 }  # fmt: skip
 

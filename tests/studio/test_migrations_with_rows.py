@@ -31,6 +31,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     create_engine,
     func,
     inspect,
@@ -49,7 +50,7 @@ REVISIONS = [s.revision for s in reversed(list(ScriptDirectory(str(MIGRATIONS_DI
 API = "/api/v1"
 Rows = dict[str, list[dict[str, Any]]]
 # Tables and the revision that made them (each gets one row per revision from there).
-FIRST_REVISION = {"runs": "0001", "run_parts": "0012", "train_templates": "0013"}
+FIRST_REVISION = {"runs": "0001", "run_parts": "0012", "train_templates": "0013", "sweeps": "0014"}
 
 # Values other code reads for their meaning: statuses, the gang-scheduled run's attempt and its parts, and
 # every JSON column in the shape its API schema declares. A callable gets the rows written at this revision.
@@ -101,11 +102,27 @@ MEANINGFUL: dict[tuple[str, str], Any] = {
         fine_tuning="LoRA",
         hyperparameters={"lora_rank": 16, "learning_rate": 0.0002},
     ).model_dump(mode="json"),
+    # a sweep as POST /sweeps records it: the base run spec, the searched keys, engine.sweep.SweepSettings
+    ("sweeps", "status"): "succeeded",
+    ("sweeps", "spec"): lambda rows: RunSpec(
+        base_model="tiny",
+        dataset_ids=[rows["datasets"][0]["id"]],
+        eval_dataset_ids=[rows["datasets"][0]["id"]],
+    ).model_dump(mode="json"),
+    ("sweeps", "parameters"): {"learning_rate": {"type": "float", "low": 1e-5, "high": 1e-2, "log": True}},
+    ("sweeps", "settings"): {
+        "objective": "eval_loss",
+        "direction": "minimize",
+        "n_trials": 4,
+        "pruner": "median",
+    },
+    ("sweeps", "estimate"): {"n_trials": 4, "parallelism": 1, "steps": 40, "total_s": 12.5},
 }
 
 
-def _value(table: Table, column: Column, k: int, row: dict[str, Any], rows: Rows) -> Any:
-    """A value of the column's type (distinct per column, so swapped columns show), or its meaningful one."""
+def _value(table: Table, column: Column, k: int, row: dict[str, Any], rows: Rows, i: int = 0) -> Any:
+    """A value of the column's type (distinct per column, so swapped columns show), or its meaningful one;
+    a unique text column's value is distinct per revision `i` too (each revision adds a row)."""
     if (table.name, column.name) in MEANINGFUL:
         v = MEANINGFUL[table.name, column.name]
         return v(rows) if callable(v) else v
@@ -131,7 +148,10 @@ def _value(table: Table, column: Column, k: int, row: dict[str, Any], rows: Rows
     if isinstance(t, Text):
         return f"{table.name}.{column.name}: text ✓"
     if isinstance(t, String):
-        return f"{table.name}.{column.name}"[: t.length]
+        unique = column.unique or any(
+            isinstance(c, UniqueConstraint) and column.name in c.columns for c in table.constraints
+        )
+        return (f"{i}:" if unique else "") + f"{table.name}.{column.name}"[: t.length - 4]
     raise AssertionError(f"{table.name}.{column.name}: no sample value for type {t!r}")
 
 
@@ -155,7 +175,7 @@ def insert_rows(url: str, rows: Rows, i: int) -> None:
                     )
                 for k, c in enumerate(table.columns):
                     if c.name not in row:
-                        row[c.name] = _value(table, c, k, row, written)
+                        row[c.name] = _value(table, c, k, row, written, i)
                 conn.execute(table.insert(), [row])
                 written[table.name] = [row]
         for table, new in written.items():
@@ -218,6 +238,7 @@ class ApiReader:
             "nodes": "/nodes",
             "evals": "/evals",
             "train_templates": "/templates",
+            "sweeps": "/sweeps",
         }
         if table in lists:
             key = "name" if table == "nodes" else "id"
