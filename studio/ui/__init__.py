@@ -7,6 +7,7 @@ browser storage, and everything on screen is read back from the store, so a refr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,6 +49,31 @@ SET_TAB_JS = """(tabId) => {
   window.history.replaceState(null, "", url.toString());
   return tabId;
 }"""
+
+# On page load: the tab in ?tab=..., else the remembered one; a ?run=N link opens the Runs tab. Restored by a
+# click on its button in the page, so the tab's own select event runs (its timers, its refresh) as if the
+# person had clicked, and a person who clicked a tab before the restore keeps it (a server-side restore
+# landed after the load's other events and could pull such a page back to Datasets).
+RESTORE_TAB_JS = """(saved) => {
+  const ids = TAB_IDS_JSON;
+  const query = new URLSearchParams(window.location.search);
+  let wanted = query.get("tab");
+  if (!ids.includes(wanted)) wanted = ids.includes(saved) ? saved : "datasets";
+  if (query.get("run") && !query.get("tab")) wanted = "runs";
+  const pick = (tries) => {
+    const buttons = [...document.querySelectorAll("#studio-tabs button[role=tab]")];
+    const button = buttons.find((b) => b.dataset.tabId === wanted);
+    if (!button) {
+      if (tries > 0) setTimeout(() => pick(tries - 1), 50);
+      return;
+    }
+    const shown = buttons.find((b) => b.getAttribute("aria-selected") === "true");
+    if (shown && shown.dataset.tabId !== "datasets") return;
+    if (wanted !== "datasets") button.click();
+  };
+  pick(100);
+  return saved;
+}""".replace("TAB_IDS_JSON", json.dumps(list(TAB_IDS)))
 
 # Gradio's own component texts ("Drop File Here", "Click to Upload", ...) come from its front end's i18n,
 # whose locale it takes from the browser (navigator.language) at start and which only its settings panel
@@ -106,6 +132,8 @@ def build_ui(settings: Settings) -> gr.Blocks:
     with gr.Blocks(title="ERNIE Studio", analytics_enabled=False) as demo:
         ctx = UIContext(settings=settings, texts=texts, demo=demo)
         states = _browser_states()
+        # the first load event the page dispatches: the other ones queue behind each other on a busy box
+        demo.load(None, states.tab, None, js=RESTORE_TAB_JS)
         header, language = _header_row(texts)
         with gr.Tabs(selected="datasets", elem_id="studio-tabs") as tabs:
             built = _Tabs(
@@ -189,7 +217,6 @@ def _wire_tab_changes(demo: gr.Blocks, built: _Tabs, states: _BrowserStates) -> 
         tab.select(partial(tab_timers, tab_id), None, [*timers, states.tab]).then(
             None, states.tab, None, js=SET_TAB_JS
         )
-    demo.load(restore_tab, states.tab, [built.tabs, *timers])
 
 
 def _wire_language(
@@ -242,16 +269,6 @@ def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
 def tab_timers(tab_id: str) -> tuple[Any, Any, str]:
     """(Runs timer, Deploy timer, tab id): only the shown tab's timer runs."""
     return gr.Timer(active=tab_id == "runs"), gr.Timer(active=tab_id == "deploy"), tab_id
-
-
-def restore_tab(saved: Any, request: gr.Request) -> tuple[Any, ...]:
-    """On page load: the tab in ?tab=..., else the remembered one; a ?run=N link opens the Runs tab."""
-    wanted = request.query_params.get("tab") if request else None
-    if wanted not in TAB_IDS:
-        wanted = saved if saved in TAB_IDS else "datasets"
-    if request and request.query_params.get("run") and not request.query_params.get("tab"):
-        wanted = "runs"
-    return (gr.Tabs(selected=wanted), *tab_timers(wanted)[:2])
 
 
 def visibility(shown: bool, count: int, lang: str) -> Any:
