@@ -214,7 +214,7 @@ def _wire_tab_changes(demo: gr.Blocks, built: _Tabs, states: _BrowserStates) -> 
     """Tab changes: remember the tab, and poll only on the tab that shows live state."""
     timers = [built.runs.timer, built.deploy.timer]
     for tab_id, tab in built.by_id().items():
-        tab.select(partial(tab_timers, tab_id), None, [*timers, states.tab]).then(
+        tab.select(partial(tab_selected, tab_id), None, [built.tabs, *timers, states.tab]).then(
             None, states.tab, None, js=SET_TAB_JS
         )
 
@@ -264,6 +264,15 @@ def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
 
 
 # ---- event handlers --------------------------------------------------------------------------------------
+
+
+def tab_selected(tab_id: str) -> tuple[Any, Any, Any, str]:
+    """A tab was selected: the tabs' own ``selected`` set to it as well, and its timers (``tab_timers``).
+
+    The page's tabs keep the selection they were last sent apart from the one a click shows, and go back to
+    it when a tab's label changes: without this, a language switch on the Runs tab fired the Datasets tab's
+    select (its timer stopped, the address and the remembered tab said datasets, a reload opened Datasets)."""
+    return (gr.Tabs(selected=tab_id), *tab_timers(tab_id))
 
 
 def tab_timers(tab_id: str) -> tuple[Any, Any, str]:

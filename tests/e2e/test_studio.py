@@ -245,8 +245,13 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts, browser):
     # 10. The language switch relabels the UI and survives a refresh.
     page.locator("#lang-switch label", has_text="中文").click()
     expect(page.locator("button[role=tab][data-tab-id=datasets]")).to_have_text("数据集")
+    # The relabelled tabs keep the shown one: they went back to the one last sent (Datasets), whose select
+    # then stopped the shown tab's timer and put tab=datasets in the address (a reload opened Datasets).
+    page.wait_for_timeout(3_000)
+    assert re.search(r"tab=compare", page.url), page.url
     page.reload()
     page.wait_for_selector("#studio-tabs")
-    expect(page.locator("button[role=tab][data-tab-id=train]")).to_have_text("训练", timeout=15_000)
+    # (the restore relabels ~250 components, then reruns ~15 followers: 11-25 s on a box at load 5-10)
+    expect(page.locator("button[role=tab][data-tab-id=train]")).to_have_text("训练", timeout=45_000)
     ui.shot("chinese")
     assert re.search(r"tab=compare", page.url)
