@@ -50,6 +50,13 @@ SET_TAB_JS = """(tabId) => {
   return tabId;
 }"""
 
+# The tab the page shows, whatever tab an event names (see _wire_tab_changes).
+SHOWN_TAB_JS = """async (saved) => {
+  await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));  // the click drawn
+  const shown = document.querySelector("#studio-tabs button[role=tab][aria-selected=true]");
+  return shown ? shown.dataset.tabId : saved;
+}"""
+
 # On page load: the tab in ?tab=..., else the remembered one; a ?run=N link opens the Runs tab. Restored by a
 # click on its button in the page, so the tab's own select event runs (its timers, its refresh) as if the
 # person had clicked, and a person who clicked a tab before the restore keeps it (a server-side restore
@@ -211,12 +218,22 @@ def _header_row(texts: Texts) -> tuple[gr.Markdown, gr.Radio]:
 
 
 def _wire_tab_changes(demo: gr.Blocks, built: _Tabs, states: _BrowserStates) -> None:
-    """Tab changes: remember the tab, and poll only on the tab that shows live state."""
+    """Tab changes: remember the tab, and poll only on the tab that shows live state.
+
+    One handler for every tab's select, fed the tab the page shows (``SHOWN_TAB_JS``), not the tab of the
+    event: the page also fires selects for tabs it does not show (Datasets' when it mounts, and again when
+    a language switch relabels the tabs), which landed after the restore's or the person's click and
+    stopped the shown tab's timer and put tab=datasets in the address. One handler runs its events in order.
+    """
     timers = [built.runs.timer, built.deploy.timer]
-    for tab_id, tab in built.by_id().items():
-        tab.select(partial(tab_selected, tab_id), None, [built.tabs, *timers, states.tab]).then(
-            None, states.tab, None, js=SET_TAB_JS
-        )
+    gr.on(
+        [tab.select for tab in built.by_id().values()],
+        shown_tab,
+        states.tab,
+        [*timers, states.tab],
+        js=SHOWN_TAB_JS,
+        show_progress="hidden",
+    ).then(None, states.tab, None, js=SET_TAB_JS)
 
 
 def _wire_language(
@@ -266,13 +283,9 @@ def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
 # ---- event handlers --------------------------------------------------------------------------------------
 
 
-def tab_selected(tab_id: str) -> tuple[Any, Any, Any, str]:
-    """A tab was selected: the tabs' own ``selected`` set to it as well, and its timers (``tab_timers``).
-
-    The page's tabs keep the selection they were last sent apart from the one a click shows, and go back to
-    it when a tab's label changes: without this, a language switch on the Runs tab fired the Datasets tab's
-    select (its timer stopped, the address and the remembered tab said datasets, a reload opened Datasets)."""
-    return (gr.Tabs(selected=tab_id), *tab_timers(tab_id))
+def shown_tab(tab_id: Any) -> tuple[Any, Any, str]:
+    """The tab the page shows (``SHOWN_TAB_JS``) was selected: its timers and its id (``tab_timers``)."""
+    return tab_timers(tab_id if tab_id in TAB_IDS else "datasets")
 
 
 def tab_timers(tab_id: str) -> tuple[Any, Any, str]:
