@@ -24,12 +24,10 @@ from studio.models import Evaluation, RunStatus
 from studio.services import evals as evals_svc
 from studio.services import jobs
 from studio.services.models import BUILDABLE_PRESETS, build_preset
-from workers.process import engine_command, spawn, stop_group, tail
-from workers.training import SHUTTING_DOWN, MetricsTail, _log_line
+from workers.process import MetricsTail, SupervisedJob, engine_command, log_line, spawn, supervise, tail
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.5
 SAMPLES_FILE = "eval_samples.jsonl"
 RESULTS_FILE = "eval_results.json"
 
@@ -56,52 +54,44 @@ def _attempt(session: Session, settings: Settings, ev: Evaluation, worker: str) 
     except Exception as e:
         evals_svc.finish_eval(session, ev.id, RunStatus.FAILED, error=f"could not build {ev.model}: {e}")
         return RunStatus.FAILED.value
-    _log_line(log_file, f"attempt {ev.attempt} on {worker}")
-    proc = spawn(
+    log_line(log_file, f"attempt {ev.attempt} on {worker}")
+    job = _Eval(settings, ev.id, worker, Path(ev.output_dir), log_file)
+    job.proc = spawn(
         engine_command("eval", str(config_file)), log_file, cwd=directory,
         env=evals_svc.judge_environment(settings, ev.id), niceness=settings.batch_niceness,
     )  # fmt: skip
-    return _follow(session, settings, ev.id, worker, proc, Path(ev.output_dir), log_file)
+    return supervise(session, settings, job.proc, job)
 
 
-def _follow(
-    session: Session,
-    settings: Settings,
-    eval_id: int,
-    worker: str,
-    proc: subprocess.Popen,
-    output_dir: Path,
-    log_file: Path,
-) -> str | None:
-    samples = MetricsTail(output_dir / SAMPLES_FILE)  # complete JSON lines from a byte offset
-    cancelled = False
-    while True:
-        code = proc.poll()
-        evals_svc.record_samples(session, eval_id, samples.read())
-        if code is not None:
-            return _finish(session, eval_id, code, cancelled, output_dir, log_file)
-        state = evals_svc.eval_heartbeat(session, eval_id, worker, proc.pid)
-        if state == "lost":  # requeued and taken elsewhere: two scorers must never share a directory
-            log.warning("eval %s was requeued elsewhere; stopping this attempt", eval_id)
-            stop_group(proc, settings.kill_grace_s)
-            return None
-        if SHUTTING_DOWN.is_set() and not cancelled:
-            stop_group(proc, settings.kill_grace_s)
-            evals_svc.record_samples(session, eval_id, samples.read())
-            _log_line(log_file, "requeued: worker stopped")
-            jobs.requeue(session, settings, jobs.EVALS, eval_id, f"worker {worker} stopped; continues")
-            return None
-        if state == "cancel" and not cancelled:
-            cancelled = True
-            stop_group(proc, settings.kill_grace_s)
-            continue
+class _Eval(SupervisedJob):
+    """An eval under the supervisor: progress is eval_samples.jsonl (each sample stored once); done is the
+    scorer's eval_results.json; a stopping worker requeues the eval, which continues after its samples."""
+
+    def __init__(
+        self, settings: Settings, eval_id: int, worker: str, output_dir: Path, log_file: Path
+    ) -> None:
+        self.settings, self.id, self.worker, self.output_dir, self.log_file = (
+            settings, eval_id, worker, output_dir, log_file
+        )  # fmt: skip
+        self.samples = MetricsTail(output_dir / SAMPLES_FILE)  # complete JSON lines from a byte offset
+
+    def __repr__(self) -> str:
+        return f"eval {self.id}"
+
+    def collect(self, session: Session) -> None:
+        evals_svc.record_samples(session, self.id, self.samples.read())
+
+    def state(self, session: Session) -> str:
+        state = evals_svc.eval_heartbeat(session, self.id, self.worker, self.proc.pid if self.proc else None)
         session.expire_all()
-        proc_wait(proc, POLL_S)
+        return state
 
+    def release(self, session: Session, proc: subprocess.Popen) -> None:
+        log_line(self.log_file, "requeued: worker stopped")
+        jobs.release(session, self.settings, jobs.EVALS, self.id, f"worker {self.worker} stopped; continues")
 
-def proc_wait(proc: subprocess.Popen, seconds: float) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(seconds)
+    def finish(self, session: Session, code: int, cancelled: bool) -> str:
+        return _finish(session, self.id, code, cancelled, self.output_dir, self.log_file)
 
 
 def _finish(
@@ -122,5 +112,5 @@ def _finish(
     evals_svc.finish_eval(
         session, eval_id, status, error=error, results=results if status == RunStatus.SUCCEEDED else None
     )
-    _log_line(log_file, f"{status.value} (exit code {code})")
+    log_line(log_file, f"{status.value} (exit code {code})")
     return status.value

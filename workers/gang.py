@@ -36,17 +36,13 @@ from studio.services.run_parts import (
     killed,
     set_part,
 )
-from workers.process import engine_command, spawn, stop_group, tail
+from workers.process import Stop, engine_command, log_line, spawn, stop_group, supervise, tail
 from workers.training import (
     DIST_LOGS,
     POLL_S,
-    SHUTTING_DOWN,
     Heartbeat,
-    MetricsTail,
-    NoticesFile,
-    _checkpoints,
+    Training,
     _finish,
-    _log_line,
     _rank_tails,
     execute_run,
     launcher_devices,
@@ -146,7 +142,7 @@ def _part(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat
     if claim.node_rank == 0 and resume is not None:
         attempt.resumed(session, str(resume))
     where = f", resuming from {resume.name}" if resume else ""
-    _log_line(
+    log_line(
         log_file,
         f"attempt {attempt.number} on {attempt.worker}{where}: node rank {claim.node_rank} of {claim.nnodes}, "
         f"ranks {claim.ranks[0]}-{claim.ranks[-1]}, rendezvous {master}",
@@ -232,60 +228,56 @@ def _follow(
     beat: PartBeat,
     log_file: Path,
 ) -> str | None:
-    """Follow this node's launcher: node rank 0 stores metrics and checkpoints; every part stops its
-    launcher on cancel, on the attempt's end, and when another node lost its rank."""
-    attempt = claim.attempt
-    main = claim.node_rank == 0
-    metrics = MetricsTail(attempt.output_dir / "metrics.jsonl")
-    notices = NoticesFile(attempt.output_dir / "notices.json")
-    cancelled = False
-    stopped_since: float | None = None
-    while True:
-        code = proc.poll()
-        if main:
-            attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
-            attempt.announce(session, notices.read())
-        if code is not None:
-            return _ended(session, settings, claim, code, cancelled, log_file)
-        if beat.state == "lost":
-            log.warning("run %s attempt %d ended elsewhere; stopping this node's ranks", attempt.run_id,
-                        attempt.number)  # fmt: skip
-            stop_group(proc, settings.kill_grace_s)
-            return None
-        if SHUTTING_DOWN.is_set() and not cancelled:
-            stop_group(proc, settings.kill_grace_s)
-            if main:
-                attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
-            _log_line(log_file, "requeued: worker stopped")
-            set_part(session, claim, FAILED, exit_code=proc.returncode)
-            requeue_run(
-                session, settings, attempt.run_id, f"worker {attempt.worker} stopped; resumes from the "
-                "checkpoint the nodes share", attempt=attempt.number,
-            )  # fmt: skip
-            return None
-        if beat.state == "cancel" and not cancelled:
-            cancelled = True
-            log.info("run %s: cancel requested, stopping node rank %d", attempt.run_id, claim.node_rank)
-            stop_group(proc, settings.kill_grace_s)
-            continue
+    """Follow this node's launcher under the shared supervisor (workers.process.supervise)."""
+    return supervise(session, settings, proc, _Part(settings, claim, beat, log_file))
+
+
+class _Part(Training):
+    """One node's part under the supervisor: node rank 0 collects what a one-node run does; every part also
+    watches the other nodes' parts, and a stopping worker requeues the whole attempt."""
+
+    def __init__(self, settings: Settings, claim: PartClaim, beat: PartBeat, log_file: Path) -> None:
+        super().__init__(settings, claim.attempt, beat, log_file)
+        self.claim = claim
+        self.stopped_since: float | None = None
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()} node rank {self.claim.node_rank}"
+
+    def collect(self, session: Session) -> None:
+        if self.claim.node_rank == 0:  # rank 0 alone writes metrics.jsonl
+            super().collect(session)
+
+    def release(self, session: Session, proc: subprocess.Popen) -> None:
+        log_line(self.log_file, "requeued: worker stopped")
+        set_part(session, self.claim, FAILED, exit_code=proc.returncode)
+        reason = f"worker {self.attempt.worker} stopped; resumes from the checkpoint the nodes share"
+        requeue_run(session, self.settings, self.attempt.run_id, reason, attempt=self.attempt.number)
+
+    def finish(self, session: Session, code: int, cancelled: bool) -> str | None:
+        return _ended(session, self.settings, self.claim, code, cancelled, self.log_file)
+
+    def watch(self, session: Session, proc: subprocess.Popen, cancelled: bool) -> Stop | None:
+        """Stop this node's launcher when another node lost its ranks (the attempt is requeued) or, on node
+        rank 0, when another node's rank failed with a Python error (the run fails with it)."""
+        settings, claim = self.settings, self.claim
         g = gang(session, claim, settings.stale_after_s)
-        lost, stopped_since = _peers_lost(g, claim.node_rank, stopped_since, _settle_s(settings))
-        if lost and not cancelled:
-            _requeue_lost(session, settings, claim, lost, log_file)
-            stop_group(proc, settings.kill_grace_s)
+        lost, self.stopped_since = _peers_lost(g, claim.node_rank, self.stopped_since, _settle_s(settings))
+        if cancelled:
             return None
+        if lost:
+            _requeue_lost(session, settings, claim, lost, self.log_file)
+            stop_group(proc, settings.kill_grace_s)
+            return Stop(None)
         errors = [(r, e) for r, e in g.errors if r != claim.node_rank]
-        if main and errors and not cancelled:
-            # Another node's rank failed with a Python error: this node's ranks may wait for it in a
-            # collective until gloo's or NCCL's timeout, so they are stopped and the run fails with that error.
+        if claim.node_rank == 0 and errors:
+            # This node's ranks may wait for the failed one in a collective until gloo's or NCCL's timeout.
             stop_group(proc, settings.kill_grace_s)
             set_part(session, claim, ENDED, exit_code=proc.returncode)
-            error = f"node rank {errors[0][0]}: {errors[0][1]}"
-            attempt.finish(session, RunStatus.FAILED, error=error)
-            _log_line(log_file, f"failed: node rank {errors[0][0]} failed with a Python error")
-            return RunStatus.FAILED.value
-        beat.changed.wait(POLL_S)
-        beat.changed.clear()
+            self.attempt.finish(session, RunStatus.FAILED, error=f"node rank {errors[0][0]}: {errors[0][1]}")
+            log_line(self.log_file, f"failed: node rank {errors[0][0]} failed with a Python error")
+            return Stop(RunStatus.FAILED.value)
+        return None
 
 
 def _requeue_lost(
@@ -295,7 +287,7 @@ def _requeue_lost(
         f"node rank(s) {', '.join(map(str, lost))} of attempt {claim.attempt.number} lost their ranks; "
         "every node stops and the run resumes from the checkpoint they share"
     )
-    _log_line(log_file, f"requeued: {reason}")
+    log_line(log_file, f"requeued: {reason}")
     requeue_run(session, settings, claim.attempt.run_id, reason, attempt=claim.attempt.number)
 
 
@@ -360,7 +352,7 @@ def _ended(
         set_part(session, claim, ENDED, exit_code=code)
     else:
         set_part(session, claim, FAILED, exit_code=code, error=error)
-    _log_line(log_file, f"node rank {claim.node_rank} ended (exit code {code})")
+    log_line(log_file, f"node rank {claim.node_rank} ended (exit code {code})")
     if claim.node_rank != 0:
         if code != 0 and error is None and not cancelled:
             _requeue_lost(

@@ -1,22 +1,35 @@
-"""Child processes in their own process group that die with their worker, and stopping them."""
+"""Child processes in their own process group that die with their worker, stopping them, and the one
+supervisor every job kind's child runs under (`supervise`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
 
 from engine.priority import nice_own_session
+from studio.config import Settings
 from studio.processes import die_with_parent
 
 log = logging.getLogger(__name__)
+
+# Set when the Celery worker begins a warm shutdown (workers.tasks connects it).
+SHUTTING_DOWN = threading.Event()
+POLL_S = 0.5
 
 
 def engine_command(*args: str) -> list[str]:
@@ -142,3 +155,131 @@ def tail(path: Path, max_bytes: int = 4000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+class MetricsTail:
+    """Reads complete new lines of metrics.jsonl from a byte offset (a partly written line waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:  # the trainer rewrote the file on resume (dropping a torn line)
+            self.offset = 0
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        points = []
+        for line in data[: end + 1].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                points.append(row)
+        return points
+
+
+def log_line(log_file: Path, text: str) -> None:
+    """A `=== <time> <text> ===` line in a job's log, between its child's own output."""
+    with open(log_file, "a", encoding="utf-8") as f:
+        f.write(f"=== {datetime.now(UTC).isoformat(timespec='seconds')} {text} ===\n")
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A kind ended its job itself (`Supervised.watch`); `status` is what `supervise` returns."""
+
+    status: str | None
+
+
+class Supervised(Protocol):
+    """What one job kind gives the supervisor; the rest (the loop, cancel, warm shutdown, loss) is shared."""
+
+    def collect(self, session: Session) -> None:
+        """Store what the child wrote since the last call (metrics, samples, bytes on disk) as progress."""
+
+    def state(self, session: Session) -> str:
+        """The heartbeat: "ok", "cancel" (a person asked to stop) or "lost" (the job is no longer this
+        worker's: requeued elsewhere or deleted)."""
+
+    def watch(self, session: Session, proc: subprocess.Popen, cancelled: bool) -> Stop | None:
+        """A kind's own reason to end early (the other nodes of a gang lost a rank): a `Stop` ends the
+        supervision with its status, None goes on."""
+
+    def stop(self, settings: Settings, proc: subprocess.Popen) -> None:
+        """Stop the child and everything it started (`stop_group`, or a server's own shutdown first)."""
+
+    def release(self, session: Session, proc: subprocess.Popen) -> None:
+        """The worker is stopping gracefully and the child is stopped: give the job back (requeue or fail)."""
+
+    def finish(self, session: Session, code: int, cancelled: bool) -> str:
+        """The child exited with `code`: record what "done" means for the kind; returns the status."""
+
+    def wait(self) -> None:
+        """Wait before the next poll (a kind with a heartbeat thread wakes as soon as its state changes)."""
+
+
+def supervise(session: Session, settings: Settings, proc: subprocess.Popen, job: Supervised) -> str | None:
+    """Follow the started child `proc` to its end: collect its output on every poll, stop it on cancel (and
+    record the end the kind reads from its exit), on loss (None: the job is another worker's now) and on a
+    warm shutdown (the job is given back; None). Every job kind with a child runs under this loop."""
+    cancelled = False
+    while True:
+        code = proc.poll()
+        job.collect(session)
+        if code is not None:
+            return job.finish(session, code, cancelled)
+        state = job.state(session)
+        if state == "lost":  # two children must never write one job's directory
+            log.warning("%s is no longer this worker's; stopping its child %d", job, proc.pid)
+            job.stop(settings, proc)
+            return None
+        if SHUTTING_DOWN.is_set() and not cancelled:
+            log.info("%s: worker shutting down, stopping child %d and giving the job back", job, proc.pid)
+            job.stop(settings, proc)
+            job.collect(session)
+            job.release(session, proc)
+            return None
+        if state == "cancel" and not cancelled:
+            cancelled = True
+            log.info("%s: cancel requested, stopping process group %d", job, proc.pid)
+            job.stop(settings, proc)
+            continue
+        stop = job.watch(session, proc, cancelled)
+        if stop is not None:
+            return stop.status
+        job.wait()
+
+
+class SupervisedJob:
+    """Defaults for a `Supervised` kind: nothing to collect, no early end, a plain wait on the child."""
+
+    proc: subprocess.Popen | None = None
+
+    def collect(self, session: Session) -> None:
+        return None
+
+    def watch(self, session: Session, proc: subprocess.Popen, cancelled: bool) -> Stop | None:
+        return None
+
+    def stop(self, settings: Settings, proc: subprocess.Popen) -> None:
+        stop_group(proc, settings.kill_grace_s)
+
+    def wait(self) -> None:
+        if self.proc is None:
+            time.sleep(POLL_S)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(POLL_S)

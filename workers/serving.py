@@ -34,8 +34,7 @@ from studio.db import session_factory
 from studio.models import Deployment, DeploymentStatus, Run, utcnow
 from studio.services import deployments as dep_svc
 from studio.services.models import BUILDABLE_PRESETS, build_preset
-from workers.process import engine_command, spawn, stop_group, tail
-from workers.training import SHUTTING_DOWN
+from workers.process import SupervisedJob, engine_command, spawn, stop_group, supervise, tail
 
 log = logging.getLogger(__name__)
 
@@ -311,24 +310,44 @@ def _stop_before_ready(
     return status.value
 
 
-def _hold(session: Session, settings: Settings, deployment_id: int, server: ModelServer) -> str:
-    """Keep the deployment alive until the server exits, a stop is requested or the worker shuts down."""
-    while True:
-        if server.proc.poll() is not None:
-            return _server_exited(session, deployment_id, server)
-        if dep_svc.deployment_heartbeat(session, deployment_id) or SHUTTING_DOWN.is_set():
-            stop_server(settings, server)
-            error = "its worker stopped; deploy again" if SHUTTING_DOWN.is_set() else None
-            dep_svc.mark_deployment(
-                session,
-                deployment_id,
-                status=DeploymentStatus.STOPPED,
-                pid=None,
-                stopped_at=utcnow(),
-                error=error,
-            )
-            log.info("deployment %s stopped; port %d is free", deployment_id, server.port)
-            return DeploymentStatus.STOPPED.value
+def _hold(session: Session, settings: Settings, deployment_id: int, server: ModelServer) -> str | None:
+    """Keep the deployment alive under the supervisor until the server exits, a stop is requested (the
+    deployment's cancel) or the worker shuts down."""
+    return supervise(session, settings, server.proc, _Serving(settings, deployment_id, server))
+
+
+class _Serving(SupervisedJob):
+    """A ready model server under the supervisor: no progress to collect; a stop request is its cancel, and
+    done is stopped (asked to) or failed (the server exited by itself)."""
+
+    def __init__(self, settings: Settings, deployment_id: int, server: ModelServer) -> None:
+        self.settings, self.id, self.server, self.proc = settings, deployment_id, server, server.proc
+
+    def __repr__(self) -> str:
+        return f"deployment {self.id}"
+
+    def state(self, session: Session) -> str:
+        return "cancel" if dep_svc.deployment_heartbeat(session, self.id) else "ok"
+
+    def stop(self, settings: Settings, proc: subprocess.Popen) -> None:
+        stop_server(settings, self.server)
+
+    def release(self, session: Session, proc: subprocess.Popen) -> None:
+        self._stopped(session, "its worker stopped; deploy again")
+
+    def finish(self, session: Session, code: int, cancelled: bool) -> str:
+        if not cancelled:
+            return _server_exited(session, self.id, self.server)
+        return self._stopped(session, None)
+
+    def _stopped(self, session: Session, error: str | None) -> str:
+        dep_svc.mark_deployment(
+            session, self.id, status=DeploymentStatus.STOPPED, pid=None, stopped_at=utcnow(), error=error
+        )
+        log.info("deployment %s stopped; port %d is free", self.id, self.server.port)
+        return DeploymentStatus.STOPPED.value
+
+    def wait(self) -> None:
         time.sleep(POLL_S * 2)
 
 

@@ -14,7 +14,7 @@ from studio.db import session_factory
 from studio.models import Sweep
 from studio.services import jobs as jobs_svc
 from studio.services import sweeps as sweeps_svc
-from workers.training import SHUTTING_DOWN
+from workers.process import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 KIND = jobs_svc.SWEEPS

@@ -27,10 +27,10 @@ from workers.exporting import execute_export
 from workers.gang import execute_training
 from workers.media import execute_media_fetch
 from workers.nodes import NodeAgent, hold_work_queues
+from workers.process import SHUTTING_DOWN
 from workers.reconcile import Reconciler
 from workers.serving import execute_deployment
 from workers.sweeping import execute_sweep
-from workers.training import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 _reconcilers: list[Reconciler] = []

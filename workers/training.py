@@ -9,7 +9,6 @@ import logging
 import os
 import subprocess
 import threading
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,53 +24,26 @@ from studio.services import runs as runs_svc
 from studio.services.evals import evaluate_after
 from studio.services.models import BUILDABLE_PRESETS, build_preset
 from studio.services.run_lifecycle import RunAttempt, claim_run
-from workers.process import engine_command, spawn, stop_group, tail
+from workers.process import (
+    MetricsTail,
+    SupervisedJob,
+    engine_command,
+    log_line,
+    spawn,
+    supervise,
+    tail,
+)
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
+
 # Files of the run directory the worker follows (docs/internals.md: engine/train).
 METRICS_FILE = "metrics.jsonl"
 NOTICES_FILE = "notices.json"
 HEARTBEAT_S = 1.0
 # Where `paddle.distributed.launch` writes each rank's output (workerlog.<rank>) in a run's directory.
 DIST_LOGS = "dist_logs"
-# Set when the Celery worker begins a warm shutdown (workers.tasks connects it).
-SHUTTING_DOWN = threading.Event()
-
-
-class MetricsTail:
-    """Reads complete new lines of metrics.jsonl from a byte offset (a partly written line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return []
-        if size < self.offset:  # the trainer rewrote the file on resume (dropping a torn line)
-            self.offset = 0
-        if size == self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(size - self.offset)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        points = []
-        for line in data[: end + 1].splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                points.append(row)
-        return points
 
 
 class NoticesFile:
@@ -101,12 +73,6 @@ def _checkpoints(output_dir: Path) -> list[tuple[int, str]]:
     from engine.train.run_dir import list_checkpoints
 
     return [(int(p.name.split("-")[1]), str(p)) for p in list_checkpoints(output_dir)]
-
-
-def _log_line(log_file: Path, text: str) -> None:
-    """A `=== <time> <text> ===` line in train.log, between the trainer's own output."""
-    with open(log_file, "a", encoding="utf-8") as f:
-        f.write(f"=== {datetime.now(UTC).isoformat(timespec='seconds')} {text} ===\n")
 
 
 class Heartbeat(threading.Thread):
@@ -190,12 +156,12 @@ def _attempt(settings: Settings, attempt: RunAttempt, beat: Heartbeat) -> str | 
     cmd, env, ranks = launch
     where = f", resuming from {resume.name}" if resume else ""
     on = f" on {ranks} devices (rank 0's output; every rank's in {DIST_LOGS}/)" if ranks > 1 else ""
-    _log_line(log_file, f"attempt {attempt.number} on {attempt.worker}{where}{on}")
+    log_line(log_file, f"attempt {attempt.number} on {attempt.worker}{where}{on}")
     proc = spawn(cmd, log_file, cwd=directory, env=env, niceness=settings.batch_niceness)
     beat.pid = proc.pid
     log.info("run %s attempt %d: started trainer pid %d", attempt.run_id, attempt.number, proc.pid)
     with factory() as session:
-        status = _follow(session, settings, attempt, proc, beat, log_file)
+        status = supervise(session, settings, proc, Training(settings, attempt, beat, log_file))
     if ranks > 1 and status != RunStatus.SUCCEEDED.value:
         _rank_tails(directory / DIST_LOGS, ranks, log_file)
     return status
@@ -257,56 +223,39 @@ def _rank_tails(dist_logs: Path, ranks: int, log_file: Path) -> None:
                 out.write("" if text.endswith("\n") else "\n")
 
 
-def _follow(
-    session: Session,
-    settings: Settings,
-    attempt: RunAttempt,
-    proc: subprocess.Popen,
-    beat: Heartbeat,
-    log_file: Path,
-) -> str | None:
-    """Store the trainer's metrics and checkpoints as they appear and act on cancel, loss or shutdown."""
-    metrics = MetricsTail(attempt.output_dir / METRICS_FILE)
-    notices = NoticesFile(attempt.output_dir / NOTICES_FILE)
-    cancelled = False
-    while True:
-        code = proc.poll()
-        attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
-        attempt.announce(session, notices.read())
-        if code is not None:
-            return _finish(session, settings, attempt, code, cancelled, attempt.output_dir, log_file)
-        if beat.state == "lost":
-            # The reconciler gave the run to another worker: two trainers must never share a directory.
-            log.warning("run %s was requeued elsewhere; stopping this attempt", attempt.run_id)
-            stop_group(proc, settings.kill_grace_s)
-            return None
-        if SHUTTING_DOWN.is_set() and not cancelled:
-            _requeue_for_shutdown(session, settings, attempt, proc, metrics, log_file)
-            return None
-        if beat.state == "cancel" and not cancelled:
-            cancelled = True
-            log.info("run %s: cancel requested, stopping process group %d", attempt.run_id, proc.pid)
-            stop_group(proc, settings.kill_grace_s)
-            continue
-        beat.changed.wait(POLL_S)
-        beat.changed.clear()
+class Training(SupervisedJob):
+    """A one-node run under the supervisor: progress is metrics.jsonl, checkpoints and notices; the state is
+    the heartbeat thread's; done is the trainer's run_summary.json; a stopping worker requeues the run."""
 
+    def __init__(self, settings: Settings, attempt: RunAttempt, beat: Heartbeat, log_file: Path) -> None:
+        self.settings, self.attempt, self.beat, self.log_file = settings, attempt, beat, log_file
+        self.metrics = MetricsTail(attempt.output_dir / METRICS_FILE)
+        self.notices = NoticesFile(attempt.output_dir / NOTICES_FILE)
 
-def _requeue_for_shutdown(
-    session: Session,
-    settings: Settings,
-    attempt: RunAttempt,
-    proc: subprocess.Popen,
-    metrics: MetricsTail,
-    log_file: Path,
-) -> None:
-    """A graceful worker stop (deploying a new version, scaling down): the trainer saves a checkpoint on
-    SIGTERM and the run goes back to the queue for the next worker."""
-    log.info("run %s: worker shutting down, checkpointing and requeueing", attempt.run_id)
-    stop_group(proc, settings.kill_grace_s)
-    attempt.record(session, metrics.read(), _checkpoints(attempt.output_dir))
-    _log_line(log_file, "requeued: worker stopped")
-    attempt.requeue(session, settings, f"worker {attempt.worker} stopped; resumes from its checkpoint")
+    def __repr__(self) -> str:
+        return f"run {self.attempt.run_id} attempt {self.attempt.number}"
+
+    def collect(self, session: Session) -> None:
+        self.attempt.record(session, self.metrics.read(), _checkpoints(self.attempt.output_dir))
+        self.attempt.announce(session, self.notices.read())
+
+    def state(self, session: Session) -> str:
+        return self.beat.state
+
+    def release(self, session: Session, proc: subprocess.Popen) -> None:
+        # The trainer saved a checkpoint on SIGTERM: the next worker resumes from it.
+        log_line(self.log_file, "requeued: worker stopped")
+        reason = f"worker {self.attempt.worker} stopped; resumes from its checkpoint"
+        self.attempt.requeue(session, self.settings, reason)
+
+    def finish(self, session: Session, code: int, cancelled: bool) -> str:
+        return _finish(
+            session, self.settings, self.attempt, code, cancelled, self.attempt.output_dir, self.log_file
+        )
+
+    def wait(self) -> None:
+        self.beat.changed.wait(POLL_S)
+        self.beat.changed.clear()
 
 
 def _finish(
@@ -341,7 +290,7 @@ def _finish(
         final_metrics=final_metrics,
         model_dir=summary.get("model_dir") if status == RunStatus.SUCCEEDED else None,
     )
-    _log_line(log_file, f"{status.value} (exit code {code})")
+    log_line(log_file, f"{status.value} (exit code {code})")
     log.info("run %s %s (exit code %s)", attempt.run_id, status.value, code)
     if status == RunStatus.SUCCEEDED:
         # "Evaluate after training": the base and the result are queued now (the reconciler does it if this

@@ -8,8 +8,6 @@ import os
 import shutil
 import time
 import uuid
-import zipfile
-import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -17,7 +15,6 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from engine.data.archive import member_problem
 from engine.data.formats import FORMATS
 from engine.data.records import TABLE_SUFFIXES
 from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
@@ -25,6 +22,7 @@ from engine.eval.config import BENCHMARK_TYPES
 from studio.config import Settings
 from studio.models import Dataset, Run, RunStatus
 from studio.services import media as media_svc
+from studio.services.dataset_archives import CHUNK, extract_archive
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
 from studio.services.models import ensure_model_dir
@@ -34,14 +32,11 @@ from studio.services.store import get_or_404
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_PROBLEMS = 50
-CHUNK = 1024 * 1024
 ARCHIVE_SUFFIX = ".zip"
 # Formats a dataset may have: the engine's training formats, and benchmark files (kind BENCHMARK), which
 # only evaluations read.
 DATASET_FORMATS = (*FORMATS, *BENCHMARK_TYPES)
 BENCHMARK = "benchmark"
-# Files macOS adds to archives; they are neither data nor images, so they are not extracted.
-_ARCHIVE_JUNK = ("__MACOSX/", ".DS_Store")
 
 
 def incoming_dir(settings: Settings) -> Path:
@@ -398,125 +393,6 @@ def _create_from_archive(
     return _record(
         session, settings, final_dir / rel, filename, name, fmt, kind, total, num_records, num_valid, problems
     )
-
-
-def extract_archive(
-    settings: Settings, archive: Path, dest: Path, filename: str, *, data_file: str | None = None
-) -> tuple[str, int]:
-    """Extract `archive` into `dest` checking every member; (data file path inside the archive, bytes written).
-
-    Refused (nothing kept): absolute or `..` paths, links, encrypted or corrupt members, more than
-    max_archive_members members or more than max_upload_mb uncompressed, and anything but exactly one
-    .jsonl/.json data file unless `data_file` names it.
-    """
-    root = dest.resolve()
-    try:
-        zf = zipfile.ZipFile(archive)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise InvalidInput(f"file: {filename} is not a readable zip archive ({e})") from None
-    with zf:
-        files = _archive_files(settings, zf, root, filename)
-        rel_data = _pick_data_file(filename, [r for _, r in files], data_file)
-        written = 0
-        for info, rel in files:
-            written = _extract_member(settings, zf, info, root / rel, filename, written)
-    log.info("extracted %s: %d files, %d bytes, data file %s", filename, len(files), written, rel_data)
-    return rel_data, written
-
-
-def _archive_files(
-    settings: Settings, zf: zipfile.ZipFile, root: Path, filename: str
-) -> list[tuple[zipfile.ZipInfo, str]]:
-    """The archive's files with their relative paths, after checking the member count, the declared size
-    and every member's path (folders and macOS junk are left out)."""
-    infos = [i for i in zf.infolist() if not any(j in i.filename for j in _ARCHIVE_JUNK)]
-    if len(infos) > settings.max_archive_members:
-        raise PayloadTooLarge(
-            f"file: {filename} has {len(infos)} members, more than the limit of "
-            f"{settings.max_archive_members}; split it or raise ERNIE_STUDIO_MAX_ARCHIVE_MEMBERS"
-        )
-    declared = sum(i.file_size for i in infos)
-    if declared > settings.max_upload_bytes:
-        raise PayloadTooLarge(
-            f"file: {filename} unpacks to {declared / 2**20:.1f} MB, over the upload limit of "
-            f"{settings.max_upload_mb} MB; split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
-        )
-    seen: set[str] = set()
-    files: list[tuple[zipfile.ZipInfo, str]] = []
-    for info in infos:
-        why = member_problem(info)
-        if why:
-            raise InvalidInput(f"file: {filename}: member {info.filename!r} refused: {why}")
-        rel = "/".join(p for p in info.filename.split("/") if p not in ("", "."))
-        if not (root / rel).resolve().is_relative_to(root):
-            raise InvalidInput(
-                f"file: {filename}: member {info.filename!r} refused: it would land outside the dataset folder"
-            )
-        if info.is_dir() or not rel:
-            continue
-        if rel in seen:
-            raise InvalidInput(f"file: {filename}: member {info.filename!r} appears twice")
-        seen.add(rel)
-        files.append((info, rel))
-    return files
-
-
-def _extract_member(
-    settings: Settings, zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, filename: str, written: int
-) -> int:
-    """Write one member to `target`; returns the bytes written so far, counted against max_upload_mb."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with zf.open(info) as src, open(target, "xb") as out:
-            while chunk := src.read(CHUNK):
-                written += len(chunk)
-                if (
-                    written > settings.max_upload_bytes
-                ):  # sizes in the directory can lie; count what comes out
-                    raise PayloadTooLarge(
-                        f"file: {filename} unpacks to more than the upload limit of "
-                        f"{settings.max_upload_mb} MB; split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
-                    )
-                out.write(chunk)
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as e:
-        raise InvalidInput(
-            f"file: {filename}: member {info.filename!r} cannot be extracted ({e}); the archive is "
-            "damaged or uses an unsupported compression (use deflate)"
-        ) from None
-    except (FileExistsError, NotADirectoryError, IsADirectoryError):
-        raise InvalidInput(
-            f"file: {filename}: member {info.filename!r} clashes with a file or folder of the same name"
-        ) from None
-    return written
-
-
-def _pick_data_file(filename: str, members: list[str], data_file: str | None) -> str:
-    candidates = [
-        m
-        for m in members
-        if m.lower().endswith(ALLOWED_DATASET_SUFFIXES) and not m.rsplit("/", 1)[-1].startswith(".")
-    ]
-    if data_file:
-        want = "/".join(p for p in data_file.split("/") if p not in ("", "."))
-        if want not in members:
-            raise InvalidInput(
-                f"data_file: {data_file!r} is not in {filename}; its data files are: "
-                f"{', '.join(candidates) or 'none'}"
-            )
-        if not want.lower().endswith(ALLOWED_DATASET_SUFFIXES):
-            raise InvalidInput(f"data_file: {data_file!r} is not a .jsonl or .json file")
-        return want
-    if not candidates:
-        raise InvalidInput(
-            f"file: {filename} holds no .jsonl or .json data file; put the dataset file in the archive next to "
-            "its images"
-        )
-    if len(candidates) > 1:
-        raise InvalidInput(
-            f"file: {filename} holds {len(candidates)} data files ({', '.join(candidates[:10])}); keep one, or "
-            "name the one to use in the form field `data_file`"
-        )
-    return candidates[0]
 
 
 def list_datasets(session: Session) -> list[Dataset]:

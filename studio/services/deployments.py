@@ -24,6 +24,7 @@ from studio import queue
 from studio.config import Settings
 from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
 from studio.schemas import RequestModel
+from studio.services import jobs
 from studio.services.errors import Conflict, InvalidInput, ServiceError, Unavailable
 from studio.services.events import add_event
 from studio.services.models import model_dir_for
@@ -409,16 +410,12 @@ def _deltas(lines: Iterator[str]) -> Iterator[str]:
 
 
 def claim_deployment(session: Session, deployment_id: int, worker: str, node: str) -> Deployment | None:
-    n = session.execute(
-        update(Deployment)
-        .where(
-            Deployment.id == deployment_id,
-            Deployment.status == DeploymentStatus.STARTING,
-            Deployment.worker.is_(None),
-            Deployment.stop_requested.is_(False),
-        )
-        .values(worker=worker, node=node, heartbeat_at=utcnow())
-    ).rowcount
+    # A deployment stays "starting" until its server answers; claiming it only names its worker and node.
+    n = jobs.take(
+        session, Deployment, deployment_id, worker, held_in=DeploymentStatus.STARTING,
+        only_if=(Deployment.worker.is_(None), Deployment.stop_requested.is_(False)),
+        status=DeploymentStatus.STARTING, node=node,
+    )  # fmt: skip
     session.commit()
     return session.get(Deployment, deployment_id) if n else None
 

@@ -320,10 +320,6 @@ def claim_export(session: Session, export_id: int, worker: str) -> Export | None
     return jobs.claim(session, jobs.EXPORTS, export_id, worker)
 
 
-def export_heartbeat(session: Session, export_id: int) -> None:
-    jobs.heartbeat(session, jobs.EXPORTS, export_id)
-
-
 def finish_export(
     session: Session,
     settings: Settings,

@@ -66,15 +66,30 @@ def dispatch(session: Session, settings: Settings, kind: JobKind, job: Any) -> N
 
 def claim(session: Session, kind: JobKind, job_id: int, worker: str, **values: Any) -> Any | None:
     """Atomically move a queued job to running for `worker`; None when it is not queued (a duplicate)."""
-    now = utcnow()
-    m = kind.model
-    n = session.execute(
-        update(m)
-        .where(m.id == job_id, m.status == RunStatus.QUEUED)
-        .values(status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now, **values)
-    ).rowcount
+    n = take(session, kind.model, job_id, worker, **{"started_at": utcnow(), **values})
     session.commit()
-    return session.get(m, job_id) if n else None
+    return session.get(kind.model, job_id) if n else None
+
+
+def take(
+    session: Session,
+    model: type,
+    job_id: int,
+    worker: str,
+    *,
+    held_in: Any = RunStatus.QUEUED,
+    only_if: tuple[Any, ...] = (),
+    **values: Any,
+) -> bool:
+    """The one conditional UPDATE behind every claim (jobs, runs, deployments): the row `job_id` of `model`
+    still in status `held_in` (and meeting `only_if`: not cancelled, no worker yet) becomes
+    running for `worker` (status, worker, heartbeat); `values` add to or replace those columns. Not committed (a run's claim adds
+    its parts in the same transaction); False when another message or worker took it first."""
+    claimed = {"status": RunStatus.RUNNING, "worker": worker, "heartbeat_at": utcnow(), **values}
+    n = session.execute(
+        update(model).where(model.id == job_id, model.status == held_in, *only_if).values(**claimed)
+    ).rowcount
+    return bool(n)
 
 
 def heartbeat(session: Session, kind: JobKind, job_id: int, worker: str | None = None, **values: Any) -> bool:
@@ -142,10 +157,16 @@ def recover_worker(
     if started_before is not None:
         where.append(m.started_at < started_before)
     ids = session.scalars(select(m.id).where(*where)).all()
+    return sum(release(session, settings, kind, i, f"worker {worker} restarted") for i in ids)
+
+
+def release(session: Session, settings: Settings, kind: JobKind, job_id: int, reason: str) -> bool:
+    """A running job whose worker stopped (gracefully, or died and restarted) is requeued or failed, as the
+    kind says; False when it was not running any more."""
     if kind.when_worker_died == "requeue":
-        return sum(requeue(session, settings, kind, i, f"worker {worker} restarted") for i in ids)
+        return requeue(session, settings, kind, job_id, reason)
     message = f"its worker stopped; {kind.name} again"
-    return sum(finish(session, kind, i, RunStatus.FAILED, message, error=message) for i in ids)
+    return finish(session, kind, job_id, RunStatus.FAILED, message, error=message)
 
 
 def dispatch_undispatched(session: Session, settings: Settings, kind: JobKind) -> int:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from studio import queue
 from studio.config import Settings
 from studio.models import Checkpoint, Event, Run, RunMetric, RunPart, RunStatus, utcnow
+from studio.services import jobs
 from studio.services.events import add_event
 
 log = logging.getLogger(__name__)
@@ -158,20 +159,10 @@ def start_attempt(session: Session, run_id: int, worker: str, node: str) -> bool
     """The atomic step of every claim: a queued, uncancelled run becomes running for `worker` with a new
     attempt; False when it is not queued (a duplicate message, another worker first)."""
     now = utcnow()
-    n = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status == RunStatus.QUEUED, Run.cancel_requested.is_(False))
-        .values(
-            status=RunStatus.RUNNING,
-            worker=worker,
-            node=node,
-            attempt=Run.attempt + 1,
-            started_at=func.coalesce(Run.started_at, now),
-            heartbeat_at=now,
-            pid=None,
-        )
-    ).rowcount
-    return bool(n)
+    return jobs.take(
+        session, Run, run_id, worker, only_if=(Run.cancel_requested.is_(False),), node=node,
+        attempt=Run.attempt + 1, started_at=func.coalesce(Run.started_at, now), heartbeat_at=now, pid=None,
+    )  # fmt: skip
 
 
 def claim_run(session: Session, run_id: int, worker: str, node: str) -> RunAttempt | None:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from studio import queue
 from studio.models import Run, RunPart, RunStatus, utcnow
+from studio.services import jobs
 from studio.services.events import add_event
 from studio.services.run_lifecycle import RunAttempt, start_attempt
 
@@ -133,11 +134,9 @@ def claim_part(session: Session, run_id: int, worker: str, node: str, master: st
     for part in parts:
         if part.status != OPEN:
             continue
-        taken = session.execute(
-            update(RunPart)
-            .where(RunPart.id == part.id, RunPart.status == OPEN)
-            .values(status=CLAIMED, worker=worker, node=node, claimed_at=utcnow(), heartbeat_at=utcnow())
-        ).rowcount
+        taken = jobs.take(
+            session, RunPart, part.id, worker, held_in=OPEN, status=CLAIMED, node=node, claimed_at=utcnow()
+        )
         session.commit()
         if taken:
             add_event(

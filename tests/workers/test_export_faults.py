@@ -109,3 +109,41 @@ def test_a_worker_killed_mid_export_leaves_no_partial_export_and_the_export_is_r
     listed = {m["name"]: m for m in api.get("/models").json()}
     assert listed[final.name]["available"] and listed[final.name]["path"] == str(final)
     assert listed[final.name]["num_parameters"] == listed[f"run:{run['id']}"]["num_parameters"]
+
+
+def test_a_worker_stopping_mid_export_stops_the_exporter_and_fails_the_export_to_be_run_again(
+    studio_factory, pg_url, shared_redis_url
+):
+    """A graceful stop (SIGTERM) of the worker holding an export goes through the shared supervisor: the
+    exporter is stopped and the export, a kind its worker's stop fails, ends at once with the reason (before,
+    the export loop ignored the stop and the worker waited on its held child)."""
+    studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
+    studio.start_api()
+    studio.start_worker("train@testnode", wait=False)
+    studio.start_worker("serve@testnode", serve=True, wait=False)
+    studio.wait_ready("train@testnode")
+    studio.wait_ready("serve@testnode")
+    api = studio.client()
+    ds = studio.upload_demo(api)
+    run = studio.create_run(api, ds["id"], max_steps=2, save_steps=100, logging_steps=1)
+    run = studio.wait_status(api, run["id"], {"succeeded", "failed"}, 120)
+    assert run["status"] == "succeeded", run["error"]
+
+    export = api.post(f"/runs/{run['id']}/export", json={"layout": "paddle", "max_shard_size": "64KB"}).json()
+    final = Path(export["export_dir"])
+    config_file = Path(run["output_dir"]).parent / "exports" / str(export["id"]) / "export.yaml"
+    found = wait_for(lambda: list(processes_naming(str(config_file))), 60, "the exporter to start", 0.01)
+    exporter = found[0]
+    hold_when(exporter, lambda: True, "the exporter")  # held as soon as it exists: mid-export
+    assert api.get(f"/exports/{export['id']}").json()["status"] == "running"
+
+    studio.stop("serve@testnode", signal.SIGTERM, timeout=60)
+    ended = api.get(f"/exports/{export['id']}").json()
+    assert ended["status"] == "failed" and ended["error"] == "its worker stopped; export again", ended
+    wait_for(lambda: not pid_alive(exporter), 10, "the held exporter to be stopped")
+    assert not (final / "config.json").exists()
+    events = api.get(f"/runs/{run['id']}/events").json()
+    assert [e["kind"] for e in events if e["kind"].startswith("export.")] == [
+        "export.queued",
+        "export.failed",
+    ]

@@ -4,9 +4,12 @@ listed as available; a repo the hub does not have fails with the hub's answer, a
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from hub_standin import FakeHub
-from worker_helpers import wait_for
+from trainer_hold import hold_when
+from worker_helpers import pid_alive, processes_naming, wait_for
 
 from engine.models.presets import HUB_IDS
 
@@ -66,3 +69,40 @@ def test_download_from_the_picker_fetches_verifies_and_lists_the_model(studio_fa
     )
     assert failed["status"] == "failed" and "someone/not-on-the-hub" in failed["error"]
     assert not (studio.home / "models" / "not-on-the-hub").exists()
+
+
+def test_a_worker_stopping_mid_download_requeues_it_and_another_worker_finishes_it(
+    studio_factory, hub, tmp_path
+):
+    """A graceful stop (SIGTERM) of the worker holding a download goes through the shared supervisor as a
+    training run's does: the downloader is stopped and the download goes back to the queue at once (before,
+    the download loop ignored the stop and the worker waited on its child)."""
+    studio = studio_factory()
+    studio.start_api()
+    hub_env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
+    studio.start_worker("serve@testnode", serve=True, env=hub_env)
+    api = studio.client()
+    first = api.post("/models/downloads", json={"name": PRESET}).json()
+    model_dir = str(studio.home / "models" / PRESET)
+    found = wait_for(lambda: list(processes_naming(model_dir)), 60, "the downloader to start", 0.001)
+    downloader = found[0]
+    hold_when(downloader, lambda: True, "the downloader")  # held as soon as it exists: mid-download
+    assert api.get(f"/models/downloads/{first['id']}").json()["status"] == "running"
+
+    studio.stop("serve@testnode", signal.SIGTERM, timeout=60)
+    requeued = api.get(f"/models/downloads/{first['id']}").json()
+    assert requeued["status"] == "queued" and requeued["worker"] is None, requeued
+    wait_for(lambda: not pid_alive(downloader), 10, "the held downloader to be stopped")
+
+    studio.start_worker("serve2@testnode", serve=True, env=hub_env)
+    done = wait_for(
+        lambda: (
+            (d := api.get(f"/models/downloads/{first['id']}").json())["status"] in ("succeeded", "failed")
+            and d
+        ),
+        180,
+        "the requeued download to finish",
+    )
+    assert done["status"] == "succeeded" and done["worker"] == "serve2@testnode", done
+    assert (studio.home / "models" / PRESET / "config.json").exists()
+    assert not processes_naming(model_dir)
