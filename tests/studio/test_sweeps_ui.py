@@ -5,6 +5,9 @@ parameter importances, and cancel / promote go through the services the REST API
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
 import gradio as gr
 import optuna
 import pytest
@@ -14,10 +17,19 @@ from studio.services import runs as runs_svc
 from studio.services import sweeps as sweeps_svc
 from studio.sweep_storage import optuna_storage
 from studio.ui.context import UIContext
-from studio.ui.i18n import Texts
-from studio.ui.sweep_box import ROW_PARTS, ROWS, SETTING_KEYS, SweepHandlers, choice_value, space_of
-from studio.ui.sweeps_tab import SweepsHandlers, trial_rows
+from studio.ui.i18n import Texts, localize_frame, text, untranslated_words
+from studio.ui.sweep_box import (
+    ROW_PARTS,
+    ROWS,
+    SETTING_KEYS,
+    SweepHandlers,
+    choice_value,
+    estimate_markdown,
+    space_of,
+)
+from studio.ui.sweeps_tab import SweepsHandlers, summary_markdown, sweep_choices, sweep_rows, trial_rows
 
+NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 EMPTY_ROW = (None, "log-uniform", None, None, "")
 SETTINGS = {
     "n_trials": 3, "parallelism": 1, "objective": "eval_loss", "direction": "minimize", "sampler": "tpe",
@@ -155,3 +167,42 @@ def test_the_sweeps_tab_shows_the_leaderboard_plots_and_acts(ctx, spec, session,
     assert sweeps_svc.get_sweep(session, sweep_id).status == "cancelled"
     summary, *_, cancel, _ = h.view(sweep_id)
     assert "cancelled" in summary and cancel["interactive"] is False
+
+
+def test_the_sweep_texts_are_chinese_in_chinese():
+    sweep = SimpleNamespace(
+        id=3, name="lr-sweep", status="running", stop_reason="n_trials", error=None, created_at=NOW,
+        settings={"objective": "eval_loss", "direction": "minimize", "n_trials": 4, "sampler": "tpe", "pruner": "median"},
+    )  # fmt: skip
+    trials = [
+        {"number": n, "state": state, "params": {"learning_rate": 1e-4 * (n + 1)}, "value": value,
+         "last_value": 2.0, "last_step": 4, "run_id": n + 1, "run_status": status}
+        for n, (state, value, status) in enumerate(
+            [("complete", 1.5, "succeeded"), ("pruned", None, "cancelled"), ("running", None, "running"),
+             ("fail", None, "failed"), ("waiting", None, None)]
+        )
+    ]  # fmt: skip
+    est = {
+        "n_trials": 4,
+        "parallelism": 2,
+        "steps": 16,
+        "total_s": 75.0,
+        "run": {"steps": 4, "memory_gib": {"peak": 1.2}},
+    }
+    shown = {
+        lang: [
+            summary_markdown(sweep, trials, lang),
+            localize_frame(trial_rows(trials, "minimize", lang), lang).to_csv(),
+            localize_frame(sweep_rows([sweep], lang), lang).to_csv(),
+            *(label for label, _ in sweep_choices([sweep], lang)),
+            estimate_markdown(est, lang),
+            text("sw.launched", lang, id=3, name="lr-sweep", trials=4),
+            *(text(k, lang) for k in ("sw.refused", "swp.none", "swp.err.none", "sw.help")),
+            text("swp.promoted", lang, trial=0, run=1, id=2),
+        ]
+        for lang in ("zh", "en")
+    }
+    data = ["lr-sweep", "eval_loss", "minimize", "tpe", "median", "n_trials"]
+    for piece in shown["zh"]:
+        assert untranslated_words(piece, data) == [], piece
+    assert all(untranslated_words(piece, data) for piece in shown["en"][:1])  # the check is not vacuous
