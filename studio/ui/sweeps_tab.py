@@ -21,6 +21,14 @@ from studio.ui.runs_tab import POLL_SECONDS, shown_status
 
 SWEEP_COLUMNS = ["id", "name", "status", "trials", "objective", "created"]
 TRIAL_COLUMNS = ["trial", "params", "objective", "trial state", "step", "run"]
+# Keeps ?sweep=N in the address bar in step with the pick, so a refresh or a shared link shows the same sweep.
+URL_JS = """(sweepId) => {
+  const url = new URL(window.location.href);
+  if (sweepId === null || sweepId === undefined || sweepId === "") { url.searchParams.delete("sweep"); }
+  else { url.searchParams.set("sweep", String(sweepId)); }
+  window.history.replaceState(null, "", url.toString());
+  return sweepId;
+}"""
 TRIAL_ICONS = {"running": "🏃", "complete": "✅", "pruned": "✂️", "fail": "❌", "waiting": "⏳"}
 
 
@@ -321,6 +329,7 @@ def build_sweeps_tab(ctx: UIContext) -> SweepsTab:
     timer.tick(h.tick, selected, [selected, table, *view], show_progress_on=table, **quiet)
     tab.select(h.opened, selected, [selected, table, *view], **quiet)
     selected.input(h.view, selected, view)
+    selected.change(None, selected, None, js=URL_JS)
     cancel.click(h.cancel, selected, action)
     promote.click(h.promote, selected, [action, deployed])
     ctx.on_language(h.relabel, selected, [selected, table, *view], needs_selection=False)

@@ -162,6 +162,14 @@ def test_the_sweeps_tab_shows_the_leaderboard_plots_and_acts(ctx, spec, session,
     # maximise: the same trials the other way round
     assert list(trial_rows(sweeps_svc.trials(session, settings, sweep), "maximize")["trial"])[:2] == [0, 2]
 
+    # with nothing picked, the tab shows ?sweep=N, else the newest sweep; a pick is never overwritten
+    newer = SweepHandlers(ctx, lambda values: values[0], 1).launch(
+        spec, *box_values(("learning_rate", "log-uniform", 1e-5, 1e-3, ""))
+    )[1]
+    assert h.table(None, SimpleNamespace(query_params={"sweep": str(sweep_id)}))[2] == sweep_id
+    assert h.table(None, SimpleNamespace(query_params={}))[0]["value"] == newer
+    assert "value" not in h.table(sweep_id, SimpleNamespace(query_params={"sweep": str(newer)}))[0]
+
     assert "Cancelling sweep" in h.cancel(sweep_id)
     session.expire_all()
     assert sweeps_svc.get_sweep(session, sweep_id).status == "cancelled"
