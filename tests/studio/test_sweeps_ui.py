@@ -214,3 +214,22 @@ def test_the_sweep_texts_are_chinese_in_chinese():
     for piece in shown["zh"]:
         assert untranslated_words(piece, data) == [], piece
     assert all(untranslated_words(piece, data) for piece in shown["en"][:1])  # the check is not vacuous
+
+
+def test_the_sweep_box_adds_no_event_to_opening_the_train_tab(settings):
+    """Opening the Train tab stays one event (each event costs the page a pass over every component any
+    event touched): the box's choices are built with the page, and only its two buttons send its values."""
+    from studio.ui import build_ui
+
+    demo = build_ui(settings)
+    train = next(b for b in demo.blocks.values() if isinstance(b, gr.Tab) and b.id == "train")
+    box = {b._id for b in demo.blocks.values() if (getattr(b, "elem_id", None) or "").startswith("sw-")}
+    assert len(box) > 20  # the rows, the settings, the buttons and the status
+    opened = [fn for fn in demo.fns.values() if (train._id, "select") in fn.targets]
+    # the form's one event (TrainHandlers.open_tab), and the page-wide record of the tab with its timers
+    assert len(opened) == 2 and "opened" in [fn.name for fn in opened]
+    for fn in demo.fns.values():
+        if any(event in ("select", "load") for _, event in fn.targets):
+            assert not {b._id for b in [*fn.inputs, *fn.outputs]} & box, fn.name
+    clicks = [fn for fn in demo.fns.values() if {b._id for b in fn.inputs} & box]
+    assert sorted(fn.name for fn in clicks) == ["estimate", "launch"]
