@@ -106,6 +106,21 @@ def _base_type(hint: Any) -> type | None:
     return args[0] if len(args) == 1 and args[0] in (float, int, bool, str) else None
 
 
+def searchable_keys() -> dict[str, str]:
+    """Every key a space may search, with what it takes: "float" or "int" (a range or choices), "choice"
+    (the key's own choices or true / false); the studio's sweep editor lists these."""
+    out: dict[str, str] = {}
+    for key, (hint, meta) in _field_types().items():
+        base = _base_type(hint)
+        if key in FIXED_KEYS or base is None:
+            continue
+        if base in (float, int) and not meta.get("choices"):
+            out[key] = "float" if base is float else "int"
+        elif base is bool or (base is str and meta.get("choices")):
+            out[key] = "choice"
+    return out
+
+
 def parse_space(parameters: Any, where: str = "parameters") -> list[Param]:
     """The search space `{key: {type, low, high, log, step, choices}}`, every problem named by its key."""
     if not isinstance(parameters, dict) or not parameters:

@@ -20,6 +20,7 @@ SHOTS = {
     "train.png": "flow/02-train-form.png",  # test_studio.py
     "runs.png": "flow/04-run-finished.png",  # test_studio.py
     "compare.png": "flow/07-compare.png",  # test_studio.py
+    "sweeps.png": "sweep/01-sweep-leaderboard.png",  # test_sweep_browser.py
     "evaluate.png": "evaluate/02-evaluate-samples.png",  # test_evaluate.py
     "chat.png": "flow/05-chat.png",  # test_studio.py
     "nodes.png": "nodes/01-nodes.png",  # test_nodes_view.py

@@ -254,6 +254,26 @@ def cancel_sweep(session: Session, settings: Settings, sweep_id: int) -> Sweep:
     return sweep
 
 
+def param_importances(session: Session, settings: Settings, sweep_id: int) -> dict[str, float]:
+    """Optuna's importance of each searched key for the objective (PED-ANOVA over the completed trials),
+    largest first; empty until two trials have completed."""
+    import optuna
+
+    sweep = get_sweep(session, sweep_id)
+    try:
+        study = _study(settings, sweep)
+    except KeyError:
+        return {}
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < 2:
+        return {}
+    try:
+        return dict(optuna.importance.get_param_importances(study))
+    except (ValueError, RuntimeError) as e:  # e.g. every completed trial has the same values
+        log.info("sweep %s: no importances yet (%s)", sweep_id, e)
+        return {}
+
+
 # ---- the driver ------------------------------------------------------------------------------------------
 
 
@@ -277,8 +297,12 @@ def advance(session: Session, settings: Settings, sweep_id: int) -> bool:
             run = _start_trial(session, settings, sweep, study, t.number, t.params)
         active += _follow(session, settings, study, t, run, s, halt)
     while not halt and active < sweep.parallelism and len(study.trials) < s.n_trials:
-        from engine.sweep import ask
+        from engine.sweep import ask, make_sampler
 
+        # Each step loads the study with a sampler made afresh from the sweep's seed, so trials asked in
+        # different steps drew the same random values (every start-up trial of a sweep one at a time was the
+        # same); seeded by the trial count, they differ and stay reproducible.
+        study.sampler = make_sampler(dataclasses.replace(s, seed=s.seed + len(study.trials)))
         trial = ask(study, params)
         if _start_trial(session, settings, sweep, study, trial.number, trial.params) is not None:
             active += 1

@@ -24,9 +24,10 @@ from studio.ui.evaluate_tab import EvaluateTab, build_evaluate_tab
 from studio.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, Texts, remember_language, text
 from studio.ui.nodes_tab import NodesTab, build_nodes_tab
 from studio.ui.runs_tab import RunsTab, build_runs_tab
+from studio.ui.sweeps_tab import SweepsTab, build_sweeps_tab
 from studio.ui.train_tab import TrainTab, build_train_tab
 
-TAB_IDS = ("datasets", "train", "runs", "compare", "evaluate", "deploy", "nodes")
+TAB_IDS = ("datasets", "train", "runs", "sweeps", "compare", "evaluate", "deploy", "nodes")
 
 # A few layout touches. Gradio 6 takes css at mount time (gr.mount_gradio_app), which studio.app owns, so
 # the rules travel inside the Blocks as a <style> element instead.
@@ -124,6 +125,7 @@ class _Tabs:
     datasets: DatasetsTab
     train: TrainTab
     runs: RunsTab
+    sweeps: SweepsTab
     compare: CompareTab
     evaluate: EvaluateTab
     deploy: DeployTab
@@ -148,6 +150,7 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 datasets=build_datasets_tab(ctx, states.dataset),
                 train=build_train_tab(ctx),
                 runs=build_runs_tab(ctx, states.run),
+                sweeps=build_sweeps_tab(ctx),
                 compare=build_compare_tab(ctx),
                 evaluate=build_evaluate_tab(ctx),
                 deploy=build_deploy_tab(ctx, states.deployment),
@@ -225,7 +228,7 @@ def _wire_tab_changes(demo: gr.Blocks, built: _Tabs, states: _BrowserStates) -> 
     a language switch relabels the tabs), which landed after the restore's or the person's click and
     stopped the shown tab's timer and put tab=datasets in the address. One handler runs its events in order.
     """
-    timers = [built.runs.timer, built.deploy.timer]
+    timers = [built.runs.timer, built.deploy.timer, built.sweeps.timer]
     gr.on(
         [tab.select for tab in built.by_id().values()],
         shown_tab,
@@ -261,36 +264,42 @@ def _wire_language(
 
 
 def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:
-    train, runs, deploy = built.train, built.runs, built.deploy
+    train, runs, deploy, sweeps = built.train, built.runs, built.deploy, built.sweeps
+    timers = [runs.timer, deploy.timer, sweeps.timer]
     # Runs -> Train: "clone" fills the form with the run's choices and opens the Train tab.
     runs.clone_btn.click(
         train.handlers.clone_into_form,
         runs.selected,
         [*train.fields.values(), built.tabs, states.tab],
     ).then(None, states.tab, None, js=SET_TAB_JS).then(**train.handlers.review_wiring)
-    # Runs -> Deploy: after "deploy this run", open Deploy & Chat on the new deployment.
-    runs.deployed.change(
-        open_deployment,
-        runs.deployed,
-        [built.tabs, states.deployment, states.tab, runs.timer, deploy.timer],
-    ).then(deploy.refresh_fn, [deploy.run, states.deployment], deploy.refresh_outputs)
+    # Runs -> Deploy, Sweeps -> Deploy: after "deploy this run" or "promote best", open Deploy & Chat on the
+    # new deployment.
+    for deployed in (runs.deployed, sweeps.deployed):
+        deployed.change(open_deployment, deployed, [built.tabs, states.deployment, states.tab, *timers]).then(
+            deploy.refresh_fn, [deploy.run, states.deployment], deploy.refresh_outputs
+        )
     # Train -> Runs: a launched run is selected in the Runs tab.
     train.launched_run.change(echo, train.launched_run, states.run).then(
         runs.show_run, train.launched_run, runs.show_outputs
     )
+    # Train -> Sweeps: a launched sweep is the one the Sweeps tab shows.
+    train.launched_sweep.change(sweeps.show_sweep, train.launched_sweep, sweeps.show_outputs)
 
 
 # ---- event handlers --------------------------------------------------------------------------------------
 
 
-def shown_tab(tab_id: Any) -> tuple[Any, Any, str]:
+TIMED_TABS = ("runs", "deploy", "sweeps")
+
+
+def shown_tab(tab_id: Any) -> tuple[Any, ...]:
     """The tab the page shows (``SHOWN_TAB_JS``) was selected: its timers and its id (``tab_timers``)."""
     return tab_timers(tab_id if tab_id in TAB_IDS else "datasets")
 
 
-def tab_timers(tab_id: str) -> tuple[Any, Any, str]:
-    """(Runs timer, Deploy timer, tab id): only the shown tab's timer runs."""
-    return gr.Timer(active=tab_id == "runs"), gr.Timer(active=tab_id == "deploy"), tab_id
+def tab_timers(tab_id: str) -> tuple[Any, ...]:
+    """(Runs timer, Deploy timer, Sweeps timer, tab id): only the shown tab's timer runs."""
+    return (*(gr.Timer(active=tab_id == timed) for timed in TIMED_TABS), tab_id)
 
 
 def visibility(shown: bool, count: int, lang: str) -> Any:
@@ -317,7 +326,7 @@ class LanguageHandlers:
 
 def open_deployment(dep: Any) -> tuple[Any, ...]:
     """Deploy & Chat opened on a new deployment, its timer running."""
-    return (gr.Tabs(selected="deploy"), dep, "deploy", *tab_timers("deploy")[:2])
+    return (gr.Tabs(selected="deploy"), dep, "deploy", *tab_timers("deploy")[:-1])
 
 
 def header_markdown(lang: str) -> str:

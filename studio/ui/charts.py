@@ -101,3 +101,33 @@ def last_value(rows: Sequence[Mapping[str, Any]], metric: str) -> float | None:
         if _finite(row.get(metric)):
             return float(row[metric])
     return None
+
+
+def trial_points(trials: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """A sweep's objective over its trials: one point per trial with a value (a complete trial's final one,
+    else its last report), ``state`` the trial's Optuna state."""
+    records = []
+    for t in trials:
+        value = t.get("value") if t.get("value") is not None else t.get("last_value")
+        if _finite(value):
+            records.append({"trial": int(t["number"]), "objective": float(value), "state": str(t["state"])})
+    if not records:
+        return pd.DataFrame(
+            {
+                "trial": pd.Series(dtype="int64"),
+                "objective": pd.Series(dtype="float64"),
+                "state": pd.Series(dtype="string"),
+            }
+        )
+    return pd.DataFrame(records, columns=["trial", "objective", "state"])
+
+
+def importance_frame(importances: Mapping[str, float]) -> pd.DataFrame:
+    """Optuna's parameter importances as bars, largest first."""
+    items = sorted(((k, float(v)) for k, v in importances.items() if _finite(v)), key=lambda kv: -kv[1])
+    return pd.DataFrame(
+        {
+            "parameter": pd.Series([k for k, _ in items], dtype="string"),
+            "importance": pd.Series([v for _, v in items], dtype="float64"),
+        }
+    )

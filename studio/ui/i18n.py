@@ -42,6 +42,7 @@ STRINGS: dict[str, tuple[str, str]] = {
     "tab.compare": ("Compare", "对比"),
     "tab.deploy": ("Deploy & Chat", "部署与对话"),
     "tab.nodes": ("Nodes", "节点"),
+    "tab.sweeps": ("Sweeps", "超参搜索"),
     # datasets
     "ds.upload": (
         "Upload a dataset (.jsonl / .json, a .zip with its images, or a benchmark .csv)",
@@ -449,8 +450,50 @@ STRINGS: dict[str, tuple[str, str]] = {
     "nodes.refresh": ("Refresh", "刷新"),
     "nodes.table": ("Workers and their nodes", "Worker 与节点"),
     "nodes.checks": ("Doctor checks", "自检结果"),
+    # the Train tab's Sweep mode (studio/ui/sweep_box.py)
+    "sw.box": ("Sweep: search hyperparameters with Optuna", "超参搜索：用 Optuna 搜索超参数"),
+    "sw.help": (
+        "The form is the base run of every trial (it needs evaluation data); each row below is a key Optuna "
+        "chooses per trial. Choices are separated by commas.",
+        "上面的表单是每次试验的基础任务（需要验证数据）；下面每一行是 Optuna 为每次试验选择的一个配置项。"
+        "多个选项用逗号分隔。",
+    ),
+    "sw.key": ("Searched key", "搜索的配置项"),
+    "sw.kind": ("Kind", "取值方式"),
+    "sw.low": ("Low", "下限"),
+    "sw.high": ("High", "上限"),
+    "sw.choices": ("Choices", "候选值"),
+    "sw.n_trials": ("Trials", "试验次数"),
+    "sw.parallelism": ("At once", "同时运行数"),
+    "sw.parallelism.info": (
+        "Trials queued at once (at most the training workers).",
+        "同时排队的试验数（不超过训练工作进程数）。",
+    ),
+    "sw.objective": ("Objective", "优化目标"),
+    "sw.direction": ("Direction", "方向"),
+    "sw.sampler": ("Sampler", "采样器"),
+    "sw.pruner": ("Pruner", "剪枝器"),
+    "sw.max_wall_s": ("Budget: wall time (s, 0 = none)", "预算：总时长（秒，0 为不限）"),
+    "sw.max_total_steps": ("Budget: total steps (0 = none)", "预算：总步数（0 为不限）"),
+    "sw.estimate_btn": ("Estimate the sweep", "估算搜索开销"),
+    "sw.launch": ("Launch sweep", "启动搜索"),
+    # the Sweeps tab (studio/ui/sweeps_tab.py)
+    "swp.table": ("Sweeps", "超参搜索列表"),
+    "swp.select": ("Sweep", "超参搜索"),
+    "swp.cancel": ("Cancel sweep", "取消搜索"),
+    "swp.promote": ("Promote best: deploy and chat", "采用最佳试验：部署并对话"),
+    "swp.leaderboard": ("Leaderboard", "排行榜"),
+    "swp.objective_plot": ("Objective over trials", "各试验的目标值"),
+    "swp.importance": ("Parameter importance (Optuna)", "参数重要性（Optuna）"),
+    "swp.config": ("Search space and settings", "搜索空间与设置"),
     # table column headers ("col." + the English header the row builders use)
     "col.id": ("id", "编号"),
+    "col.trials": ("trials", "试验次数"),
+    "col.trial": ("trial", "试验"),
+    "col.params": ("params", "参数"),
+    "col.objective": ("objective", "目标值"),
+    "col.trial state": ("trial state", "试验状态"),
+    "col.run": ("run", "任务"),
     "col.name": ("name", "名称"),
     "col.format": ("format", "格式"),
     "col.kind": ("kind", "类型"),
@@ -590,6 +633,46 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     "status.starting": ("starting", "启动中"),
     "status.stopping": ("stopping", "停止中"),
     "status.stopped": ("stopped", "已停止"),
+    # a sweep trial's Optuna state
+    "status.complete": ("complete", "已完成"),
+    "status.pruned": ("pruned", "已剪枝"),
+    "status.fail": ("fail", "失败"),
+    "status.waiting": ("waiting", "等待中"),
+    "sw.refused": ("**The sweep was not queued:**", "**搜索未排队：**"),
+    "sw.estimate": (
+        "**{trials} trials**, {parallel} at a time: at most {steps} steps ({run_steps} a trial), about "
+        "{total} in all (pruned trials end early).",
+        "**{trials} 次试验**，每次同时 {parallel} 个：最多 {steps} 步（每次试验 {run_steps} 步），总计约 "
+        "{total}（被剪枝的试验会提前结束）。",
+    ),
+    "sw.estimate.peak": (" Peak memory of a trial {peak:.2f} GiB.", " 单次试验峰值内存 {peak:.2f} GiB。"),
+    "sw.queued": ("Sweep #{id} queued", "超参搜索 #{id} 已排队"),
+    "sw.launched": (
+        "Sweep #{id} **{name}** queued: {trials} trials. Follow it in the Sweeps tab.",
+        "超参搜索 #{id} **{name}** 已排队：{trials} 次试验。可在“超参搜索”页查看。",
+    ),
+    "swp.summary": (
+        "**#{id} {name}** — {status} · {objective} ({direction}) · trials {n}/{total}: {complete} complete, "
+        "{pruned} pruned, {running} running · sampler {sampler}, pruner {pruner}",
+        "**#{id} {name}** — {status} · {objective}（{direction}）· 试验 {n}/{total}：已完成 {complete}，"
+        "已剪枝 {pruned}，运行中 {running} · 采样器 {sampler}，剪枝器 {pruner}",
+    ),
+    "swp.best": ("Best: trial {trial}, {value} ({params})", "最佳：试验 {trial}，{value}（{params}）"),
+    "swp.stopped": ("Stopped asking for trials: {reason}", "已停止新增试验：{reason}"),
+    "swp.none": (
+        "No sweep yet: launch one from the Train tab's Sweep box.",
+        "还没有超参搜索：请在“训练”页的超参搜索框中启动。",
+    ),
+    "swp.gone": ("Sweep #{id} no longer exists.", "超参搜索 #{id} 已不存在。"),
+    "swp.cancelling": (
+        "Cancelling sweep #{id}: its running trials stop.",
+        "正在取消超参搜索 #{id}：运行中的试验将停止。",
+    ),
+    "swp.promoted": (
+        "Trial {trial} (run #{run}) is the best: deployment #{id} starting.",
+        "试验 {trial}（任务 #{run}）最佳：部署 #{id} 正在启动。",
+    ),
+    "swp.err.none": ("Pick a sweep first.", "请先选择一个超参搜索。"),
     # the model pickers' choices
     "model.kind.preset": ("preset", "预置"),
     "model.kind.official": ("official", "官方"),

@@ -38,6 +38,7 @@ from studio.ui.datasets_tab import dataset_choices
 from studio.ui.evaluate_tab import build_evaluate_after_fields, evaluate_after_spec
 from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, current_language, localize_message, text
 from studio.ui.model_download import build_download_row
+from studio.ui.sweep_box import SweepBox, SweepHandlers, build_sweep_box, wire_sweep_box
 from studio.ui.train_form import (
     OPTION_KEYS,
     TOP_KEYS,
@@ -97,6 +98,7 @@ class TrainTab:
     launched_run: gr.State
     handlers: TrainHandlers
     options: OptionGroups
+    launched_sweep: gr.State
 
 
 @dataclass
@@ -106,6 +108,7 @@ class _SidePanel:
     launch: gr.Button
     problems: gr.Markdown
     launch_status: gr.Markdown
+    sweep: SweepBox
     yaml_view: gr.Code
     yaml_file: gr.DownloadButton
     importer: ImportBox
@@ -585,12 +588,16 @@ def _side_panel(t: Texts) -> _SidePanel:
     )
     problems = gr.Markdown("", elem_id="tr-problems")
     launch_status = gr.Markdown("", elem_id="tr-launch-status")
+    # Sweep mode: the form is the base run of an Optuna search (folded; studio/ui/sweep_box.py).
+    sweep = build_sweep_box(t)
     yaml_view = t.make(gr.Code, "tr.yaml", language="yaml", interactive=False, lines=18, elem_id="tr-yaml")
     yaml_file = t.make(
         gr.DownloadButton, "tr.yaml_download", prop="label", size="sm", elem_id="tr-yaml-download"
     )
     importer = build_import_box(t)
-    return _SidePanel(estimate_btn, estimate, launch, problems, launch_status, yaml_view, yaml_file, importer)
+    return _SidePanel(
+        estimate_btn, estimate, launch, problems, launch_status, sweep, yaml_view, yaml_file, importer
+    )
 
 
 def build_train_tab(ctx: UIContext) -> TrainTab:
@@ -619,7 +626,16 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
     wire_start_box(start_box, starts, [fields[k] for k in handlers.keys], handlers.review_wiring)
     _wire_open(ctx, tab, handlers, starts, [fields[k] for k in PICKER_KEYS], start_box)
     ctx.demo.load(handlers.model_roots, None, roots)
-    return TrainTab(tab=tab, fields=fields, launched_run=launched_run, handlers=handlers, options=options)
+    form_inputs = [fields[k] for k in handlers.keys]
+    wire_sweep_box(side.sweep, SweepHandlers(ctx, handlers.spec, len(form_inputs)), form_inputs)
+    return TrainTab(
+        tab=tab,
+        fields=fields,
+        launched_run=launched_run,
+        handlers=handlers,
+        options=options,
+        launched_sweep=side.sweep.launched,
+    )
 
 
 def _wire_open(

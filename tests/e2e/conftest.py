@@ -44,7 +44,13 @@ def studio(tmp_path_factory, artifacts) -> Iterator[str]:
     """Base URL of a studio started with ``ernie-studio up`` (web + local training and serving workers)."""
     home = tmp_path_factory.mktemp("studio-home")
     port = _free_port()
-    env = {**os.environ, "ERNIE_STUDIO_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    # A sweep's driver looks at its trials every second (5 s by default): the sweep test waits for two.
+    env = {
+        **os.environ,
+        "ERNIE_STUDIO_HOME": str(home),
+        "PYTHONUNBUFFERED": "1",
+        "ERNIE_STUDIO_SWEEP_POLL_S": "1",
+    }
     env.pop("ERNIE_STUDIO_DATABASE_URL", None)
     env.pop("ERNIE_STUDIO_BROKER_URL", None)
     log = open(artifacts / "studio.log", "w")  # noqa: SIM115 - closed after the process ends

@@ -46,6 +46,7 @@ from studio.ui.runs_tab import (
     run_rows,
     status_markdown,
 )
+from studio.ui.sweeps_tab import SWEEP_COLUMNS, TRIAL_COLUMNS
 
 ALL_COLUMNS = [
     *RUN_COLUMNS,
@@ -57,6 +58,8 @@ ALL_COLUMNS = [
     *DEPLOYMENT_COLUMNS,
     *NODE_COLUMNS,
     *CHECK_COLUMNS,
+    *SWEEP_COLUMNS,
+    *TRIAL_COLUMNS,
     "key",
     "metric",
 ]
