@@ -18,7 +18,7 @@ from studio.api.security import host_name, request_problem
 from studio.app import create_app
 from studio.config import Settings
 from studio.migrate import upgrade
-from studio.services import runs as runs_svc
+from studio.services.paths import PATH_KEYS
 
 SENTINEL = "SENTINEL-7f3a9c-not-for-your-eyes"
 UPLOAD_API = "upload_dataset"  # the api_name the Datasets tab gives its upload event
@@ -184,7 +184,7 @@ def _never_read(outside_file, opened: list[str], *answers) -> None:
 
 def test_a_path_in_hyperparameters_is_refused_with_what_to_send_instead(api, outside_file, opened_files):
     answers = []
-    for key in runs_svc.PATH_KEYS:
+    for key in PATH_KEYS:
         body = {"dataset_ids": [api.dataset_id], "hyperparameters": {key: str(outside_file)}}
         for route in ("/api/v1/runs", "/api/v1/runs/estimate"):
             r = api.post(route, json=body)
