@@ -95,9 +95,11 @@ def test_sweep_from_the_train_tab_to_a_chat(page, studio, artifacts, tmp_path):
     ui.expect_text("dep-status", "running", timeout=120_000)
     deps = [d for d in api(studio, "/deployments") if d.get("run_id") == board[0]["run_id"]]
     assert deps, api(studio, "/deployments")
+    ui.idle(timeout=60_000)  # the promote's Deploy refresh lands before the message is typed
     ui.el("dep-message").locator("textarea").fill("What is 2 + 2?")
+    expect(ui.el("dep-message").locator("textarea")).to_have_value("What is 2 + 2?")
     ui.click("dep-send")
-    ui.idle(timeout=60_000)
-    expect(ui.el("dep-chat").locator("[data-testid=user]")).to_contain_text("What is 2 + 2?")
+    # (the chat shows no progress overlay: its turn is waited for, on a loaded box seconds after the click)
+    expect(ui.el("dep-chat").locator("[data-testid=user]")).to_contain_text("What is 2 + 2?", timeout=60_000)
     expect(ui.el("dep-chat").locator("[data-testid=bot]").last).not_to_be_empty(timeout=60_000)
     ui.shot("sweep-chat")
