@@ -116,6 +116,11 @@ class RunOut(ORM):
     model_dir: str | None
     error: str | None
     final_metrics: dict[str, Any] | None
+    forgetting: dict[str, Any] | None = Field(
+        default=None,
+        description="evaluate.general's forgetting check once both evals succeeded: task and general "
+        "(base, result, change, each with a paired bootstrap interval), margin, warning",
+    )
     config: dict[str, Any]
     created_at: datetime
     queued_at: datetime

@@ -36,6 +36,7 @@ from studio.services.errors import Conflict, InvalidInput, ServiceError
 from studio.services.estimates import check_known_devices, estimate_spec
 from studio.services.evals import check_model_reads, check_options, engine_config, eval_datasets, hold_out
 from studio.services.events import add_event
+from studio.services.forgetting import GeneralCheck, check_names, general_files
 from studio.services.exports import create_export as queue_export
 from studio.services.models import is_ocr_model, model_config, model_dir_for
 from studio.services.paths import PATH_KEYS, confine_config_paths
@@ -103,6 +104,11 @@ class EvaluateAfter(RequestModel):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="ernie-studio eval keys (metrics, max_new_tokens, ...), as for POST /evals",
+    )
+    general: GeneralCheck | None = Field(
+        default=None,
+        description="the forgetting check: general sets scored too, and the margin the general score may "
+        "fall by before the run warns (docs/evaluation.md)",
     )
 
 
@@ -433,9 +439,10 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
             f"evaluate: runs of stage {' or '.join(EVALUATED_STAGES)} are evaluated after training (records "
             f"with reference answers: chat records, or images with their text); this run is {spec.stage}"
         )
-    if not ev.holdout and not ev.dataset_ids:
+    if not ev.holdout and not ev.dataset_ids and ev.general is None:
         raise InvalidInput(
-            "evaluate: give holdout (records kept out of training) or dataset_ids (eval datasets)"
+            "evaluate: give holdout (records kept out of training), dataset_ids (eval datasets) or general "
+            "(the forgetting check)"
         )
     check_options(ev.options, "evaluate.options")
     ocr = is_ocr_model(spec.base_model, model_dir_for(session, settings, spec.base_model))
@@ -445,6 +452,13 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
     if ev.dataset_ids:
         datasets = eval_datasets(session, settings, list(ev.dataset_ids), "evaluate.dataset_ids")
         check_model_reads(datasets, ocr, spec.base_model, "evaluate.dataset_ids")
+    if ev.general is not None:
+        if ocr:
+            raise InvalidInput(
+                f"evaluate.general: the general sets are text questions, and {spec.base_model} is a "
+                "PaddleOCR-VL model, which reads images; leave general out"
+            )
+        general_files(session, settings, ev.general, "evaluate.general")
 
 
 def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run) -> dict[str, Any]:
@@ -462,6 +476,11 @@ def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run
     files = [(f["path"], f["type"]) for f in plan["holdout_files"]]
     evals = [get_dataset(session, i) for i in ev.dataset_ids or []]
     files += [(str(dataset_path(settings, ds)), ds.format) for ds in evals]
+    if ev.general is not None:
+        plan["general_files"] = general_files(session, settings, ev.general, "evaluate.general")
+        general = [f["path"] for f in plan["general_files"]]
+        check_names([p for p, _ in files], general, "evaluate.general")
+        files += [(f["path"], f["type"]) for f in plan["general_files"]]
     model_dir = run.config["model_name_or_path"]
     engine_config(
         model_dir, files, ev.options, "<eval dir>/output", "evaluate.options",
@@ -540,7 +559,9 @@ def spec_of(run: Run) -> RunSpec:
         hyperparameters=hyper,
         num_devices=queue.devices_of(run.queue) * run.num_nodes,
         num_nodes=run.num_nodes,
-        evaluate=EvaluateAfter(**{k: run.evaluate[k] for k in ("holdout", "dataset_ids", "options")})
+        evaluate=EvaluateAfter(
+            **{k: run.evaluate.get(k) for k in ("holdout", "dataset_ids", "options", "general")}
+        )
         if run.evaluate
         else None,
     )
