@@ -93,6 +93,10 @@ class SweepSettings:
     max_total_steps: int = 0
     # Trials to try first, each a {key: value} of the searched keys (Optuna's enqueue_trial).
     enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # The forgetting check as a constraint (studio sweeps only, with run.evaluate.general): a trial whose
+    # general score fell by more than this (0-1, a fraction of accuracy) is not eligible as best. None: no
+    # constraint.
+    max_general_drop: float | None = None
 
 
 def _field_types() -> dict[str, Any]:
@@ -244,6 +248,9 @@ def check_settings(s: SweepSettings, stage: str, params: list[Param], where: str
         v = getattr(s, key)
         if not _number(v) or v < 0 or (key == "n_trials" and not 1 <= v <= MAX_TRIALS):
             problems.append(f"{key}: must be a number >= {1 if key == 'n_trials' else 0}, got {v!r}")
+    drop = s.max_general_drop
+    if drop is not None and (not _number(drop) or not 0 <= drop <= 1):
+        problems.append(f"max_general_drop: must be a fraction of accuracy from 0 to 1, got {drop!r}")
     names = {p.key for p in params}
     for i, trial in enumerate(s.enqueue):
         if not isinstance(trial, dict) or not set(trial) <= names:
@@ -279,6 +286,14 @@ def settings_from_dict(values: dict[str, Any], where: str) -> tuple[SweepSetting
             [
                 f"{k}: not a sweep key (known: parameters, {', '.join(sorted(known))})"
                 for k in sorted(unknown)
+            ],
+        )
+    if values.get("max_general_drop") is not None:
+        raise SweepError(
+            where,
+            [
+                "max_general_drop: the forgetting check scores general sets after each trial in the studio "
+                "(POST /api/v1/sweeps with run.evaluate.general); a local sweep has none to constrain by"
             ],
         )
     params = parse_space(values.get("parameters"), f"{where}: parameters")

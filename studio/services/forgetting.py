@@ -70,7 +70,11 @@ def general_files(
         files.append({"path": str(path), "type": kind.type, "records": len(kind.items)})
     for ds in eval_datasets(session, settings, list(check.dataset_ids), f"{field}.dataset_ids"):
         files.append(
-            {"path": str(dataset_path(settings, ds)), "type": ds.format, "records": ds.num_valid or ds.num_records}
+            {
+                "path": str(dataset_path(settings, ds)),
+                "type": ds.format,
+                "records": ds.num_valid or ds.num_records,
+            }
         )
     return files
 
@@ -87,7 +91,9 @@ def check_names(task: list[str], general: list[str], field: str) -> None:
 
 def _samples(session: Session, eval_id: int) -> dict[str, tuple[str, dict[str, Any]]]:
     rows = session.execute(
-        select(EvalSample.sample_id, EvalSample.dataset, EvalSample.scores).where(EvalSample.eval_id == eval_id)
+        select(EvalSample.sample_id, EvalSample.dataset, EvalSample.scores).where(
+            EvalSample.eval_id == eval_id
+        )
     )
     return {sid: (dataset, scores or {}) for sid, dataset, scores in rows}
 

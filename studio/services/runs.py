@@ -36,8 +36,8 @@ from studio.services.errors import Conflict, InvalidInput, ServiceError
 from studio.services.estimates import check_known_devices, estimate_spec
 from studio.services.evals import check_model_reads, check_options, engine_config, eval_datasets, hold_out
 from studio.services.events import add_event
-from studio.services.forgetting import GeneralCheck, check_names, general_files
 from studio.services.exports import create_export as queue_export
+from studio.services.forgetting import GeneralCheck, check_names, general_files
 from studio.services.models import is_ocr_model, model_config, model_dir_for
 from studio.services.paths import PATH_KEYS, confine_config_paths
 from studio.services.run_lifecycle import dispatch_run, withdraw_run
