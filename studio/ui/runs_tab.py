@@ -270,12 +270,15 @@ def status_markdown(
         parts.append("\n" + predicted)
     if run.error:
         parts.append(f"\n❌ `{run.error.strip().splitlines()[-1][:400]}`")
-    if run.model_dir:
-        parts.append("\n" + text("runs.msg.model", lang, path=run.model_dir))
-    check = forgetting_text(getattr(run, "forgetting", None), lang)
-    if check:
-        parts.append("\n" + check)
+    parts += ["\n" + line for line in _result_lines(run, lang)]
     return "\n".join(parts)
+
+
+def _result_lines(run: Any, lang: str) -> list[str]:
+    """What a run made: its model directory and its forgetting check."""
+    lines = [text("runs.msg.model", lang, path=run.model_dir)] if run.model_dir else []
+    check = forgetting_text(getattr(run, "forgetting", None), lang)
+    return [*lines, check] if check else lines
 
 
 def forgetting_text(check: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:

@@ -96,8 +96,9 @@ def test_sweep_best_trial_must_not_lose_more_than_max_general_drop(client, sessi
         "enqueue": [{"learning_rate": 1e-2}, {"learning_rate": 1e-4}], "max_general_drop": 0.1,
     }  # fmt: skip
     r = client.post("/api/v1/sweeps", json=body)
-    assert r.status_code == 422 and "max_general_drop: the constraint reads each trial's forgetting check" in (
-        r.json()["message"]
+    assert (
+        r.status_code == 422
+        and "max_general_drop: the constraint reads each trial's forgetting check" in (r.json()["message"])
     )
     body["run"] = {**run, "evaluate": {"general": {"sets": ["mmlu"], "margin": 0.05}}}
     r = client.post("/api/v1/sweeps", json=body)
@@ -148,3 +149,17 @@ def test_run_page_line_shows_both_changes_and_the_warning():
     zh = forgetting_text(check, "zh")
     assert "遗忘检查" in zh and "通用能力 1.000 → 0.500" in zh and "超过阈值 0.05" in zh
     assert "⚠️" not in forgetting_text({**check, "warning": False}) and forgetting_text(None) == ""
+
+
+def test_max_general_drop_is_a_fraction_and_studio_only():
+    from engine.sweep import SweepError, SweepSettings, check_settings, parse_space, settings_from_dict
+
+    space = {"parameters": {"learning_rate": LR}, "max_general_drop": 0.1}
+    with pytest.raises(SweepError, match="max_general_drop: the forgetting check scores general sets"):
+        settings_from_dict(space, "space.yaml")
+    params = parse_space({"learning_rate": LR})
+    with pytest.raises(
+        SweepError, match="max_general_drop: must be a fraction of accuracy from 0 to 1, got 5"
+    ):
+        check_settings(SweepSettings(max_general_drop=5), "SFT", params)
+    check_settings(SweepSettings(max_general_drop=0.0), "SFT", params)

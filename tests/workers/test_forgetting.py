@@ -120,8 +120,8 @@ def test_overfit_run_warns_of_forgetting_and_a_gentle_run_does_not(
         assert not failed, failed[0]["error"]
         return got["forgetting"]
 
-    over = wait_for(lambda: checked(overfit["id"]), 240, "the overfit run's forgetting check", interval=0.5)
-    calm = wait_for(lambda: checked(gentle["id"]), 240, "the gentle run's forgetting check", interval=0.5)
+    over = wait_for(lambda: checked(overfit["id"]), 600, "the overfit run's forgetting check", interval=0.5)
+    calm = wait_for(lambda: checked(gentle["id"]), 600, "the gentle run's forgetting check", interval=0.5)
 
     g = over["general"]
     assert g["n"] == 32 and g["base"] >= 0.8 and g["result"] <= 0.5, g
