@@ -103,7 +103,9 @@ def record(session: Session, run_id: int | None) -> dict[str, Any] | None:
     summary on the run (once; the second eval to finish does it) and say what it found as an event."""
     if run_id is None:
         return None
-    run = session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+    # locked, and read afresh (sessions keep objects across commits): the two evals may end together
+    query = select(Run).where(Run.id == run_id).with_for_update()
+    run = session.scalar(query.execution_options(populate_existing=True))
     plan = run.evaluate if run is not None else None
     if not plan or not plan.get("general_files") or plan.get("forgetting"):
         session.rollback()  # the lock
