@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 from engine.eval.general import GENERAL_SETS, forgetting_summary, general_set_path
 from engine.eval.items import EvalDataError, read_eval_file
 from studio.config import Settings
-from studio.models import EvalSample, Evaluation, Run, RunStatus
+from studio.models import Dataset, EvalSample, Evaluation, Run, RunStatus
 from studio.schemas import RequestModel
+from studio.services.datasets import dataset_path
 from studio.services.errors import InvalidInput
 from studio.services.events import add_event
 from studio.services.store import RowId
@@ -48,12 +49,10 @@ class GeneralCheck(RequestModel):
 
 
 def general_files(
-    session: Session, settings: Settings, check: GeneralCheck, field: str
+    settings: Settings, check: GeneralCheck, datasets: list[Dataset], field: str
 ) -> list[dict[str, Any]]:
-    """The general sets as files the evals read: {"path", "type", "records"}; every problem names `field`."""
-    from studio.services.datasets import dataset_path
-    from studio.services.evals import eval_datasets
-
+    """The general sets as files the evals read: {"path", "type", "records"}; `datasets` are
+    `check.dataset_ids` as `evals.eval_datasets` accepted them. Every problem names `field`."""
     if not check.sets and not check.dataset_ids:
         raise InvalidInput(f"{field}: give sets ({', '.join(GENERAL_SETS)}) or dataset_ids (your own)")
     files = []
@@ -68,14 +67,9 @@ def general_files(
         except EvalDataError as e:  # a broken install, not the request
             raise RuntimeError(f"built-in general set {path}: {e}") from e
         files.append({"path": str(path), "type": kind.type, "records": len(kind.items)})
-    for ds in eval_datasets(session, settings, list(check.dataset_ids), f"{field}.dataset_ids"):
-        files.append(
-            {
-                "path": str(dataset_path(settings, ds)),
-                "type": ds.format,
-                "records": ds.num_valid or ds.num_records,
-            }
-        )
+    for ds in datasets:
+        records = ds.num_valid or ds.num_records
+        files.append({"path": str(dataset_path(settings, ds)), "type": ds.format, "records": records})
     return files
 
 

@@ -458,7 +458,13 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
                 f"evaluate.general: the general sets are text questions, and {spec.base_model} is a "
                 "PaddleOCR-VL model, which reads images; leave general out"
             )
-        general_files(session, settings, ev.general, "evaluate.general")
+        _general_files(session, settings, ev.general)
+
+
+def _general_files(session: Session, settings: Settings, check: GeneralCheck) -> list[dict[str, Any]]:
+    field = "evaluate.general"
+    datasets = eval_datasets(session, settings, list(check.dataset_ids), f"{field}.dataset_ids")
+    return general_files(settings, check, datasets, field)
 
 
 def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run) -> dict[str, Any]:
@@ -477,7 +483,7 @@ def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run
     evals = [get_dataset(session, i) for i in ev.dataset_ids or []]
     files += [(str(dataset_path(settings, ds)), ds.format) for ds in evals]
     if ev.general is not None:
-        plan["general_files"] = general_files(session, settings, ev.general, "evaluate.general")
+        plan["general_files"] = _general_files(session, settings, ev.general)
         general = [f["path"] for f in plan["general_files"]]
         check_names([p for p, _ in files], general, "evaluate.general")
         files += [(f["path"], f["type"]) for f in plan["general_files"]]
