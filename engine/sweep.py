@@ -345,6 +345,12 @@ def load_study(s: SweepSettings, storage: Any, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(s), pruner=make_pruner(s))
 
 
+def asked(study: optuna.Study) -> int:
+    """Trials asked for so far: enqueued trials still waiting for their turn do not count (n_trials counts
+    them once `ask` hands them out)."""
+    return sum(t.state.name != "WAITING" for t in study.get_trials(deepcopy=False))
+
+
 def ask(study: optuna.Study, params: list[Param]) -> optuna.trial.Trial:
     """A new trial with every searched key suggested (its values are in `trial.params`)."""
     trial = study.ask()
@@ -366,11 +372,11 @@ def run_local_sweep(
 
     study = create_study(s, params, storage, name=f"local:{Path(cfg.output_dir).resolve()}")
     started, steps = time.monotonic(), 0
-    while len(study.trials) < s.n_trials:
+    while asked(study) < s.n_trials:
         if (s.max_wall_s and time.monotonic() - started >= s.max_wall_s) or (
             s.max_total_steps and steps >= s.max_total_steps
         ):
-            print(f"sweep budget spent after {len(study.trials)} trials", flush=True)
+            print(f"sweep budget spent after {asked(study)} trials", flush=True)
             break
         trial = ask(study, params)
         trial_cfg = dataclasses.replace(

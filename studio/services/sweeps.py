@@ -308,14 +308,14 @@ def advance(session: Session, settings: Settings, sweep_id: int) -> bool:
         if run is None and not halt:
             run = _start_trial(session, settings, sweep, study, t.number, t.params)
         active += _follow(session, settings, study, t, run, s, halt)
-    while not halt and active < sweep.parallelism and len(study.trials) < s.n_trials:
-        from engine.sweep import ask
+    from engine.sweep import ask, asked
 
+    while not halt and active < sweep.parallelism and asked(study) < s.n_trials:
         trial = ask(study, params)
         if _start_trial(session, settings, sweep, study, trial.number, trial.params) is not None:
             active += 1
         halt = _halt_reason(session, sweep, s, _trial_runs(session, sweep_id))
-    if active or (not halt and len(study.trials) < s.n_trials):
+    if active or (not halt and asked(study) < s.n_trials):
         return False
     return _finish(session, sweep, s, study, halt or "n_trials")
 

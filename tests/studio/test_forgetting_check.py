@@ -105,7 +105,7 @@ def test_sweep_best_trial_must_not_lose_more_than_max_general_drop(client, sessi
     assert r.status_code == 201, r.text
     sweep_id = r.json()["id"]
     assert jobs.claim(session, jobs.SWEEPS, sweep_id, "train@n1") is not None  # a worker drives it
-    # the driver makes the two enqueued trials' runs (n_trials 3: a driver counts waiting trials as asked)
+    # the driver makes the two enqueued trials' runs (parallelism 2; trial 2 waits for one to end)
     sweeps_svc.advance(session, settings, sweep_id)
     runs = {r.sweep_trial: r for r in session.query(Run).filter(Run.sweep_id == sweep_id)}
     assert set(runs) == {0, 1}
