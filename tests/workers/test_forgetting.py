@@ -19,6 +19,7 @@ every answer as it was (change 0).
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -126,6 +127,9 @@ def upload(api, tmp: Path, name: str, rows: list[dict], prefix: str = "") -> dic
 def test_overfit_run_warns_of_forgetting(studio_factory, pg_url, shared_redis_url, general_base, tmp_path):
     studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
     studio.env["ERNIE_STUDIO_MODEL_ROOTS"] = str(general_base.parent)  # the module's base, outside its home
+    # the suite's nice 0 and 1 CPU thread (tests/conftest.py) for the trainer and evals: Studio passes on no
+    # ERNIE_STUDIO_* variable, and at nice 10 they wait on every other test's processes
+    studio.env |= {k: os.environ[k] for k in ("ERNIE_STUDIO_BATCH_NICENESS", "ERNIE_STUDIO_CPU_THREADS")}
     studio.start_worker("train@testnode", wait=False)  # starts beside the API; the run's task waits in Redis
     studio.start_api()
     api = studio.client()
