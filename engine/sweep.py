@@ -93,6 +93,10 @@ class SweepSettings:
     max_total_steps: int = 0
     # Trials to try first, each a {key: value} of the searched keys (Optuna's enqueue_trial).
     enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # The forgetting check as a constraint (studio sweeps only, with run.evaluate.general): a trial whose
+    # general score fell by more than this (0-1, a fraction of accuracy) is not eligible as best. None: no
+    # constraint.
+    max_general_drop: float | None = None
 
 
 def _field_types() -> dict[str, Any]:
@@ -259,6 +263,9 @@ def check_settings(s: SweepSettings, stage: str, params: list[Param], where: str
         v = getattr(s, key)
         if not _number(v) or v < 0 or (key == "n_trials" and not 1 <= v <= MAX_TRIALS):
             problems.append(f"{key}: must be a number >= {1 if key == 'n_trials' else 0}, got {v!r}")
+    drop = s.max_general_drop
+    if drop is not None and (not _number(drop) or not 0 <= drop <= 1):
+        problems.append(f"max_general_drop: must be a fraction of accuracy from 0 to 1, got {drop!r}")
     names = {p.key for p in params}
     for i, trial in enumerate(s.enqueue):
         if not isinstance(trial, dict) or not set(trial) <= names:
@@ -294,6 +301,14 @@ def settings_from_dict(values: dict[str, Any], where: str) -> tuple[SweepSetting
             [
                 f"{k}: not a sweep key (known: parameters, {', '.join(sorted(known))})"
                 for k in sorted(unknown)
+            ],
+        )
+    if values.get("max_general_drop") is not None:
+        raise SweepError(
+            where,
+            [
+                "max_general_drop: the forgetting check scores general sets after each trial in the studio "
+                "(POST /api/v1/sweeps with run.evaluate.general); a local sweep has none to constrain by"
             ],
         )
     params = parse_space(values.get("parameters"), f"{where}: parameters")
@@ -345,6 +360,12 @@ def load_study(s: SweepSettings, storage: Any, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(s), pruner=make_pruner(s))
 
 
+def asked(study: optuna.Study) -> int:
+    """Trials asked for so far: enqueued trials still waiting for their turn do not count (n_trials counts
+    them once `ask` hands them out)."""
+    return sum(t.state.name != "WAITING" for t in study.get_trials(deepcopy=False))
+
+
 def ask(study: optuna.Study, params: list[Param]) -> optuna.trial.Trial:
     """A new trial with every searched key suggested (its values are in `trial.params`)."""
     trial = study.ask()
@@ -366,11 +387,11 @@ def run_local_sweep(
 
     study = create_study(s, params, storage, name=f"local:{Path(cfg.output_dir).resolve()}")
     started, steps = time.monotonic(), 0
-    while len(study.trials) < s.n_trials:
+    while asked(study) < s.n_trials:
         if (s.max_wall_s and time.monotonic() - started >= s.max_wall_s) or (
             s.max_total_steps and steps >= s.max_total_steps
         ):
-            print(f"sweep budget spent after {len(study.trials)} trials", flush=True)
+            print(f"sweep budget spent after {asked(study)} trials", flush=True)
             break
         trial = ask(study, params)
         trial_cfg = dataclasses.replace(

@@ -191,6 +191,12 @@ class Run(Base):
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="Checkpoint.step"
     )
 
+    @property
+    def forgetting(self) -> dict[str, Any] | None:
+        """The forgetting check's result once the base and the result evals have both succeeded
+        (studio.services.forgetting): task gain, general change with intervals, warning."""
+        return (self.evaluate or {}).get("forgetting")
+
 
 class RunPart(Base):
     """One node's part of one attempt of a run over several nodes: reserved when the attempt starts, claimed

@@ -116,6 +116,11 @@ class RunOut(ORM):
     model_dir: str | None
     error: str | None
     final_metrics: dict[str, Any] | None
+    forgetting: dict[str, Any] | None = Field(
+        default=None,
+        description="evaluate.general's forgetting check once both evals succeeded: task and general "
+        "(base, result, change, each with a paired bootstrap interval), margin, warning",
+    )
     config: dict[str, Any]
     created_at: datetime
     queued_at: datetime
@@ -542,6 +547,12 @@ class SweepTrialOut(BaseModel):
     last_step: int | None = Field(description="the step of its newest reported evaluation")
     last_value: float | None
     stopped: str | None = Field(description="why the driver stopped its run: pruned, a budget, cancelled")
+    general_change: float | None = Field(
+        default=None, description="its run's forgetting check: the general score's change (result - base)"
+    )
+    ineligible: str | None = Field(
+        default=None, description="under max_general_drop: why it cannot be the best (None: it can)"
+    )
 
 
 class SweepOut(ORM):
@@ -564,7 +575,9 @@ class SweepOut(ORM):
     ended_at: datetime | None
     heartbeat_at: datetime | None
     trials: list[SweepTrialOut] | None = Field(default=None, description="GET /sweeps/{id} only")
-    leaderboard: list[SweepTrialOut] | None = Field(default=None, description="completed trials, best first")
+    leaderboard: list[SweepTrialOut] | None = Field(
+        default=None, description="completed trials, best first (under max_general_drop, eligible ones first)"
+    )
 
 
 class SweepBestOut(SweepTrialOut):

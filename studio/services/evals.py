@@ -42,7 +42,7 @@ from studio.models import (
     utcnow,
 )
 from studio.schemas import RequestModel
-from studio.services import jobs
+from studio.services import forgetting, jobs
 from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput
 from studio.services.events import add_event
@@ -686,6 +686,8 @@ def finish_eval(
         values["results"] = results.get("datasets") or {}
     message = error or ("scored" if status == RunStatus.SUCCEEDED else status.value)
     jobs.finish(session, jobs.EVALS, eval_id, status, message[:2000], **values)
+    if status == RunStatus.SUCCEEDED:  # the second of a run's base / result evals ends its forgetting check
+        forgetting.record(session, session.get(Evaluation, eval_id).after_run_id)
 
 
 # ---- evaluate after training -----------------------------------------------------------------------------
@@ -799,11 +801,14 @@ def evaluate_after(session: Session, settings: Settings, run: Run) -> list[Evalu
     datasets = [session.get(Dataset, i) for i in plan.get("dataset_ids") or []]
     files = [(f["path"], f["type"]) for f in plan.get("holdout_files") or []]
     files += [(str(dataset_path(settings, ds)), ds.format) for ds in datasets if ds is not None]
+    general = plan.get("general_files") or []  # the forgetting check's sets (studio.services.forgetting)
+    files += [(f["path"], f["type"]) for f in general]
     options = dict(plan.get("options") or {})
-    counts = [f.get("records", 0) for f in plan.get("holdout_files") or []]
+    counts = [f.get("records", 0) for f in [*(plan.get("holdout_files") or []), *general]]
     counts += [ds.num_valid or ds.num_records for ds in datasets if ds is not None]
     total = sum(_limited(n, options) for n in counts)
     ids = [ds.id for ds in datasets if ds is not None]
+    ids += [i for i in (plan.get("general") or {}).get("dataset_ids") or [] if i not in ids]
     sides = (
         ("base", run.base_model, run.config.get("model_name_or_path", ""), None),
         ("result", f"run:{run.id}", run.model_dir or run.output_dir, run.id),

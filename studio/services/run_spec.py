@@ -31,6 +31,7 @@ from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import InvalidInput, ServiceError
 from studio.services.estimates import check_known_devices
 from studio.services.evals import check_model_reads, check_options, eval_datasets
+from studio.services.forgetting import GeneralCheck, general_files
 from studio.services.models import is_ocr_model, model_config, model_dir_for
 from studio.services.paths import PATH_KEYS
 from studio.services.store import RowId
@@ -106,6 +107,11 @@ class EvaluateAfter(RequestModel):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="ernie-studio eval keys (metrics, max_new_tokens, ...), as for POST /evals",
+    )
+    general: GeneralCheck | None = Field(
+        default=None,
+        description="the forgetting check: general sets scored too, and the margin the general score may "
+        "fall by before the run warns (docs/evaluation.md)",
     )
 
 
@@ -353,9 +359,10 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
             f"evaluate: runs of stage {' or '.join(EVALUATED_STAGES)} are evaluated after training (records "
             f"with reference answers: chat records, or images with their text); this run is {spec.stage}"
         )
-    if not ev.holdout and not ev.dataset_ids:
+    if not ev.holdout and not ev.dataset_ids and ev.general is None:
         raise InvalidInput(
-            "evaluate: give holdout (records kept out of training) or dataset_ids (eval datasets)"
+            "evaluate: give holdout (records kept out of training), dataset_ids (eval datasets) or general "
+            "(the forgetting check)"
         )
     check_options(ev.options, "evaluate.options")
     ocr = is_ocr_model(spec.base_model, model_dir_for(session, settings, spec.base_model))
@@ -365,6 +372,20 @@ def check_evaluate(session: Session, settings: Settings, spec: RunSpec) -> None:
     if ev.dataset_ids:
         datasets = eval_datasets(session, settings, list(ev.dataset_ids), "evaluate.dataset_ids")
         check_model_reads(datasets, ocr, spec.base_model, "evaluate.dataset_ids")
+    if ev.general is not None:
+        if ocr:
+            raise InvalidInput(
+                f"evaluate.general: the general sets are text questions, and {spec.base_model} is a "
+                "PaddleOCR-VL model, which reads images; leave general out"
+            )
+        general_check_files(session, settings, ev.general)
+
+
+def general_check_files(session: Session, settings: Settings, check: GeneralCheck) -> list[dict[str, Any]]:
+    """The forgetting check's general files (built-in sets and the person's own), checked."""
+    field = "evaluate.general"
+    datasets = eval_datasets(session, settings, list(check.dataset_ids), f"{field}.dataset_ids")
+    return general_files(settings, check, datasets, field)
 
 
 def check_gpu(settings: Settings, gpu: int | None) -> None:

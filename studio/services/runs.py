@@ -25,6 +25,7 @@ from studio.services.estimates import estimate_spec
 from studio.services.evals import engine_config, hold_out
 from studio.services.events import add_event
 from studio.services.exports import create_export as queue_export
+from studio.services.forgetting import check_names
 from studio.services.models import is_ocr_model, model_config
 from studio.services.paths import confine_config_paths
 from studio.services.run_lifecycle import dispatch_run, withdraw_run
@@ -40,6 +41,7 @@ from studio.services.run_spec import (
     check_gpu,
     check_node_devices,
     effective_config,
+    general_check_files,
     preview_config,
 )
 from studio.services.run_spec import MAX_NODES as MAX_NODES
@@ -155,6 +157,11 @@ def _evaluate_plan(session: Session, settings: Settings, spec: RunSpec, run: Run
     files = [(f["path"], f["type"]) for f in plan["holdout_files"]]
     evals = [get_dataset(session, i) for i in ev.dataset_ids or []]
     files += [(str(dataset_path(settings, ds)), ds.format) for ds in evals]
+    if ev.general is not None:
+        plan["general_files"] = general_check_files(session, settings, ev.general)
+        general = [f["path"] for f in plan["general_files"]]
+        check_names([p for p, _ in files], general, "evaluate.general")
+        files += [(f["path"], f["type"]) for f in plan["general_files"]]
     model_dir = run.config["model_name_or_path"]
     engine_config(
         model_dir, files, ev.options, "<eval dir>/output", "evaluate.options",
@@ -175,7 +182,9 @@ def spec_of(run: Run) -> RunSpec:
         hyperparameters=hyper,
         num_devices=queue.devices_of(run.queue) * run.num_nodes,
         num_nodes=run.num_nodes,
-        evaluate=EvaluateAfter(**{k: run.evaluate[k] for k in ("holdout", "dataset_ids", "options")})
+        evaluate=EvaluateAfter(
+            **{k: run.evaluate.get(k) for k in ("holdout", "dataset_ids", "options", "general")}
+        )
         if run.evaluate
         else None,
     )

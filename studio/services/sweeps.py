@@ -72,6 +72,13 @@ class SweepIn(RequestModel):
     max_wall_s: float = Field(default=0, ge=0, description="stop after this long (0: no limit)")
     max_total_steps: int = Field(default=0, ge=0, description="stop once the trials trained this many steps")
     enqueue: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_TRIALS)
+    max_general_drop: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="the forgetting check as a constraint: a trial whose general score (run.evaluate.general) "
+        "fell by more than this is not eligible as best",
+    )
 
     def sweep_settings(self) -> SweepSettings:
         names = {f.name for f in dataclasses.fields(SweepSettings)}
@@ -88,6 +95,11 @@ def _checked(session: Session, settings: Settings, body: SweepIn) -> tuple[Sweep
     if not body.run.eval_dataset_ids:
         raise InvalidInput(
             f"objective: {sw.objective} comes from the evaluation every eval_steps; give run.eval_dataset_ids"
+        )
+    if sw.max_general_drop is not None and (body.run.evaluate is None or body.run.evaluate.general is None):
+        raise InvalidInput(
+            "max_general_drop: the constraint reads each trial's forgetting check; give run.evaluate.general "
+            "(the general sets scored on the base and the trial's result)"
         )
     problems = runs_svc.spec_problems(session, settings, body.run)
     if problems:
@@ -209,15 +221,32 @@ def trials(session: Session, settings: Settings, sweep: Sweep) -> list[dict[str,
                 "last_step": last,
                 "last_value": t.intermediate_values[last] if last is not None else None,
                 "stopped": t.system_attrs.get(STOPPED),
+                **_general_constraint(run, _settings_of(sweep).max_general_drop),
             }
         )
     return out
 
 
+def _general_constraint(run: Run | None, max_drop: float | None) -> dict[str, Any]:
+    """The trial's general change (its run's forgetting check) and, under a max_general_drop constraint,
+    why it is not eligible as best (None when it is)."""
+    check = run.forgetting if run is not None else None
+    change = ((check or {}).get("general") or {}).get("change")
+    why = None
+    if max_drop is not None:
+        if change is None:
+            why = "its forgetting check has not ended (the base and result evals of its run)"
+        elif change < -max_drop:
+            why = f"its general score fell by {-change:.3g}, more than max_general_drop {max_drop:g}"
+    return {"general_change": change, "ineligible": why}
+
+
 def leaderboard(sweep: Sweep, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Completed trials, best first."""
+    """Completed trials, best first; under max_general_drop the eligible ones first (each row says in
+    `ineligible` why it is not)."""
     done = [r for r in rows if r["state"] == "complete" and r["value"] is not None]
-    return sorted(done, key=lambda r: r["value"], reverse=_settings_of(sweep).direction == "maximize")
+    ranked = sorted(done, key=lambda r: r["value"], reverse=_settings_of(sweep).direction == "maximize")
+    return sorted(ranked, key=lambda r: r.get("ineligible") is not None)
 
 
 def best_trial(session: Session, settings: Settings, sweep_id: int) -> dict[str, Any]:
@@ -226,6 +255,9 @@ def best_trial(session: Session, settings: Settings, sweep_id: int) -> dict[str,
     board = leaderboard(sweep, trials(session, settings, sweep))
     if not board:
         raise Conflict(f"sweep {sweep_id} has no completed trial yet; wait for one, or look at its trials")
+    if board[0].get("ineligible"):
+        why = "; ".join(f"trial {r['number']}: {r['ineligible']}" for r in board)
+        raise Conflict(f"sweep {sweep_id} has no trial within max_general_drop: {why}")
     best = board[0]
     run = session.get(Run, best["run_id"])
     return {**best, "objective": _settings_of(sweep).objective, "model_dir": run.model_dir if run else None}
@@ -296,9 +328,9 @@ def advance(session: Session, settings: Settings, sweep_id: int) -> bool:
         if run is None and not halt:
             run = _start_trial(session, settings, sweep, study, t.number, t.params)
         active += _follow(session, settings, study, t, run, s, halt)
-    while not halt and active < sweep.parallelism and len(study.trials) < s.n_trials:
-        from engine.sweep import ask, make_sampler
+    from engine.sweep import ask, asked, make_sampler
 
+    while not halt and active < sweep.parallelism and asked(study) < s.n_trials:
         # Each step loads the study with a sampler made afresh from the sweep's seed, so trials asked in
         # different steps drew the same random values (every start-up trial of a sweep one at a time was the
         # same); seeded by the trial count, they differ and stay reproducible.
@@ -307,7 +339,7 @@ def advance(session: Session, settings: Settings, sweep_id: int) -> bool:
         if _start_trial(session, settings, sweep, study, trial.number, trial.params) is not None:
             active += 1
         halt = _halt_reason(session, sweep, s, _trial_runs(session, sweep_id))
-    if active or (not halt and len(study.trials) < s.n_trials):
+    if active or (not halt and asked(study) < s.n_trials):
         return False
     return _finish(session, sweep, s, study, halt or "n_trials")
 
@@ -442,6 +474,8 @@ def _finish(session: Session, sweep: Sweep, s: SweepSettings, study, reason: str
     elif done:
         best = study.best_trial
         status, message = RunStatus.SUCCEEDED, f"best trial {best.number}: {s.objective} {best.value:.6g}"
+        if s.max_general_drop is not None:  # the forgetting checks end after the trials' runs
+            message += f" by the objective; within max_general_drop: POST /sweeps/{sweep.id}/promote"
     else:
         status, message = RunStatus.FAILED, "no trial completed; look at the trials' runs"
     error = message if status == RunStatus.FAILED else None

@@ -803,6 +803,16 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     ),
     "runs.msg.placement_open": ("node rank {rank} waits for a worker", "节点序号 {rank} 等待 worker"),
     "runs.msg.model": ("model: `{path}`", "模型：`{path}`"),
+    "runs.msg.forgetting": (
+        "**Forgetting check** (base → result, change with its {level}% interval): {parts}",
+        "**遗忘检查**（基座 → 结果，变化及其 {level}% 置信区间）：{parts}",
+    ),
+    "runs.msg.forgetting_task": ("task {score}", "任务 {score}"),
+    "runs.msg.forgetting_general": ("general {score}", "通用能力 {score}"),
+    "runs.msg.forgetting_warning": (
+        "⚠️ the general score fell by more than the margin {margin:g}: the fine-tune lost general ability",
+        "⚠️ 通用能力得分下降超过阈值 {margin:g}：微调损失了通用能力",
+    ),
     "runs.msg.memory": (
         "peak memory predicted {peak:.2f} GiB ({lo:.2f} – {hi:.2f}), measured {measured}",
         "峰值内存预估 {peak:.2f} GiB（{lo:.2f} – {hi:.2f}），实测 {measured}",

@@ -270,9 +270,38 @@ def status_markdown(
         parts.append("\n" + predicted)
     if run.error:
         parts.append(f"\n❌ `{run.error.strip().splitlines()[-1][:400]}`")
-    if run.model_dir:
-        parts.append("\n" + text("runs.msg.model", lang, path=run.model_dir))
+    parts += ["\n" + line for line in _result_lines(run, lang)]
     return "\n".join(parts)
+
+
+def _result_lines(run: Any, lang: str) -> list[str]:
+    """What a run made: its model directory and its forgetting check."""
+    lines = [text("runs.msg.model", lang, path=run.model_dir)] if run.model_dir else []
+    check = forgetting_text(getattr(run, "forgetting", None), lang)
+    return [*lines, check] if check else lines
+
+
+def forgetting_text(check: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:
+    """The forgetting check's line: task and general scores of base and result, each change with its
+    interval, and the warning when the general score fell by more than the margin."""
+    if not check:
+        return ""
+    cells, level = [], 95
+    for side in ("task", "general"):
+        s = check.get(side)
+        if not s or s.get("change") is None:
+            continue
+        level = round(100 * s.get("confidence", 0.95))
+        ci = s.get("change_ci")
+        interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+        score = f"{s['base']:.3f} → {s['result']:.3f} ({s['change']:+.3f}{interval}, n={s['n']})"
+        cells.append(text(f"runs.msg.forgetting_{side}", lang, score=score))
+    if not cells:
+        return ""
+    line = text("runs.msg.forgetting", lang, level=level, parts=" · ".join(cells))
+    if check.get("warning"):
+        line += "  \n" + text("runs.msg.forgetting_warning", lang, margin=check["margin"])
+    return line
 
 
 def predicted_vs_measured(

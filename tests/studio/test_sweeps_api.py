@@ -10,7 +10,10 @@ from studio_helpers import DEMO_SFT, upload
 
 from studio.config import Settings
 from studio.migrate import check, upgrade
+from studio.models import Run
+from studio.services import jobs
 from studio.services import nodes as nodes_svc
+from studio.services import sweeps as sweeps_svc
 from studio.sweep_storage import OPTUNA_TABLES, dispose_storages, optuna_storage
 
 LR = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
@@ -98,6 +101,21 @@ def test_a_sweep_is_queued_with_its_study_and_estimate(client, body, settings):
     assert client.post(f"/api/v1/sweeps/{sweep['id']}/cancel").status_code == 409
     assert [s["id"] for s in client.get("/api/v1/sweeps").json()] == [sweep["id"]]
     assert client.get("/api/v1/sweeps/999").status_code == 404
+
+
+def test_enqueued_trials_up_to_n_trials_all_start(client, body, session, settings):
+    """Waiting enqueued trials are not yet asked: a sweep whose `enqueue` lists all of its n_trials starts
+    them (it once counted them as asked, started none and ended at once)."""
+    values = [{"learning_rate": 1e-3}, {"learning_rate": 3e-3}]
+    r = client.post("/api/v1/sweeps", json={**body, "n_trials": 2, "parallelism": 2, "enqueue": values})
+    assert r.status_code == 201, r.text
+    sweep_id = r.json()["id"]
+    assert jobs.claim(session, jobs.SWEEPS, sweep_id, "train@n1") is not None  # a worker drives it
+    assert sweeps_svc.advance(session, settings, sweep_id) is False  # still going: both trials run
+    runs = session.query(Run).filter(Run.sweep_id == sweep_id).order_by(Run.sweep_trial).all()
+    assert [(run.sweep_trial, run.config["learning_rate"]) for run in runs] == [(0, 1e-3), (1, 3e-3)]
+    got = client.get(f"/api/v1/sweeps/{sweep_id}").json()
+    assert got["status"] == "running" and [t["state"] for t in got["trials"]] == ["running", "running"]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
