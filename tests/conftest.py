@@ -18,6 +18,11 @@ os.environ.setdefault("ERNIE_STUDIO_CPU_THREADS", "1")
 # longer waiting on it. Tests of the niceness itself pass it explicitly.
 os.environ.setdefault("ERNIE_STUDIO_BATCH_NICENESS", "0")
 
+# Paddle turns dynamic (eager) mode on only in the thread that first imports it: a request handled in a
+# TestClient's worker thread that imported it first left the main thread in static mode, where a model built by
+# a later test held graph values (init_model: "'pir.Value' object has no attribute 'set_value'").
+import paddle  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
