@@ -91,9 +91,6 @@ class RedisServer:
         self.proc = None
 
 
-SUITE_SETTINGS = ("ERNIE_STUDIO_CPU_THREADS", "ERNIE_STUDIO_BATCH_NICENESS")
-
-
 class Studio:
     """API, workers and state of one test; `close()` stops every process it started."""
 
@@ -111,13 +108,7 @@ class Studio:
         if broker_url:
             values["ERNIE_STUDIO_BROKER_URL"] = broker_url
             values["ERNIE_STUDIO_RESULT_BACKEND"] = broker_url
-        # The suite's own settings for every process it starts (tests/conftest.py: one CPU thread, nice 0)
-        # reach the studio's children too: without them its trainers and evals ran at nice 10 with 2
-        # threads and waited behind the other pytest worker's tests.
-        carried = {k: os.environ[k] for k in SUITE_SETTINGS if k in os.environ}
-        self.env = (
-            {k: v for k, v in os.environ.items() if not k.startswith("ERNIE_STUDIO_")} | carried | values
-        )
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIE_STUDIO_")} | values
         self.settings = Settings(
             home=self.home,
             database_url=database_url or "",
