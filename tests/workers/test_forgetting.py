@@ -12,8 +12,8 @@ as the person's own benchmark file and scored by option log-likelihood, so the b
 (measured with 80 pre-training steps: 1.0 of 32; 60 or 50 steps gave 0.5, 40 steps 0.5 to 0.75 depending on
 the draw). The narrow task (an animal's sound) is then trained from that base: 30 steps at a learning rate
 of 2e-2 unlearn the pattern (measured: the general score falls to 0.25, about chance, and the task's exact
-match rises from 0 to 0.25; 20 steps at 2e-2 or 30 at 1e-2 teach no task answer); 6 steps at 1e-5 leave
-every answer as it was (change 0).
+match rises from 0 to 0.25 on an Intel Xeon, stays 0 on an AMD EPYC: the test holds the task's loss, not its
+answers); 6 steps at 1e-5 leave every answer as it was (change 0).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def run_body(task_id: int, general_id: int, base: Path, name: str, steps: int, l
         "dataset_ids": [task_id], "base_model": str(base), "fine_tuning": "Full", "name": name,
         "hyperparameters": {
             "max_seq_len": 64, "batch_size": 8, "max_steps": steps, "learning_rate": lr, "save_steps": 1000,
-            "logging_steps": 10,
+            "logging_steps": 1,
         },
         "evaluate": {
             "holdout": HOLDOUT,
@@ -158,7 +158,13 @@ def test_overfit_run_warns_of_forgetting(studio_factory, pg_url, shared_redis_ur
     assert over["warning"] is True and over["margin"] == MARGIN
     t = over["task"]
     assert t["n"] == HOLDOUT and set(t["sets"]) == {"animals.holdout.jsonl"}
-    assert t["base"] <= 0.1 and t["change"] >= 0.2, t  # it learnt some of its task (measured: 0 -> 0.25)
+    # Its task: the exact match is reported beside the general score and does not fall. How much of it 30
+    # steps teach moves with the CPU's arithmetic (measured: 0 -> 0.25 on an Intel Xeon, one animal's sound
+    # learnt; 0 -> 0 on an AMD EPYC for this seed, 0.19-0.25 for others), so the test holds that the run
+    # trained on its task instead: its loss over the last 5 steps is under half its loss over the first 5.
+    assert t["base"] <= 0.1 and t["result"] >= t["base"] and t["change_ci"][0] <= t["change"], t
+    losses = [m["loss"] for m in api.get(f"/runs/{run_id}/metrics").json() if m.get("loss") is not None]
+    assert len(losses) == 30 and sum(losses[-5:]) < 0.5 * sum(losses[:5]), losses  # measured: 0.28
     kinds = {e["kind"] for e in api.get(f"/runs/{run_id}/events").json()}
     assert "run.forgetting_warning" in kinds and "run.forgetting_checked" not in kinds, kinds
 
