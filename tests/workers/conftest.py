@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -70,11 +71,15 @@ def shared_redis_url(worker_id: str) -> str:
 
 
 @pytest.fixture
-def studio_factory(tmp_path) -> Iterator:
+def studio_factory(tmp_path, tiny_model_dir) -> Iterator:
     made: list[Studio] = []
 
     def make(**kwargs) -> Studio:
         s = Studio(tmp_path / f"studio{len(made)}", **kwargs)
+        # The tiny preset as its first use would build it (`init-model --preset tiny`, seed 0), copied from the
+        # session's: the API's build is a process importing Paddle (~1.5 s of CPU) on each test's first run.
+        # The browser tests' studio builds it on first use, as a person's does.
+        shutil.copytree(tiny_model_dir, s.settings.models_dir / "tiny")
         made.append(s)
         return s
 
