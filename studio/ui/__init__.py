@@ -162,7 +162,20 @@ def build_ui(settings: Settings) -> gr.Blocks:
         narrow_progress(demo, gr.Markdown("", visible=False, elem_id="studio-progress"))
     # Table headers follow the session's language wherever a callback fills a table.
     texts.localize_tables(demo)
+    undocument_events(demo)
     return demo
+
+
+def undocument_events(demo: gr.Blocks) -> None:
+    """Keep the page's events out of Gradio's API description (``api_visibility="undocumented"``).
+
+    Gradio writes the description of every public event (its parameters' JSON schemas) into each page it
+    serves, as ``window.gradio_api_info``: 1.38 MB of the studio's 1.89 MB page, downloaded at every load, for a
+    "use via API" view the studio does not offer (its API is the REST one under /api/v1). The events stay
+    callable as before, by name too (the security tests call the upload by its name)."""
+    for fn in demo.fns.values():
+        if fn.api_visibility == "public":
+            fn.api_visibility = "undocumented"
 
 
 def narrow_progress(demo: gr.Blocks, sink: gr.Component, many: int = 20) -> None:

@@ -62,3 +62,30 @@ def test_the_record_keeps_a_bounded_number_of_sessions():
         sent.changed(_request(s), ("x",))
     assert sent.changed(_request("a"), ("x",)) == ("x",)  # the oldest was dropped: sent again
     assert sent.changed(_request("c"), ("x",)) == (gr.skip(),)
+
+
+def test_the_page_carries_no_api_description_and_its_events_stay_callable(tmp_path):
+    """Gradio wrote the schema of every public event into each page it served (`window.gradio_api_info`):
+    1.38 MB of a 1.89 MB page. The page now holds no endpoint description and weighs about 0.5 MB (what a
+    remote browser downloads at each load; Chromium's CPU per load did not change measurably:
+    tools/page_load_cost.py, docs/benchmarks.md); the upload event is still called by its name
+    (tests/studio/test_security.py calls it so)."""
+    import json
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from studio.app import create_app
+    from studio.config import Settings
+    from studio.migrate import upgrade
+
+    settings = Settings(home=tmp_path / "home")
+    upgrade(settings)
+    with TestClient(create_app(settings, with_ui=True), base_url="http://127.0.0.1") as client:
+        page = client.get("/")
+        assert page.status_code == 200
+        info = json.loads(re.search(r"window\.gradio_api_info = (.*?);</script>", page.text).group(1))
+        assert info["named_endpoints"] == {} == info["unnamed_endpoints"], list(info["named_endpoints"])
+        assert len(page.content) < 700_000, len(page.content)  # measured: 513 KB (1.89 MB before)
+        posted = client.post("/gradio_api/call/upload_dataset", json={"data": [None, "x", "auto"]})
+        assert posted.status_code == 200, posted.text
