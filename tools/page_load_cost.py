@@ -14,13 +14,10 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_train_tab import CHROMIUM, IDLE_JS, ROOT, start_studio
 
 
