@@ -135,19 +135,13 @@ def plan_run(
     base = config_from_dict(
         TrainConfig,
         {
-            "model_name_or_path": model_name or "model",
-            "train_dataset_path": "data.jsonl",
-            "output_dir": "out",
-            "stage": stage,
-            "fine_tuning": fine_tuning,
-            "max_seq_len": seq_len,
-            "batch_size": batch_size,
-            "reference_free": reference_free,
-            "lora_rank": lora_rank,
+            "model_name_or_path": model_name or "model", "train_dataset_path": "data.jsonl", "output_dir": "out",
+            "stage": stage, "fine_tuning": fine_tuning, "max_seq_len": seq_len, "batch_size": batch_size,
+            "reference_free": reference_free, "lora_rank": lora_rank,
             **({"lora_target_modules": targets} if lora else {}),
         },
         source="plan",
-    )
+    )  # fmt: skip
     counts = count_parameters(model, lora_rank, targets)
     trainable = counts.lora if lora else _full_trainable(model, counts, base)
     rows = batch_size * stage_info(stage).rows_per_sample
@@ -185,6 +179,17 @@ def plan_run(
         smaller = [d for d in counts_to_try if d < chosen][-3:]
         plan.rejected += [_leanest(verdicts[d]) for d in smaller]
         return plan
+    what_if = (model, base, kind, counts_to_try[-1], pool, stage_pin, weigh)
+    return _nothing_fits(plan, verdicts, counts_to_try, what_if)
+
+
+def _nothing_fits(
+    plan: Plan, verdicts: dict[int, list[Verdict]], counts_to_try: list[int], what_if: tuple
+) -> Plan:
+    """``plan`` when no device count fits: the leanest setting of the largest counts and why it does not fit,
+    what splitting the experts or replaying their exchange would leave, and the tensor / pipeline
+    parallelism (and fewer devices) that would fit. ``what_if``: the what-if helpers' shared arguments."""
+    pool, weigh = what_if[4], what_if[6]
     plan.rejected = [_leanest(verdicts[d]) for d in counts_to_try[-3:]]
     leanest = plan.rejected[-1]
     plan.reason = f"does not fit on {_pool_text(pool, counts_to_try[-1])}: {leanest.reason}"
@@ -195,7 +200,6 @@ def plan_run(
             f"; with the experts split over {closest.candidate.layout.expert_parallel}: {closest.reason}"
         )
     plan.reason += _replay_what_if(split, weigh)
-    what_if = (model, base, kind, counts_to_try[-1], pool, stage_pin, weigh)
     closest = _tensor_parallel_what_if(plan, *what_if)
     if closest is not None:
         _pipeline_parallel_what_if(plan, closest, *what_if)

@@ -111,33 +111,9 @@ def estimate_run(
     parts = device_memory(
         model, counts, cfg, mode, gpu, trainable, shape.rows, shape.memory_width, layout, notes
     )
-    training = parts["training"]
-    # the weights stream in tensor by tensor, cast or quantized as each is read: the load holds the run's
-    # weights in their storage precision, plus the largest tensor (the embedding) while it is read; on a GPU
-    # the host holds one tensor at a time
-    largest = counts.embedding * (2 if mode.endswith("-emulated") or mode.endswith("-amp") else 4)
-    load_peak = parts["baseline"] + parts["weights"] + parts["reference_model"] + largest
-    if gpu:
-        load_peak = CPU_PROCESS_BASELINE_BYTES + largest
     ckpt_bytes = _checkpoint_bytes(counts, trainable, mode, lora)
     final_bytes = counts.lora * 4 if lora else counts.total * 4
-    # save: a serialised copy of the state beside what training holds (the allocator keeps its pool); with
-    # sharding, rank 0, which writes, first receives the other ranks' optimizer state, with expert
-    # parallelism their experts (expert_parallel.gather_to_writer); the other ranks hold nothing more
-    gathered = (
-        parts["optimizer"] * (layout.sharding_degree - 1)
-        + (parts["master_weights"] * (layout.sharding_degree - 1))
-        + _gathered_expert_bytes(counts, layout, trainable, mode, lora)
-    )
-    save_peak = training + SAVE_COPY * ckpt_bytes + gathered
-    final_peak = training + (
-        0 if lora else FINAL_SAVE_COPY * final_bytes + _unsplit_expert_bytes(counts, layout, mode)
-    )
-    memory = {k: v for k, v in parts.items() if k != "host_offload"}
-    memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))
-    on_device = [training, memory["save_peak"]] + ([] if gpu else [load_peak])
-    memory["peak"] = max(on_device)
-    memory["total"] = memory["peak"]  # the name earlier clients read
+    memory = _memory_peaks(parts, counts, layout, trainable, mode, lora, gpu, ckpt_bytes, final_bytes)
     lo, hi = memory["peak"] * MEMORY_RANGE[0], memory["peak"] * MEMORY_RANGE[1]
     node_memory = memory["peak"] * (world if not gpu else 1)
     if gpu and parts["host_offload"]:
@@ -154,12 +130,8 @@ def estimate_run(
     time["total_s_range"] = [time["total_s"] * TIME_RANGE[0], time["total_s"] * TIME_RANGE[1]]
     checkpoints = time["checkpoints"]
     kept = min(checkpoints, cfg.save_total_limit) if cfg.save_total_limit else checkpoints
-    disk = {
-        "checkpoint_bytes": ckpt_bytes,
-        "checkpoints": checkpoints,
-        "final_bytes": final_bytes,
-        "total_bytes": ckpt_bytes * kept + final_bytes,
-    }
+    disk = {"checkpoint_bytes": ckpt_bytes, "checkpoints": checkpoints, "final_bytes": final_bytes,
+            "total_bytes": ckpt_bytes * kept + final_bytes}  # fmt: skip
     kind = f"LoRA r{cfg.lora_rank}" if lora else "Full"
     notes.insert(
         0, f"{trainable:,} of {counts.total:,} weights train ({kind}); {counts.active:,} active per token"
@@ -189,6 +161,47 @@ def estimate_run(
         flops_per_step=flops,
         assumptions=notes,
     )
+
+
+def _memory_peaks(
+    parts: dict[str, int],
+    counts: ParameterCounts,
+    layout: Layout,
+    trainable: int,
+    mode: str,
+    lora: bool,
+    gpu: bool,
+    ckpt_bytes: int,
+    final_bytes: int,
+) -> dict[str, int]:
+    """The memory parts of a run (``device_memory``) with its three peaks: loading the weights, training,
+    and saving a checkpoint or the final model; ``peak`` is the largest the device (on a CPU node, RAM) holds."""
+    training = parts["training"]
+    # the weights stream in tensor by tensor, cast or quantized as each is read: the load holds the run's
+    # weights in their storage precision, plus the largest tensor (the embedding) while it is read; on a GPU
+    # the host holds one tensor at a time
+    largest = counts.embedding * (2 if mode.endswith("-emulated") or mode.endswith("-amp") else 4)
+    load_peak = parts["baseline"] + parts["weights"] + parts["reference_model"] + largest
+    if gpu:
+        load_peak = CPU_PROCESS_BASELINE_BYTES + largest
+    # save: a serialised copy of the state beside what training holds (the allocator keeps its pool); with
+    # sharding, rank 0, which writes, first receives the other ranks' optimizer state, with expert
+    # parallelism their experts (expert_parallel.gather_to_writer); the other ranks hold nothing more
+    gathered = (
+        parts["optimizer"] * (layout.sharding_degree - 1)
+        + (parts["master_weights"] * (layout.sharding_degree - 1))
+        + _gathered_expert_bytes(counts, layout, trainable, mode, lora)
+    )
+    save_peak = training + SAVE_COPY * ckpt_bytes + gathered
+    final_peak = training + (
+        0 if lora else FINAL_SAVE_COPY * final_bytes + _unsplit_expert_bytes(counts, layout, mode)
+    )
+    memory = {k: v for k, v in parts.items() if k != "host_offload"}
+    memory.update(load_peak=load_peak, save_peak=max(save_peak, final_peak))
+    on_device = [training, memory["save_peak"]] + ([] if gpu else [load_peak])
+    memory["peak"] = max(on_device)
+    memory["total"] = memory["peak"]  # the name earlier clients read
+    return memory
 
 
 # ---- the check against a node ----------------------------------------------------------------------------

@@ -125,20 +125,7 @@ def _time(
 ) -> dict[str, Any]:
     layers = model.num_hidden_layers * cfg.gradient_accumulation_steps
     if node.device == "gpu":
-        peak = next(
-            (v for k, v in GPU_PEAK_FLOPS.items() if k in node.gpu_name.upper()), GPU_DEFAULT_PEAK_FLOPS
-        )
-        if mode in ("fp32", "fp8-qat"):
-            peak /= 2  # TF32
-        rate = peak * GPU_UTILISATION
-        opt_s = trainable * 16 / 1.5e12  # AdamW reads and writes ~16 bytes per weight at ~1.5 TB/s
-        upcast_s = 0.0
-        overhead = 0.002 * layers
-        save_rate = REFERENCE_SAVE_BYTES_S * 2
-        notes.append(
-            f"GPU {node.gpu_name or '(unnamed)'}: {rate / 1e12:.0f} TFLOP/s sustained "
-            f"({GPU_UTILISATION:.0%} of {peak / 1e12:.0f})"
-        )
+        rate, opt_s, upcast_s, overhead, save_rate = _gpu_rates(node, mode, trainable, layers, notes)
     else:
         probe = node.probe_tokens_per_second
         speed = cpu_speed(probe)
@@ -193,6 +180,23 @@ def _time(
         "final_save_s": final_s,
         "total_s": total,
     }
+
+
+def _gpu_rates(
+    node: NodeFacts, mode: str, trainable: int, layers: int, notes: list[str]
+) -> tuple[float, float, float, float, float]:
+    """(FLOP/s sustained, optimizer s, upcast s, per-step overhead s, save bytes/s) of a GPU node: its
+    model's peak (TF32 for fp32 and FP8 QAT) at ``GPU_UTILISATION``."""
+    peak = next((v for k, v in GPU_PEAK_FLOPS.items() if k in node.gpu_name.upper()), GPU_DEFAULT_PEAK_FLOPS)
+    if mode in ("fp32", "fp8-qat"):
+        peak /= 2  # TF32
+    rate = peak * GPU_UTILISATION
+    opt_s = trainable * 16 / 1.5e12  # AdamW reads and writes ~16 bytes per weight at ~1.5 TB/s
+    notes.append(
+        f"GPU {node.gpu_name or '(unnamed)'}: {rate / 1e12:.0f} TFLOP/s sustained "
+        f"({GPU_UTILISATION:.0%} of {peak / 1e12:.0f})"
+    )
+    return rate, opt_s, 0.0, 0.002 * layers, REFERENCE_SAVE_BYTES_S * 2
 
 
 def _base_kind(mode: str) -> str:
