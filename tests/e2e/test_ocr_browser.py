@@ -7,6 +7,7 @@ through REST). A random tiny model reads nonsense: the reply's text is not check
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import httpx
@@ -73,7 +74,7 @@ def check_train_and_chat(page, studio: str, artifacts: Path, dep_id: int) -> Non
     )
     assert dep["status"] == "running", dep["error"]
     ui.open(f"?tab=deploy&deployment={dep_id}")
-    ui.expect_text("dep-status", "running")
+    ui.expect_text("dep-status", re.compile(rf"#{dep_id} .*— running"))  # not the line shown before
     expect(ui.el("dep-task-prompt")).to_be_visible()
     set_sampling(ui)
     page.set_input_files("#dep-message input[type=file]", str(LINE))

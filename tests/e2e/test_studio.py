@@ -154,7 +154,7 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts, browser):
     ui.click("runs-deploy")
     deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
-    ui.expect_text("dep-status", "running", timeout=120_000)
+    ui.expect_text("dep-status", "lr-1e-3 — running", timeout=120_000)  # not another deployment's line
     ui.fill("dep-system", "You are a concise assistant.")
     # A 24-step tiny model often ends its answer after a token or two: the reply is asked to ignore
     # end-of-sentence and run long, so there is something to watch stream; Stop ends it once it has.

@@ -92,9 +92,15 @@ def test_sweep_from_the_train_tab_to_a_chat(page, studio, artifacts, tmp_path):
     ui.click("swp-promote")
     deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
-    ui.expect_text("dep-status", "running", timeout=120_000)
-    deps = [d for d in api(studio, "/deployments") if d.get("run_id") == board[0]["run_id"]]
-    assert deps, api(studio, "/deployments")
+    # The status line names the promoted run's deployment once it runs: "running" alone also matched the line of
+    # the deployment the tab showed before (an earlier test's), and the message sent then was refused ("deployment
+    # 9 is starting; chat once it is running", a fresh clone's run).
+    deps = wait_until(
+        lambda: [d for d in api(studio, "/deployments") if d.get("run_id") == board[0]["run_id"]],
+        30,
+        "the promoted run's deployment",
+    )
+    ui.expect_text("dep-status", re.compile(rf"#{deps[0]['id']} .*— running"), timeout=120_000)
     ui.idle(timeout=60_000)  # the promote's Deploy refresh lands before the message is typed
     ui.el("dep-message").locator("textarea").fill("What is 2 + 2?")
     expect(ui.el("dep-message").locator("textarea")).to_have_value("What is 2 + 2?")

@@ -131,7 +131,7 @@ def test_a_picture_goes_to_a_vl_deployment_and_stays_in_its_turn(page, studio, a
     ui = StudioPage(page, studio, artifacts / "vl-chat")
     ui.open("?tab=deploy")
     ui.choose("dep-select", f"#{vl['id']} tiny-vl")
-    ui.expect_text("dep-status", "running")
+    ui.expect_text("dep-status", re.compile(rf"#{vl['id']} .*— running"))  # not the line shown before
     # A VL model: the box offers 📎 and the note says pictures can be attached.
     expect(ui.el("dep-message").locator("[data-testid=upload-button]")).to_be_visible()
     expect(ui.el("dep-images-on")).to_contain_text("reads images")
