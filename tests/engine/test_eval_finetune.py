@@ -6,29 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
+
+from animal_sounds import sound_records, write_jsonl
 
 from engine.train import run_training
 from engine.train.config import TrainConfig, config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
-SOUNDS = {"cat": "meow", "dog": "woof", "cow": "moo", "duck": "quack"}
-
-
-def records(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [
-        {"src": [f"Item {rng.randint(100, 999)}: what does the {a} say?"], "tgt": [SOUNDS[a]]}
-        for a in (list(SOUNDS)[i % 4] for i in range(n))
-    ]
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def cli_eval(model: Path, data: Path, out: Path) -> dict:
@@ -51,10 +38,10 @@ def cli_eval(model: Path, data: Path, out: Path) -> dict:
 
 
 def test_fine_tuned_model_beats_its_base_on_held_out_prompts(tiny_model_dir, tmp_path):
-    train = write(tmp_path / "train.jsonl", records(64, seed=1))
-    held = write(tmp_path / "held.jsonl", records(16, seed=2))
-    trained_prompts = {r["src"][0] for r in records(64, seed=1)}
-    assert not trained_prompts & {r["src"][0] for r in records(16, seed=2)}
+    train = write_jsonl(tmp_path / "train.jsonl", sound_records(64, seed=1))
+    held = write_jsonl(tmp_path / "held.jsonl", sound_records(16, seed=2))
+    trained_prompts = {r["src"][0] for r in sound_records(64, seed=1)}
+    assert not trained_prompts & {r["src"][0] for r in sound_records(16, seed=2)}
     cfg = config_from_dict(
         TrainConfig,
         dict(

@@ -24,6 +24,7 @@ import random
 from pathlib import Path
 
 import pytest
+from animal_sounds import sound_records, write_jsonl
 from fastapi.testclient import TestClient
 from worker_helpers import wait_for
 
@@ -40,7 +41,6 @@ from studio.services import evals as evals_svc
 from studio.services import jobs
 from studio.services.run_lifecycle import claim_run
 
-SOUNDS = {"cat": "meow", "dog": "woof", "cow": "moo", "duck": "quack"}
 WAYS = ["north", "east", "south", "west"]
 LETTERS = "ABCD"
 HOLDOUT = 16
@@ -67,21 +67,8 @@ def as_chat(item: dict) -> dict:
     return {"src": [f"{item['question']}\n{options}"], "tgt": [LETTERS[item["answer"]]]}
 
 
-def narrow(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [
-        {"src": [f"Item {rng.randint(100, 999)}: what does the {a} say?"], "tgt": [SOUNDS[a]]}
-        for a in (list(SOUNDS)[i % 4] for i in range(n))
-    ]
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def pretrain(tiny: Path, out: Path, tmp: Path) -> Path:
-    data = write(tmp / "pretrain.jsonl", [as_chat(it) for it in general_items(PRETRAIN_ITEMS, seed=2)])
+    data = write_jsonl(tmp / "pretrain.jsonl", [as_chat(it) for it in general_items(PRETRAIN_ITEMS, seed=2)])
     cfg = config_from_dict(
         TrainConfig,
         dict(
@@ -118,7 +105,7 @@ def run_body(task_id: int, general_id: int, base: Path, name: str, steps: int, l
 
 
 def upload(api, tmp: Path, name: str, rows: list[dict], prefix: str = "") -> dict:
-    with open(write(tmp / name, rows), "rb") as f:
+    with open(write_jsonl(tmp / name, rows), "rb") as f:
         r = api.post(f"{prefix}/datasets", files={"file": (name, f)})
     assert r.status_code == 201, r.text
     return r.json()
@@ -134,7 +121,7 @@ def test_overfit_run_warns_of_forgetting(studio_factory, pg_url, shared_redis_ur
     studio.start_api()
     api = studio.client()
 
-    task = upload(api, tmp_path, "animals.jsonl", narrow(48 + HOLDOUT, seed=1))
+    task = upload(api, tmp_path, "animals.jsonl", sound_records(48 + HOLDOUT, seed=1))
     general = upload(api, tmp_path, "directions.jsonl", general_items(32, seed=1))
     assert general["kind"] == "benchmark" and general["format"] == "multiple_choice"
     r = api.post("/runs", json=run_body(task["id"], general["id"], general_base, "overfit", 30, 2e-2))
@@ -176,7 +163,7 @@ def test_gentle_run_does_not_warn(general_base, tmp_path):
     settings = Settings(home=tmp_path / "home", model_roots=str(general_base.parent))
     upgrade(settings)
     with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as api:
-        task = upload(api, tmp_path, "animals.jsonl", narrow(48 + HOLDOUT, seed=1), "/api/v1")
+        task = upload(api, tmp_path, "animals.jsonl", sound_records(48 + HOLDOUT, seed=1), "/api/v1")
         general = upload(api, tmp_path, "directions.jsonl", general_items(32, seed=1), "/api/v1")
         r = api.post(
             "/api/v1/runs", json=run_body(task["id"], general["id"], general_base, "gentle", 6, 1e-5)
