@@ -4,6 +4,7 @@ parallelism)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -180,16 +181,20 @@ def plan_run(
         plan.rejected += [_leanest(verdicts[d]) for d in smaller]
         return plan
     what_if = (model, base, kind, counts_to_try[-1], pool, stage_pin, weigh)
-    return _nothing_fits(plan, verdicts, counts_to_try, what_if)
+    return _nothing_fits(plan, verdicts, counts_to_try, pool, weigh, what_if)
 
 
 def _nothing_fits(
-    plan: Plan, verdicts: dict[int, list[Verdict]], counts_to_try: list[int], what_if: tuple
+    plan: Plan,
+    verdicts: dict[int, list[Verdict]],
+    counts_to_try: list[int],
+    pool: list[NodeFacts],
+    weigh: Callable[[Candidate], Verdict],
+    what_if: tuple,
 ) -> Plan:
     """``plan`` when no device count fits: the leanest setting of the largest counts and why it does not fit,
     what splitting the experts or replaying their exchange would leave, and the tensor / pipeline
     parallelism (and fewer devices) that would fit. ``what_if``: the what-if helpers' shared arguments."""
-    pool, weigh = what_if[4], what_if[6]
     plan.rejected = [_leanest(verdicts[d]) for d in counts_to_try[-3:]]
     leanest = plan.rejected[-1]
     plan.reason = f"does not fit on {_pool_text(pool, counts_to_try[-1])}: {leanest.reason}"
