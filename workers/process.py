@@ -75,9 +75,13 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
     """SIGTERM the child's process group, SIGKILL it after `grace_s`; returns the exit code.
 
     Descendants that left the group (the ranks `paddle.distributed.launch` starts in sessions of their own)
-    are signalled too, in their own groups, so cancelling a multi-device run stops every rank."""
+    are signalled too, in their own groups, so cancelling a multi-device run stops every rank. SIGCONT follows
+    the SIGTERM (as systemd does): a stopped process (Ctrl-Z, a debugger, a frozen cgroup) acts on it at once
+    instead of waiting out the grace, during which the job's heartbeat is silent and another worker's
+    reconciler could take the job for a dead worker's."""
     groups = {proc.pid, *(_group_of(pid) for pid in descendants(proc.pid))} - {None}
     _signal_groups(groups, signal.SIGTERM)
+    _signal_groups(groups, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if proc.poll() is not None and not any(_group_alive(g) for g in groups - {proc.pid}):

@@ -15,7 +15,7 @@ import pytest
 from gradio_page import StudioPage
 from playwright.sync_api import expect
 from test_studio import api, wait_until
-from trainer_hold import hold_after_steps, sigterm_pending, trainer_in
+from trainer_hold import hold_after_steps, pid_alive, trainer_in
 
 pytestmark = pytest.mark.e2e
 
@@ -87,9 +87,10 @@ def test_cancel_resume_delete_from_the_runs_tab(page, studio, artifacts):
         expect(ui.el("runs-cancel")).to_be_enabled(timeout=15_000)
         ui.click("runs-cancel")
         ui.expect_text("runs-action", f"Cancelling run #{rid}")
-        wait_until(lambda: sigterm_pending(trainer), 30, "the cancel's SIGTERM at the trainer", interval=0.05)
+        wait_until(lambda: not pid_alive(trainer), 30, "the held trainer to end by the cancel", interval=0.05)
     finally:
-        os.kill(trainer, signal.SIGCONT)
+        if pid_alive(trainer):
+            os.kill(trainer, signal.SIGCONT)
     ui.expect_text("runs-status", f"#{rid} {RUN_NAME} — cancelled", timeout=30_000)
     assert api(studio, f"/runs/{rid}")["status"] == "cancelled"
     ui.expect_text("runs-table", re.compile(rf"{rid}\s+{RUN_NAME}.*cancelled", re.S))
@@ -133,10 +134,11 @@ def test_cancel_resume_delete_from_the_runs_tab(page, studio, artifacts):
         expect(ui.el("runs-cancel")).to_be_enabled(timeout=15_000)
         ui.click("runs-cancel")
         wait_until(
-            lambda: sigterm_pending(resumed), 30, "the second cancel's SIGTERM at the trainer", interval=0.05
+            lambda: not pid_alive(resumed), 30, "the held trainer to end by the second cancel", interval=0.05
         )
     finally:
-        os.kill(resumed, signal.SIGCONT)
+        if pid_alive(resumed):
+            os.kill(resumed, signal.SIGCONT)
     ui.expect_text("runs-status", f"#{rid} {RUN_NAME} — cancelled", timeout=30_000)
     assert api(studio, f"/runs/{rid}")["status"] == "cancelled"
     ui.click("runs-delete")

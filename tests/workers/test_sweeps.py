@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from trainer_hold import hold_after_steps, sigterm_pending
+from trainer_hold import hold_after_steps, pid_alive
 from worker_helpers import DEMO_SFT, wait_for
 
 from engine.sweep import ask
@@ -88,9 +88,12 @@ def test_sweep_prunes_survives_its_driver_and_promotes_the_best(
             pid, out = wait_for(lambda: _pid(s, low["run_id"]), 30, "trial 1's trainer")
         hold_after_steps(pid, Path(out) / "metrics.jsonl", 1)
         wait_for(lambda: api.get(f"/runs/{low['run_id']}")["cancel_requested"], 60, "the pruner's cancel")
-        # the worker's SIGTERM (the runs' cancel path) waits at the held trainer: let it go on now
-        wait_for(lambda: sigterm_pending(pid), 30, "the cancel's SIGTERM at trial 1's trainer", interval=0.02)
-        os.kill(pid, signal.SIGCONT)
+        # the worker's stop (the runs' cancel path) continues the held trainer, which ends by its SIGTERM
+        try:
+            wait_for(lambda: not pid_alive(pid), 30, "trial 1's trainer to end by the cancel", interval=0.02)
+        finally:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGCONT)
 
         sweep = wait_for(
             lambda: (w := api.get(f"/sweeps/{sid}"))["status"] in ("succeeded", "failed") and w,

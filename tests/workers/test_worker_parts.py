@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -21,6 +22,7 @@ from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, 
 from studio.queue import DEPLOYMENT_TASK, SERVE_QUEUE, TASK_NAMES, held_jobs
 from studio.services import deployments as dep_svc
 from studio.services.run_lifecycle import RunAttempt
+from workers.process import stop_group
 from workers.reconcile import reconcile, stop_orphaned_deployments
 from workers.serving import execute_deployment
 from workers.training import MetricsTail, _finish
@@ -350,3 +352,13 @@ def test_gpu_uuids_in_cuda_visible_devices_are_device_slots(monkeypatch):
     assert launcher_devices(["MIG-1", "MIG-2", "MIG-3"], 2, cuda=True) == ["MIG-1", "MIG-2"]
     assert launcher_devices([], 2, cuda=True) == ["0", "1"]
     assert launcher_devices(visible, 2, cuda=False) is None  # gloo on a CPU build
+
+
+def test_stopping_a_stopped_child_ends_it_with_sigterm_not_after_the_grace():
+    """A child held by SIGSTOP (Ctrl-Z, a debugger) is continued after the SIGTERM and ends by it at once.
+    Before, the SIGTERM waited at the stopped child for the whole grace and SIGKILL ended it; meanwhile the
+    job's heartbeat was silent, and another worker's reconciler requeued an export its worker was failing
+    (a CI failure: test_export_faults saw `queued` where `failed` was due)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    os.kill(child.pid, signal.SIGSTOP)
+    assert stop_group(child, grace_s=60) == -signal.SIGTERM  # without SIGCONT: -SIGKILL, 60 s later

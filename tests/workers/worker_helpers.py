@@ -3,7 +3,6 @@ with the same command line `ernie-studio worker` uses, Redis servers the tests o
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from trainer_hold import pid_alive
 
 from studio.cli import worker_command
 from studio.config import Settings
@@ -233,17 +233,6 @@ def start_deployment(api: httpx.Client, body: dict[str, Any], timeout: float = 1
         "the deployment to start",
         interval=0.2,
     )
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):
-        # A zombie (exited, not yet reaped by a dead parent) is not running.
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    return False
 
 
 def processes_naming(marker: str) -> dict[int, str]:
