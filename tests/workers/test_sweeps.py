@@ -10,6 +10,8 @@ import os
 import signal
 from pathlib import Path
 
+import httpx
+import optuna
 from fastapi.testclient import TestClient
 from trainer_hold import hold_after_steps, pid_alive
 from worker_helpers import DEMO_SFT, wait_for
@@ -19,9 +21,9 @@ from studio.app import create_app
 from studio.config import Settings
 from studio.db import dispose_engines, session_factory
 from studio.migrate import upgrade
-from studio.models import Run
+from studio.models import Run, Sweep
 from studio.services import sweeps as sweeps_svc
-from studio.sweep_storage import dispose_storages
+from studio.sweep_storage import dispose_storages, optuna_storage
 
 # 9 steps with an evaluation every 3; no scheduled checkpoint, so a pruned trial's one is the cancel's.
 HYPER = {
@@ -132,6 +134,73 @@ def test_sweep_prunes_survives_its_driver_and_promotes_the_best(
         assert best["model_dir"] and (Path(best["model_dir"]) / "config.json").exists()
         kinds = [e["kind"] for e in api.get(f"/runs/{pruned['run_id']}/events")]
         assert "run.cancel_requested" in kinds and kinds[-1] == "run.cancelled"
+
+
+def test_a_sweep_spreads_over_two_workers_and_survives_a_kill_of_the_whole_service(
+    studio_factory, pg_url, shared_redis_url, tmp_path
+):
+    """Two training workers take a parallelism-2 sweep's trials side by side. kill -9 of every process of the
+    studio (the API, the three workers and both trainers) while they train; after a restart the sweep goes
+    on to its 4 trials: each trial has exactly one run, the two interrupted runs resume as their second
+    attempt, and Optuna's study holds exactly 4 trials."""
+    studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
+    studio.env["ERNIE_STUDIO_SWEEP_POLL_S"] = "0.2"
+    workers = {"train@testnode": False, "train2@testnode": False, "serve@testnode": True}
+
+    def start_service() -> httpx.Client:
+        studio.start_api()
+        for name, serve in workers.items():
+            studio.start_worker(name, serve=serve, wait=False)
+        for name in workers:
+            studio.wait_ready(name)
+        return studio.client()
+
+    api = start_service()
+    body = _sweep_body(api, tmp_path, n_trials=4, parallelism=2, pruner="none", enqueue=[])
+    r = api.post("/sweeps", json=body)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    factory = session_factory(studio.settings)
+
+    def running() -> list[dict]:
+        trials = api.get(f"/sweeps/{sid}").json()["trials"]
+        return [t for t in trials if t["run_id"] and t["run_status"] == "running"]
+
+    # both first trials train, one on each worker; each trainer is held after its first step
+    first = wait_for(lambda: (t := running()) and len(t) == 2 and t, 120, "two trials training at once")
+    held = {}
+    with factory() as s:
+        for t in first:
+            pid, out = wait_for(lambda t=t: _pid(s, t["run_id"]), 30, f"trial {t['number']}'s trainer")
+            hold_after_steps(pid, Path(out) / "metrics.jsonl", 1)
+            held[t["run_id"]] = pid
+    on = {api.get(f"/runs/{rid}").json()["worker"] for rid in held}
+    assert on == {"train@testnode", "train2@testnode"}, on
+
+    for name in [*workers, "api"]:
+        studio.stop(name, signal.SIGKILL)
+    for pid in held.values():
+        os.kill(pid, signal.SIGKILL)
+    api.close()
+
+    api = start_service()
+    sweep = wait_for(
+        lambda: (w := api.get(f"/sweeps/{sid}").json())["status"] in ("succeeded", "failed") and w,
+        240,
+        "the sweep after the restart",
+    )
+    assert sweep["status"] == "succeeded" and sweep["stop_reason"] == "n_trials", sweep
+    trials = sweep["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2, 3] and all(t["state"] == "complete" for t in trials)
+    runs = [r for r in api.get("/runs").json() if r["sweep_id"] == sid]
+    assert sorted(r["sweep_trial"] for r in runs) == [0, 1, 2, 3]
+    assert sorted(r["id"] for r in runs) == sorted(t["run_id"] for t in trials)
+    attempts = {r["id"]: r["attempt"] for r in runs}
+    assert all(attempts[rid] == 2 for rid in held) and list(attempts.values()).count(1) == 2, attempts
+    with factory() as s:
+        name = s.get(Sweep, sid).study_name
+    assert len(optuna.load_study(study_name=name, storage=optuna_storage(studio.settings)).trials) == 4
+    api.close()
 
 
 class _Api:
