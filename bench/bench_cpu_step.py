@@ -123,7 +123,12 @@ def ours_step(args):
         masters = None
     optimizer = build_optimizer(cfg, model, trainable)
     run = types.SimpleNamespace(
-        model=model, params=list(trainable.values()), optimizer=optimizer, masters=masters, scaler=None
+        model=model,
+        params=list(trainable.values()),
+        optimizer=optimizer,
+        masters=masters,
+        scaler=None,
+        sharded=None,
     )
     dp = DataParallel()
     ids = np.array(batch_ids(args.seq, model.config.vocab_size), dtype=np.int64)
