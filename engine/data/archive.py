@@ -18,6 +18,7 @@ import stat
 import tempfile
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,12 @@ _CHUNK = 1 << 20
 
 
 class ArchiveError(ValueError):
-    """A zip that cannot be used as a dataset; the message names the archive and the member."""
+    """A zip that cannot be used as a dataset; the message names the archive and the member. ``too_large``:
+    a limit on members or bytes refused it (the studio answers 413)."""
+
+    def __init__(self, message: str, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 def is_archive(path: str | Path) -> bool:
@@ -111,30 +117,82 @@ def member_problem(info: zipfile.ZipInfo) -> str | None:
 
 def _extract(archive: Path, dest: Path) -> str:
     """Unpack every member into ``dest`` after checking them all; returns the labels file's path in it."""
-    root = dest.resolve()
-    try:
-        zf = zipfile.ZipFile(archive)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise ArchiveError(f"{archive}: not a readable zip archive ({e})") from None
-    with zf:
-        infos = [i for i in zf.infolist() if not any(j in "/" + i.filename for j in _JUNK)]
-        if len(infos) > MAX_MEMBERS:
-            raise ArchiveError(f"{archive}: {len(infos)} members, more than {MAX_MEMBERS}; split it")
-        files = []
-        for info in infos:
-            why = member_problem(info)
-            rel = "/".join(p for p in info.filename.split("/") if p not in ("", "."))
-            if why is None and not (root / rel).resolve().is_relative_to(root):
-                why = "it would land outside the dataset folder"
-            if why:
-                raise ArchiveError(f"{archive}: member {info.filename!r} refused: {why}")
-            if rel and not info.is_dir():
-                files.append((info, rel))
+    root, limits = dest.resolve(), Limits(members=MAX_MEMBERS, bytes=MAX_UNPACKED_BYTES)
+    with open_zip(archive, str(archive)) as zf:
+        files = checked_files(zf, root, str(archive), limits)
         labels = _labels_file(archive, [rel for _, rel in files])
-        written = 0
-        for info, rel in files:
-            written = _write_member(archive, zf, info, root / rel, written)
+        extract_files(zf, files, root, str(archive), limits)
     return labels
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much an archive may hold, and what a refusal tells the person to do about each limit."""
+
+    members: int
+    bytes: int
+    members_hint: str = "split it"
+    bytes_hint: str = "split it"
+
+
+def open_zip(archive: Path, name: str) -> zipfile.ZipFile:
+    """The archive opened for reading; `name` is how messages call it (a path, or an upload's field)."""
+    try:
+        return zipfile.ZipFile(archive)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise ArchiveError(f"{name} is not a readable zip archive ({e})") from None
+
+
+def checked_files(
+    zf: zipfile.ZipFile, root: Path, name: str, limits: Limits
+) -> list[tuple[zipfile.ZipInfo, str]]:
+    """The archive's files with their paths relative to ``root``, after checking the member count, the
+    declared size, every member's path (`member_problem`, and where it resolves) and that no path comes
+    twice; folders and macOS junk are left out. Nothing is written."""
+    infos = [i for i in zf.infolist() if not any(j in "/" + i.filename for j in _JUNK)]
+    if len(infos) > limits.members:
+        raise ArchiveError(
+            f"{name} has {len(infos)} members, more than the limit of {limits.members}; {limits.members_hint}",
+            too_large=True,
+        )
+    declared = sum(i.file_size for i in infos)
+    if declared > limits.bytes:
+        raise ArchiveError(
+            f"{name} unpacks to {declared / 2**20:.1f} MB, over the limit of {_mb(limits.bytes)}; "
+            f"{limits.bytes_hint}",
+            too_large=True,
+        )
+    seen: set[str] = set()
+    files: list[tuple[zipfile.ZipInfo, str]] = []
+    for info in infos:
+        why = member_problem(info)
+        rel = "/".join(p for p in info.filename.split("/") if p not in ("", "."))
+        if why is None and not (root / rel).resolve().is_relative_to(root):
+            why = "it would land outside the dataset folder"
+        if why:
+            raise ArchiveError(f"{name}: member {info.filename!r} refused: {why}")
+        if info.is_dir() or not rel:
+            continue
+        if rel in seen:
+            raise ArchiveError(f"{name}: member {info.filename!r} appears twice")
+        seen.add(rel)
+        files.append((info, rel))
+    return files
+
+
+def extract_files(
+    zf: zipfile.ZipFile, files: list[tuple[zipfile.ZipInfo, str]], root: Path, name: str, limits: Limits
+) -> int:
+    """Write the checked files under ``root``; returns the bytes written, counted as they come out (the
+    sizes in the archive's directory can lie) against the limit."""
+    written = 0
+    for info, rel in files:
+        written = _write_member(zf, info, root / rel, name, written, limits)
+    return written
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 1 << 30 else f"{n / 2**20:g} MB"
 
 
 def _labels_file(archive: Path, members: list[str]) -> str:
@@ -154,26 +212,27 @@ def _labels_file(archive: Path, members: list[str]) -> str:
 
 
 def _write_member(
-    archive: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, written: int
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, name: str, written: int, limits: Limits
 ) -> int:
-    """One member to ``target``; the bytes written so far, counted as they come out (sizes can lie)."""
+    """One member to ``target``; the bytes written so far."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with zf.open(info) as src, open(target, "xb") as out:
             while chunk := src.read(_CHUNK):
                 written += len(chunk)
-                if written > MAX_UNPACKED_BYTES:
+                if written > limits.bytes:
                     raise ArchiveError(
-                        f"{archive}: unpacks to more than {MAX_UNPACKED_BYTES >> 30} GiB; split it"
+                        f"{name} unpacks to more than the limit of {_mb(limits.bytes)}; {limits.bytes_hint}",
+                        too_large=True,
                     )
                 out.write(chunk)
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as e:
         raise ArchiveError(
-            f"{archive}: member {info.filename!r} cannot be unpacked ({e}); the archive is damaged or uses an "
+            f"{name}: member {info.filename!r} cannot be extracted ({e}); the archive is damaged or uses an "
             "unsupported compression (use deflate)"
         ) from None
     except (FileExistsError, NotADirectoryError, IsADirectoryError):
         raise ArchiveError(
-            f"{archive}: member {info.filename!r} clashes with a file or folder of the same name"
+            f"{name}: member {info.filename!r} clashes with a file or folder of the same name"
         ) from None
     return written

@@ -22,7 +22,7 @@ from engine.eval.config import BENCHMARK_TYPES
 from studio.config import Settings
 from studio.models import Dataset, Run, RunStatus
 from studio.services import media as media_svc
-from studio.services.dataset_archives import CHUNK, extract_archive
+from studio.services.dataset_archives import extract_archive
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
 from studio.services.models import ensure_model_dir
@@ -30,6 +30,8 @@ from studio.services.paths import ALLOWED_DATASET_SUFFIXES, confine, relative_to
 from studio.services.store import get_or_404
 
 log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20  # uploads are streamed to disk in pieces this size
 
 MAX_REPORTED_PROBLEMS = 50
 ARCHIVE_SUFFIX = ".zip"

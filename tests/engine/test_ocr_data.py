@@ -16,6 +16,7 @@ from PIL import Image
 
 import engine
 from engine.data import DatasetError, build_train_data, detect_format, validate_file
+from engine.data import archive as archive_mod
 from engine.data.archive import ArchiveError, dataset_file
 from engine.data.formats import RecordError, parse_record
 from engine.data.loader import check_ocr_file
@@ -330,3 +331,21 @@ def test_a_zip_symlink_member_is_refused(tmp_path):
         dataset_file(archive)
     report = validate_file(archive)
     assert not report.ok and "symbolic link" in report.problems[0].message
+
+
+def test_a_zip_member_twice_or_a_bomb_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """The checks the studio's upload makes (one copy, engine.data.archive): a path that comes twice (the
+    second copy would replace what the first one's check passed), and a directory whose declared sizes are
+    over the limit, refused before a byte is written."""
+    twice = tmp_path / "twice.zip"
+    with zipfile.ZipFile(twice, "w") as zf, pytest.warns(UserWarning, match="Duplicate name"):
+        zf.writestr("a.png", b"x")
+        zf.writestr("a.png", b"y")
+        zf.writestr("labels.txt", "a.png\tx\n")
+    with pytest.raises(ArchiveError, match=r"member 'a\.png' appears twice"):
+        dataset_file(twice)
+    monkeypatch.setattr(archive_mod, "MAX_UNPACKED_BYTES", 1000)
+    big = _zip(tmp_path / "big.zip", {"a.png": b"\0" * 2000, "labels.txt": b"a.png\tx\n"})
+    with pytest.raises(ArchiveError, match=r"big\.zip unpacks to 0\.0 MB, over the limit of") as e:
+        dataset_file(big)
+    assert e.value.too_large and not any(tmp_path.glob(".big.zip*"))
