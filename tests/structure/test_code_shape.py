@@ -105,3 +105,40 @@ def test_no_nesting_deeper_than_the_limit():
             if depth > MAX_NESTING:
                 too_deep.append(f"{path.relative_to(ROOT)}:{fn.lineno}: {fn.name} nests {depth} deep")
     assert not too_deep, f"functions nesting deeper than {MAX_NESTING}:\n" + "\n".join(too_deep)
+
+
+# Files still over MAX_FILE_LINES, each with what it holds; a new file over the bound fails, and a file here
+# that got under it fails test_every_long_file_still_needs_its_place, so the list only shrinks (issue 31).
+MAX_FILE_LINES = 600
+LONG_FILES: dict[str, str] = {
+    "engine/train/config.py": "the training schema, YAML reading and ERNIEKit's key handling",
+    "engine/train/trainer.py": "the training loop and its run set-up",
+    "engine/data/formats.py": "every dataset format's reader",
+    "engine/serve/fastdeploy.py": "FastDeploy's export layout and its server process",
+    "studio/ui/runs_tab.py": "the Runs tab",
+    "studio/services/evals.py": "evaluations and the forgetting check",
+    "engine/serve/generate.py": "generation and streaming",
+    "studio/ui/train_tab.py": "the Train tab",
+    "engine/train/export.py": "LoRA merge and export layouts",
+    "engine/data/vl_processor.py": "the VL image processor",
+    "studio/ui/deploy_tab.py": "the Deploy tab",
+}
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_file_longer_than_the_limit():
+    """studio/ui/i18n.py (1,641 lines) became the studio/ui/i18n package: its tables by area, each under 360."""
+    long = [
+        f"{p.relative_to(ROOT)}: {_lines(p)} lines"
+        for p in _sources(LENGTH_CHECKED)
+        if p.relative_to(ROOT).as_posix() not in {*MODEL_MATH, *LONG_FILES} and _lines(p) > MAX_FILE_LINES
+    ]
+    assert not long, f"files over {MAX_FILE_LINES} lines:\n" + "\n".join(long)
+
+
+def test_every_long_file_still_needs_its_place():
+    done = [path for path in LONG_FILES if _lines(ROOT / path) <= MAX_FILE_LINES]
+    assert not done, f"under {MAX_FILE_LINES} lines now; take these out of LONG_FILES: {done}"
