@@ -35,15 +35,41 @@ def hold_work_queues(app: Celery) -> list[str]:
     return started
 
 
+def reused_in_process(settings: Settings) -> dict[str, Any] | None:
+    """The node's recent passing report (`engine.doctor.runner.reused_report`), looked up in this process
+    when that is safe: on a CPU build of Paddle (which the worker has imported already) reading the node's
+    facts touches no device. A CUDA build always asks a child: reading a GPU's free memory makes a CUDA
+    context, which would stay in the worker. Saves a child that imports Paddle at each restart."""
+    if settings.doctor_reuse_s <= 0:
+        return None
+    import paddle
+
+    if paddle.device.is_compiled_with_cuda():
+        return None
+    from engine.doctor.report import DoctorFloors
+    from engine.doctor.runner import reused_report
+
+    report = reused_report(DoctorFloors(), settings.doctor_reuse_s)
+    return None if report is None else report.to_dict()
+
+
 class DoctorProcess:
     """`ernie-studio doctor --json` as a child: the probe's GPU memory and any crash of a broken driver stay
-    out of the worker. A doctor that cannot report counts as failed, with the reason."""
+    out of the worker. A doctor that cannot report counts as failed, with the reason. A recent passing
+    report read in this process (`reused_in_process`) stands in for the child."""
 
     def __init__(self, settings: Settings) -> None:
         self.timeout = settings.doctor_timeout_s
         self.started = time.monotonic()
         self.error: str | None = None
         self.proc: subprocess.Popen | None = None
+        self.reused = reused_in_process(settings)
+        if self.reused is not None:
+            log.info(
+                "node doctor: a passing report of %s stands (read in this process)",
+                self.reused["reused_from"],
+            )
+            return
         try:
             self.proc = subprocess.Popen(
                 engine_command("doctor", "--json", "--reuse-s", str(settings.doctor_reuse_s)),
@@ -58,6 +84,8 @@ class DoctorProcess:
 
     def report(self) -> dict[str, Any]:
         """Wait for it (up to ERNIE_STUDIO_DOCTOR_TIMEOUT_S from its start) and return its JSON report."""
+        if self.reused is not None:
+            return self.reused
         if self.proc is None:
             return {"passed": False, "error": self.error}
         try:

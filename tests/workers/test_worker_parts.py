@@ -362,3 +362,28 @@ def test_stopping_a_stopped_child_ends_it_with_sigterm_not_after_the_grace():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     os.kill(child.pid, signal.SIGSTOP)
     assert stop_group(child, grace_s=60) == -signal.SIGTERM  # without SIGCONT: -SIGKILL, 60 s later
+
+
+def test_a_recent_passing_doctor_report_is_read_in_the_worker_without_a_child(
+    settings, monkeypatch, tmp_path
+):
+    """On this CPU build of Paddle the worker looks the node's recent passing report up itself (no child
+    importing Paddle again); without one, or with reuse off, the doctor runs as a child as before."""
+    from engine.doctor import reuse
+    from engine.doctor.facts import node_facts
+    from engine.doctor.report import DoctorFloors
+    from workers.nodes import DoctorProcess
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    key = reuse.report_key(node_facts(), DoctorFloors().model_dump(), False)
+    check = {"name": "device", "passed": True, "detail": "cpu", "duration_s": 0.1}
+    reuse.save(reuse.default_cache_dir(), key, {"passed": True, "checks": [check]})
+    doctor = DoctorProcess(settings)
+    assert doctor.proc is None and doctor.report()["reused_from"] and doctor.report()["passed"]
+    assert [c["name"] for c in doctor.report()["checks"]] == ["device"]
+    # a floor the saved report did not vouch for: the key differs, and a child runs the checks
+    monkeypatch.setenv("ERNIE_STUDIO_DOCTOR_MIN_TOKENS_PER_S", "1e12")
+    doctor = DoctorProcess(settings)
+    assert doctor.proc is not None
+    doctor.proc.kill()
+    doctor.proc.communicate()
