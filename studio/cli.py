@@ -130,12 +130,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     from studio.app import create_app
     from studio.migrate import upgrade
-    from studio.processes import die_with_parent, freeze_startup_heap, quiet_paddle_signal_handlers
+    from studio.processes import (
+        die_with_parent,
+        freeze_startup_heap,
+        keep_signal_handlers_when_paddle_is_imported,
+    )
     from studio.services.datasets import clean_incoming
 
-    # The API imports engine helpers (and so Paddle) lazily; importing Paddle first keeps its abort-on-
-    # SIGTERM handler from replacing the graceful one below.
-    quiet_paddle_signal_handlers()
+    # The API imports engine helpers (and so Paddle) lazily, most requests none; whenever Paddle comes, its
+    # abort-on-SIGTERM handler must not replace the graceful one below.
+    keep_signal_handlers_when_paddle_is_imported()
 
     settings = get_settings()
     if args.workers > 1 and not args.no_ui:

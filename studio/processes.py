@@ -1,11 +1,17 @@
 """Signal set-up shared by the web process (`ernie-studio up`) and the workers: children that die with
-their parent, and Paddle's abort-on-SIGTERM handlers removed so the graceful ones decide."""
+their parent, and Paddle's abort-on-SIGTERM handlers removed so the graceful ones decide (the workers import
+Paddle at start; the web process only if a request needs it, its handlers kept by an import guard)."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import signal
+import sys
+from types import ModuleType
 
 PR_SET_PDEATHSIG = 1
 
@@ -17,6 +23,76 @@ def quiet_paddle_signal_handlers() -> None:
     import paddle
 
     paddle.disable_signal_handler()
+
+
+# The signals Paddle's import takes over (its C handler prints a stack and aborts; SIGTERM is among them).
+_PADDLE_SIGNALS = (
+    signal.SIGSEGV,
+    signal.SIGILL,
+    signal.SIGFPE,
+    signal.SIGABRT,
+    signal.SIGBUS,
+    signal.SIGTERM,
+    signal.SIGINT,
+)
+_SIGACTION_BYTES = 256  # glibc's struct sigaction is 152 bytes on x86_64 and aarch64; room to spare
+
+
+def _sigactions() -> dict[int, bytes]:
+    """Every watched signal's current disposition, as the raw `struct sigaction` (read from any thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    saved = {}
+    for sig in _PADDLE_SIGNALS:
+        buf = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if libc.sigaction(int(sig), None, buf) == 0:
+            saved[int(sig)] = buf.raw
+    return saved
+
+
+def _restore_sigactions(saved: dict[int, bytes]) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    for sig, raw in saved.items():
+        libc.sigaction(sig, ctypes.create_string_buffer(raw, _SIGACTION_BYTES), None)
+
+
+class _PaddleImportGuard(importlib.abc.MetaPathFinder):
+    """Finds `paddle` once, and wraps its module's execution: the signal dispositions in place before (the
+    graceful handlers uvicorn installed, whatever thread the import runs in) are put back after, and the
+    hundreds of thousands of objects Paddle brings are frozen out of the collector's reach like the
+    start-up heap (`freeze_startup_heap`)."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "paddle":
+            return None
+        sys.meta_path.remove(self)  # the first import only; the returned spec ends the finders' loop
+        spec = importlib.util.find_spec("paddle")
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            saved = _sigactions()
+            try:
+                execute(module)
+            finally:
+                _restore_sigactions(saved)
+                gc.freeze()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def keep_signal_handlers_when_paddle_is_imported() -> None:
+    """For a process that may never need Paddle (the API: its requests import engine helpers lazily, and
+    most import none): instead of importing Paddle at start to remove its handlers
+    (`quiet_paddle_signal_handlers`, 1.3-2 s of CPU), the first import of Paddle, whenever and in whatever
+    thread it comes, leaves the signal handlers as they were."""
+    if "paddle" in sys.modules:
+        quiet_paddle_signal_handlers()
+    elif not any(isinstance(f, _PaddleImportGuard) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PaddleImportGuard())
 
 
 def die_with_parent() -> None:

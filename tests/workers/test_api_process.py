@@ -1,0 +1,73 @@
+"""The API process (`ernie-studio up --no-worker`) starts without Paddle, and a Paddle imported later, in
+any thread, leaves its graceful SIGTERM handling in place (Paddle's import installs C handlers that abort)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from worker_helpers import free_port, wait_for
+
+CLI = str(Path(sys.executable).parent / "ernie-studio")
+
+LATE_IMPORT = """
+import os, signal, sys, threading, time
+from studio.processes import keep_signal_handlers_when_paddle_is_imported
+if sys.argv[1] == "guarded":
+    keep_signal_handlers_when_paddle_is_imported()
+got = []
+signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+t = threading.Thread(target=lambda: __import__("paddle"))
+t.start()
+t.join()
+assert "paddle" in sys.modules
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print("handled" if got else "lost", flush=True)
+"""
+
+
+def test_paddle_imported_late_in_a_thread_keeps_the_python_sigterm_handler():
+    guarded = subprocess.run(
+        [sys.executable, "-c", LATE_IMPORT, "guarded"], capture_output=True, text=True, timeout=120
+    )
+    assert guarded.returncode == 0 and guarded.stdout.strip() == "handled", guarded.stdout + guarded.stderr
+    # the same without the guard: Paddle's handler takes SIGTERM and the process dies by it
+    plain = subprocess.run(
+        [sys.executable, "-c", LATE_IMPORT, "plain"], capture_output=True, text=True, timeout=120
+    )
+    assert plain.returncode != 0 and "handled" not in plain.stdout, plain.stdout + plain.stderr
+
+
+def test_the_api_starts_without_paddle_and_stops_gracefully(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIE_STUDIO_")}
+    env["ERNIE_STUDIO_HOME"] = str(tmp_path / "home")
+    log = (tmp_path / "api.log").open("wb")
+    proc = subprocess.Popen(
+        [CLI, "up", "--no-worker", "--no-ui", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def healthy() -> bool:
+            assert proc.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, 90, "the API")
+        assert "libpaddle" not in Path(f"/proc/{proc.pid}/maps").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, (tmp_path / "api.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
