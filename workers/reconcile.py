@@ -19,7 +19,7 @@ from studio import queue
 from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Deployment, DeploymentStatus, utcnow
-from studio.services import evals as evals_svc
+from studio.services import eval_after
 from studio.services import exports as exports_svc
 from studio.services import jobs as jobs_svc
 from studio.services import runs as runs_svc
@@ -53,7 +53,7 @@ def reconcile(
         stopped = stop_orphaned_deployments(session, settings, worker)
         for kind in jobs_svc.KINDS:  # exports, downloads, evaluations
             jobs_svc.reconcile(session, settings, kind, worker, worker_started)
-        evals_svc.evaluate_finished_runs(session, settings)
+        eval_after.evaluate_finished_runs(session, settings)
         exports_svc.deploy_finished_exports(session, settings)
         resent = (lost or LostMessages()).resend(session, settings)
         session.commit()

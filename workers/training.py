@@ -21,7 +21,7 @@ from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Run, RunStatus
 from studio.services import runs as runs_svc
-from studio.services.evals import evaluate_after
+from studio.services.eval_after import evaluate_after
 from studio.services.models import BUILDABLE_PRESETS, build_preset
 from studio.services.run_lifecycle import RunAttempt, claim_run
 from workers.process import (

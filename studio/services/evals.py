@@ -1,8 +1,7 @@
 """Evaluations as a person handles them: create one for a run, an export, a deployment's model or a base
-model on chosen datasets; list, get, cancel, resume, delete; read the scored samples (paged, filtered to
-where two evals differ) and compare evals side by side. "Evaluate after training" holds out a seeded split
-of a run's training data that the trainer never reads and evaluates the base and the result once the run
-has succeeded.
+model on chosen datasets; get, cancel, resume, delete; the worker's side of the record. Reading them (the
+list, scored samples, comparisons) is `studio.services.eval_reads`; "evaluate after training" (a held-out
+split, the base and the result evaluated once the run succeeded) is `studio.services.eval_after`.
 
 The engine does the scoring (`ernie-studio eval`, `engine.eval`); the job's life cycle is
 `studio.services.jobs` (kind EVALS), the worker side `workers/evaluating.py`.
@@ -11,20 +10,15 @@ The engine does the scoring (`ernie-studio eval`, `engine.eval`); the job's life
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr
-from sqlalchemy import case, func, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
-from engine.data.formats import resolve_image
-from engine.data.records import iter_raw
 from engine.eval.config import BENCHMARK_TYPES, CHAT_TYPES, OCR_TYPES, EvalConfig, option_problems
 from engine.train.config import ConfigError, config_from_dict
 from studio import queue
@@ -35,7 +29,6 @@ from studio.models import (
     Deployment,
     EvalSample,
     Evaluation,
-    Event,
     Export,
     Run,
     RunStatus,
@@ -396,180 +389,8 @@ def log_path(settings: Settings, eval_id: int) -> Path:
     return eval_dir(settings, eval_id) / "eval.log"
 
 
-# ---- reading ---------------------------------------------------------------------------------------------
-
-
-def list_evals(
-    session: Session, *, run_id: int | None = None, status: str | None = None, limit: int = 200
-) -> list[Evaluation]:
-    """Newest first; `run_id` selects the evals of a run's result and those its evaluate-after made."""
-    if status is not None and status not in {s.value for s in RunStatus}:
-        raise InvalidInput(f"status: {status!r} is not one of {', '.join(s.value for s in RunStatus)}")
-    q = select(Evaluation).order_by(Evaluation.id.desc()).limit(limit)
-    if run_id is not None:
-        q = q.where((Evaluation.run_id == run_id) | (Evaluation.after_run_id == run_id))
-    if status:
-        q = q.where(Evaluation.status == status)
-    return list(session.scalars(q).all())
-
-
 def get_eval(session: Session, eval_id: int) -> Evaluation:
     return get_or_404(session, Evaluation, eval_id, "eval")
-
-
-def eval_events(session: Session, eval_id: int, limit: int = 200) -> list[Event]:
-    """The eval's events, oldest first (events keep their eval's id in `data`)."""
-    rows = session.scalars(
-        select(Event).where(Event.kind.like("eval.%")).order_by(Event.id.desc()).limit(5000)
-    )
-    return list(reversed([e for e in rows if (e.data or {}).get("eval_id") == eval_id][:limit]))
-
-
-def samples_done(session: Session, eval_ids: list[int]) -> dict[int, int]:
-    """{eval id: sample rows stored}."""
-    if not eval_ids:
-        return {}
-    rows = session.execute(
-        select(EvalSample.eval_id, func.count())
-        .where(EvalSample.eval_id.in_(eval_ids))
-        .group_by(EvalSample.eval_id)
-    ).all()
-    return {i: 0 for i in eval_ids} | dict(rows)
-
-
-def list_samples(
-    session: Session,
-    eval_id: int,
-    *,
-    offset: int = 0,
-    limit: int = SAMPLES_PAGE,
-    dataset: str | None = None,
-    compare_to: int | None = None,
-    only_differ: bool = False,
-) -> dict[str, Any]:
-    """A page of an eval's samples in (dataset, line) order. With `compare_to` each sample carries the other
-    eval's prediction and scores, the samples where the two predictions differ come first, and
-    `only_differ` keeps only those."""
-    if offset < 0 or not 1 <= limit <= 1000:
-        raise InvalidInput("offset must be >= 0 and limit between 1 and 1000")
-    get_eval(session, eval_id)
-    a = aliased(EvalSample)
-    q = select(a).where(a.eval_id == eval_id)
-    other = None
-    if compare_to is not None:
-        if compare_to == eval_id:
-            raise InvalidInput("compare_to: compare with another eval")
-        get_eval(session, compare_to)
-        other = aliased(EvalSample)
-        shared = session.scalar(
-            select(func.count()).select_from(a).join(other, (other.sample_id == a.sample_id) & (other.eval_id == compare_to))
-            .where(a.eval_id == eval_id)
-        )  # fmt: skip
-        total_a = session.scalar(select(func.count()).select_from(a).where(a.eval_id == eval_id))
-        if total_a and not shared:
-            raise InvalidInput(
-                f"compare_to: evals {eval_id} and {compare_to} share no samples; compare evals of the same datasets"
-            )
-        q = (
-            select(a, other)
-            .where(a.eval_id == eval_id)
-            .outerjoin(other, (other.sample_id == a.sample_id) & (other.eval_id == compare_to))
-        )
-        differ = (other.id.is_(None)) | (other.prediction != a.prediction)
-        if only_differ:
-            q = q.where(differ)
-        q = q.order_by(case((differ, 0), else_=1), a.dataset, a.line)
-    else:
-        if only_differ:
-            raise InvalidInput("only_differ: needs compare_to, the eval to compare predictions with")
-        q = q.order_by(a.dataset, a.line)
-    if dataset:
-        q = q.where(a.dataset == dataset)
-    total = session.scalar(select(func.count()).select_from(q.order_by(None).subquery()))
-    rows = session.execute(q.offset(offset).limit(limit)).all()
-    items = []
-    for row in rows:
-        s = row[0]
-        item = _sample_out(s)
-        if other is not None:
-            o = row[1]
-            item["other"] = None if o is None else {"prediction": o.prediction, "scores": o.scores}
-            item["differ"] = o is None or o.prediction != s.prediction
-        items.append(item)
-    return {"eval_id": eval_id, "compare_to": compare_to, "total": total, "offset": offset, "items": items}
-
-
-def _sample_out(s: EvalSample) -> dict[str, Any]:
-    return {
-        "sample_id": s.sample_id, "dataset": s.dataset, "line": s.line, "prompt": s.prompt,
-        "reference": s.reference, "prediction": s.prediction, "scores": s.scores,
-    }  # fmt: skip
-
-
-def compare_evals(session: Session, eval_ids: list[int]) -> dict[str, Any]:
-    """Evals side by side: every headline metric (with its interval) per eval, how often the first two
-    evals' predictions differ, and the pairwise judge's wins, ties and losses where one judged."""
-    if not 1 <= len(eval_ids) <= 20:
-        raise InvalidInput("eval_ids: compare between 1 and 20 evals")
-    if len(set(eval_ids)) != len(eval_ids):
-        raise InvalidInput("eval_ids: an eval is listed twice")
-    evals = [get_eval(session, i) for i in eval_ids]
-    names = sorted({k for ev in evals for k in (ev.metrics or {})})
-    metrics = {n: {str(ev.id): (ev.metrics or {}).get(n) for ev in evals} for n in names}
-    intervals: dict[str, dict[str, list[float]]] = {}
-    for ev in evals:
-        for ds_name, res in (ev.results or {}).items():
-            for metric, value in (res.get("metrics") or {}).items():
-                if isinstance(value, dict) and "ci_low" in value:
-                    key = f"{Path(ds_name).stem}/{metric}"
-                    intervals.setdefault(key, {})[str(ev.id)] = [value["ci_low"], value["ci_high"]]
-    out: dict[str, Any] = {
-        "evals": [
-            {"id": ev.id, "name": ev.name, "model": ev.model, "role": ev.role, "status": ev.status}
-            for ev in evals
-        ],
-        "metrics": metrics,
-        "intervals": intervals,
-        "pairwise": {str(ev.id): pairwise_summary(session, ev) for ev in evals if _pairwise(ev)},
-    }
-    if len(evals) >= 2:
-        page = list_samples(session, evals[0].id, compare_to=evals[1].id, only_differ=True, limit=1)
-        shared = _shared_samples(session, evals[0].id, evals[1].id)
-        out["differ"] = {"evals": [evals[0].id, evals[1].id], "samples": page["total"], "of": shared}
-    return out
-
-
-def _shared_samples(session: Session, a_id: int, b_id: int) -> int:
-    a, b = aliased(EvalSample), aliased(EvalSample)
-    return int(
-        session.scalar(
-            select(func.count()).select_from(a)
-            .join(b, (b.sample_id == a.sample_id) & (b.eval_id == b_id)).where(a.eval_id == a_id)
-        ) or 0
-    )  # fmt: skip
-
-
-def _pairwise(ev: Evaluation) -> bool:
-    cfg = ev.config or {}
-    metrics = cfg.get("metrics") or []
-    return cfg.get("judge_mode") == "pairwise" and ("judge" in metrics or metrics == "judge")
-
-
-def pairwise_summary(session: Session, ev: Evaluation) -> dict[str, Any]:
-    """Wins (judge > 0.5: both orders, or one order and a tie), ties and losses of a pairwise-judged eval,
-    and its win rate (the mean judge score, ties counting half)."""
-    scores = [
-        s.get("judge") for s in session.scalars(select(EvalSample.scores).where(EvalSample.eval_id == ev.id))
-    ]
-    judged = [float(s) for s in scores if isinstance(s, int | float)]
-    return {
-        "baseline": (ev.config or {}).get("judge_baseline", "reference"),
-        "wins": sum(s > 0.5 for s in judged),
-        "ties": sum(s == 0.5 for s in judged),
-        "losses": sum(s < 0.5 for s in judged),
-        "unparsed": len(scores) - len(judged),
-        "win_rate": sum(judged) / len(judged) if judged else None,
-    }
 
 
 # ---- person's actions ------------------------------------------------------------------------------------
@@ -688,160 +509,3 @@ def finish_eval(
     jobs.finish(session, jobs.EVALS, eval_id, status, message[:2000], **values)
     if status == RunStatus.SUCCEEDED:  # the second of a run's base / result evals ends its forgetting check
         forgetting.record(session, session.get(Evaluation, eval_id).after_run_id)
-
-
-# ---- evaluate after training -----------------------------------------------------------------------------
-
-
-def hold_out(
-    settings: Settings,
-    session: Session,
-    run: Run,
-    datasets: list[Dataset],
-    holdout: int,
-    seed: int,
-    field: str,
-) -> tuple[list[str], list[dict[str, Any]]]:
-    """Split the run's training datasets: `holdout` records drawn at random (seeded) from all of them go to
-    held-out files, the rest to the training files the trainer is given instead of the uploads, so a
-    held-out record is never trained on. Returns (training file paths, held-out files as
-    {"path", "type", "records"})."""
-    records = []
-    for ds in datasets:
-        if ds.format not in (*CHAT_TYPES, *OCR_TYPES):
-            raise InvalidInput(
-                f"{field}: dataset {ds.id} ({ds.name}) is {ds.format}; hold out chat records "
-                f"({', '.join(CHAT_TYPES)}) or OCR sets ({', '.join(OCR_TYPES)}) only"
-            )
-        rows = [
-            r.record for r in iter_raw(dataset_path(settings, ds)) if r.error is None and r.record is not None
-        ]
-        records.append(rows)
-    total = sum(map(len, records))
-    if not 1 <= holdout < total:
-        raise InvalidInput(
-            f"{field}: hold out between 1 and {total - 1} records (the training data holds {total}); got {holdout}"
-        )
-    picked = set(random.Random(seed).sample(range(total), holdout))
-    folder = eval_data_dir(settings, run.id)
-    folder.mkdir(parents=True, exist_ok=True)
-    train_paths, held_files, start = [], [], 0
-    stems = [Path(ds.path).stem for ds in datasets]
-    for ds, rows, stem in zip(datasets, records, stems, strict=True):
-        name = stem if stems.count(stem) == 1 else f"{stem}-{ds.id}"
-        keep = [r for i, r in enumerate(rows) if start + i not in picked]
-        held = [r for i, r in enumerate(rows) if start + i in picked]
-        start += len(rows)
-        if not keep:
-            raise InvalidInput(
-                f"{field}: holding out {holdout} records leaves dataset {ds.id} ({ds.name}) nothing to train "
-                "on; hold out fewer"
-            )
-        where = folder
-        if ds.format in OCR_TYPES:  # images are read relative to the data file: the split gets their links
-            where = folder / name
-            _link_images(dataset_path(settings, ds).parent, rows, where)
-        train_paths.append(str(_write_jsonl(where / f"{name}.train.jsonl", keep)))
-        if held:
-            path = _write_jsonl(where / f"{name}.holdout.jsonl", held)
-            held_files.append({"path": str(path), "type": ds.format, "records": len(held)})
-    return train_paths, held_files
-
-
-def _link_images(base: Path, rows: list[Any], folder: Path) -> None:
-    """Every local image OCR records name (inside the dataset folder `base`), hard-linked (copied across file
-    systems) into `folder` at the same relative path, so split files there read them as the upload did. An
-    image that is missing or outside the folder is left for the trainer to report by line; a URL is fetched
-    by the run."""
-    folder.mkdir(parents=True, exist_ok=True)
-    root = base.resolve()
-    for url in (u for r in rows for u in _image_refs(r)):
-        if url.startswith(("http://", "https://")):
-            continue
-        path, why = resolve_image(url, base)
-        if path is None or why is not None:
-            continue
-        target = folder / path.relative_to(root)
-        if target.exists():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
-
-
-def _image_refs(record: Any) -> list[str]:
-    """The image paths an OCR record names: an OCR pair's `image`, ERNIEKit's `image_info[].image_url`."""
-    if not isinstance(record, dict):
-        return []
-    infos = record.get("image_info")
-    urls = [i.get("image_url") for i in infos if isinstance(i, dict)] if isinstance(infos, list) else []
-    return [u for u in [record.get("image"), *urls] if isinstance(u, str) and u]
-
-
-def eval_data_dir(settings: Settings, run_id: int) -> Path:
-    """Where a run's training split and held-out files are written (inside its run directory)."""
-    return settings.runs_dir / str(run_id) / "data"
-
-
-def _write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def evaluate_after(session: Session, settings: Settings, run: Run) -> list[Evaluation]:
-    """Queue the base and the result evals of a succeeded run with "evaluate after training"; once only
-    (the worker and the reconciler may both ask: (after_run_id, role) is unique)."""
-    plan = run.evaluate
-    if not plan or run.status != RunStatus.SUCCEEDED:
-        return []
-    if session.scalar(select(func.count()).where(Evaluation.after_run_id == run.id)):
-        return []
-    datasets = [session.get(Dataset, i) for i in plan.get("dataset_ids") or []]
-    files = [(f["path"], f["type"]) for f in plan.get("holdout_files") or []]
-    files += [(str(dataset_path(settings, ds)), ds.format) for ds in datasets if ds is not None]
-    general = plan.get("general_files") or []  # the forgetting check's sets (studio.services.forgetting)
-    files += [(f["path"], f["type"]) for f in general]
-    options = dict(plan.get("options") or {})
-    counts = [f.get("records", 0) for f in [*(plan.get("holdout_files") or []), *general]]
-    counts += [ds.num_valid or ds.num_records for ds in datasets if ds is not None]
-    total = sum(_limited(n, options) for n in counts)
-    ids = [ds.id for ds in datasets if ds is not None]
-    ids += [i for i in (plan.get("general") or {}).get("dataset_ids") or [] if i not in ids]
-    sides = (
-        ("base", run.base_model, run.config.get("model_name_or_path", ""), None),
-        ("result", f"run:{run.id}", run.model_dir or run.output_dir, run.id),
-    )
-    made = []
-    try:
-        for role, ref, directory, run_id in sides:
-            made.append(
-                _queue_eval(
-                    session, settings, name=f"{run.name} · {role}", model=ref, model_dir=directory, run_id=run_id,
-                    dataset_ids=ids, files=files, options=options, samples_total=total, after_run_id=run.id,
-                    role=role, commit=False,
-                )
-            )  # fmt: skip
-        session.commit()
-    except IntegrityError:  # another process queued them first
-        session.rollback()
-        return []
-    except InvalidInput as e:  # a held-out file or dataset went away: say so on the run
-        session.rollback()
-        add_event(session, "run.evaluate_failed", e.message, run_id=run.id)
-        session.commit()
-        return []
-    for ev in made:
-        jobs.dispatch(session, settings, jobs.EVALS, ev)
-    return made
-
-
-def evaluate_finished_runs(session: Session, settings: Settings) -> int:
-    """The reconciler's part: succeeded runs with evaluate-after whose evals were never queued (the worker
-    died between finishing the run and queueing them)."""
-    has_evals = select(Evaluation.id).where(Evaluation.after_run_id == Run.id).exists()
-    pending = session.scalars(
-        select(Run).where(Run.status == RunStatus.SUCCEEDED, Run.evaluate.is_not(None), ~has_evals)
-    ).all()
-    return sum(bool(evaluate_after(session, settings, run)) for run in pending)

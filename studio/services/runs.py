@@ -22,7 +22,8 @@ from studio.services import metric_series
 from studio.services.datasets import dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput, ServiceError
 from studio.services.estimates import estimate_spec
-from studio.services.evals import engine_config, hold_out
+from studio.services.eval_after import hold_out
+from studio.services.evals import engine_config
 from studio.services.events import add_event
 from studio.services.exports import create_export as queue_export
 from studio.services.forgetting import check_names

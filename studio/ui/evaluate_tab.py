@@ -23,6 +23,7 @@ from engine.train.config import field_info
 from studio.models import DeploymentStatus, RunStatus
 from studio.services import datasets as datasets_svc
 from studio.services import deployments as deployments_svc
+from studio.services import eval_reads
 from studio.services import evals as evals_svc
 from studio.services import models as models_svc
 from studio.services.runs import EvaluateAfter
@@ -248,8 +249,8 @@ class EvaluateHandlers:
 
     def refresh(self) -> tuple[Any, ...]:
         """Pickers, the evals table, and (first look) the newest evaluate-after-training pair selected."""
-        evals = self.ctx.read(evals_svc.list_evals, default=[])
-        done = self.ctx.read(evals_svc.samples_done, [e.id for e in evals], default={})
+        evals = self.ctx.read(eval_reads.list_evals, default=[])
+        done = self.ctx.read(eval_reads.samples_done, [e.id for e in evals], default={})
         models = model_choices(self.ctx.read(models_svc.list_models, self.ctx.settings, default=[]))
         datasets = dataset_choices(self.ctx.read(datasets_svc.list_datasets, default=[]))
         deployments = self.ctx.read(deployments_svc.list_deployments, active_only=True, default=[])
@@ -268,7 +269,7 @@ class EvaluateHandlers:
         ids = [i for i in (parse_id(p) for p in picked or []) if i is not None]
         if not ids:
             return pd.DataFrame(columns=["metric"]), ""
-        compare = self.ctx.call(evals_svc.compare_evals, ids)
+        compare = self.ctx.call(eval_reads.compare_evals, ids)
         return results_frame(compare), summary_markdown(compare)
 
     def samples(self, a: Any, b: Any, only_differ: bool) -> tuple[pd.DataFrame, list[dict], str]:
@@ -278,7 +279,7 @@ class EvaluateHandlers:
             return pd.DataFrame(columns=SAMPLE_COLUMNS), [], sample_html(None, "", None)
         b_id = b_id if b_id != a_id else None
         page = self.ctx.call(
-            evals_svc.list_samples,
+            eval_reads.list_samples,
             a_id,
             limit=SAMPLES_SHOWN,
             compare_to=b_id,
@@ -307,11 +308,11 @@ class EvaluateHandlers:
     def runs_evals(self, run_ids: list[Any] | None) -> pd.DataFrame:
         """For Compare: the headline metrics of every eval of the compared runs, side by side."""
         ids = [i for i in (parse_id(r) for r in run_ids or []) if i is not None]
-        evals = [e for rid in ids for e in self.ctx.read(evals_svc.list_evals, run_id=rid, default=[])]
+        evals = [e for rid in ids for e in self.ctx.read(eval_reads.list_evals, run_id=rid, default=[])]
         evals = [e for e in dict((e.id, e) for e in evals).values() if e.status == "succeeded"]
         if not evals:
             return pd.DataFrame(columns=["metric"])
-        return results_frame(self.ctx.call(evals_svc.compare_evals, [e.id for e in evals][:20]))
+        return results_frame(self.ctx.call(eval_reads.compare_evals, [e.id for e in evals][:20]))
 
 
 def _newest_pair(evals: list[Any]) -> list[int] | None:

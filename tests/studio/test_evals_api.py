@@ -14,6 +14,7 @@ from studio_helpers import DEMO_DPO, DEMO_SFT, upload
 
 from studio.db import session_factory
 from studio.models import Evaluation, Run, RunStatus
+from studio.services import eval_after
 from studio.services import evals as evals_svc
 
 
@@ -166,13 +167,13 @@ def test_evals_after_training_are_queued_once(client, settings):
     run = client.post("/api/v1/runs", json=body).json()
     with session_factory(settings)() as s:
         row = s.get(Run, run["id"])
-        assert evals_svc.evaluate_after(s, settings, row) == []  # not succeeded yet
+        assert eval_after.evaluate_after(s, settings, row) == []  # not succeeded yet
         row.status, row.model_dir = RunStatus.SUCCEEDED, row.output_dir
         s.commit()
-        made = evals_svc.evaluate_finished_runs(s, settings)  # as the reconciler finds it
+        made = eval_after.evaluate_finished_runs(s, settings)  # as the reconciler finds it
         assert made == 1
-        assert evals_svc.evaluate_after(s, settings, row) == []
-        assert evals_svc.evaluate_finished_runs(s, settings) == 0
+        assert eval_after.evaluate_after(s, settings, row) == []
+        assert eval_after.evaluate_finished_runs(s, settings) == 0
     evals = client.get("/api/v1/evals", params={"run_id": run["id"]}).json()
     assert sorted((e["role"], e["model"]) for e in evals) == [
         ("base", "tiny"),

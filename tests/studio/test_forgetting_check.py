@@ -14,8 +14,8 @@ from studio_helpers import DEMO_SFT, upload
 from engine.eval.general import GENERAL_SETS, general_set_path, paired_change
 from engine.eval.items import read_eval_file
 from studio.models import Evaluation, Run, RunStatus
+from studio.services import eval_after, jobs
 from studio.services import evals as evals_svc
-from studio.services import jobs
 from studio.services import sweeps as sweeps_svc
 from studio.services.run_lifecycle import claim_run, record_metrics
 
@@ -75,7 +75,7 @@ def _finish_trial(session, settings, run: Run, eval_loss: float, general_after: 
     record_metrics(session, run.id, [{"step": 2, "eval_loss": eval_loss}])
     attempt.finish(session, RunStatus.SUCCEEDED, model_dir=run.output_dir)
     session.refresh(run)
-    made = {ev.role: ev for ev in evals_svc.evaluate_after(session, settings, run)}
+    made = {ev.role: ev for ev in eval_after.evaluate_after(session, settings, run)}
     assert set(made) == {"base", "result"}
     for role, scores in (("base", [1.0] * len(general_after)), ("result", general_after)):
         ev = made[role]

@@ -37,8 +37,8 @@ from studio.config import Settings
 from studio.db import dispose_engines, session_factory
 from studio.migrate import upgrade
 from studio.models import Run, RunStatus
+from studio.services import eval_after, jobs
 from studio.services import evals as evals_svc
-from studio.services import jobs
 from studio.services.run_lifecycle import claim_run
 
 WAYS = ["north", "east", "south", "west"]
@@ -175,7 +175,7 @@ def test_gentle_run_does_not_warn(general_base, tmp_path):
             trained = run_training(config_from_dict(TrainConfig, attempt.config))
             assert trained.status == "succeeded" and trained.steps == 6
             attempt.finish(session, RunStatus.SUCCEEDED, model_dir=trained.model_dir)
-            made = evals_svc.evaluate_after(session, settings, session.get(Run, run_id))
+            made = eval_after.evaluate_after(session, settings, session.get(Run, run_id))
             assert {ev.role for ev in made} == {"base", "result"}
             for ev in made:
                 assert jobs.claim(session, jobs.EVALS, ev.id, "train@n1") is not None

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Response
 from studio.api.deps import ID, QueryID, SessionDep, SettingsDep
 from studio.models import Evaluation
 from studio.schemas import ErrorOut, EvalCompareOut, EvalOut, EvalSamplesOut, EventOut
+from studio.services import eval_reads as reads
 from studio.services import evals as svc
 from studio.services.store import MAX_ID
 
@@ -19,7 +20,7 @@ ERRORS = {404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 422: {"model": Err
 
 def eval_out(session, ev: Evaluation, done: int | None = None) -> EvalOut:
     out = EvalOut.model_validate(ev)
-    out.samples_done = done if done is not None else svc.samples_done(session, [ev.id])[ev.id]
+    out.samples_done = done if done is not None else reads.samples_done(session, [ev.id])[ev.id]
     return out
 
 
@@ -39,8 +40,8 @@ def list_evals(
     status: Annotated[str | None, Query(max_length=16)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[EvalOut]:
-    evals = svc.list_evals(session, run_id=run_id, status=status, limit=limit)
-    done = svc.samples_done(session, [e.id for e in evals])
+    evals = reads.list_evals(session, run_id=run_id, status=status, limit=limit)
+    done = reads.samples_done(session, [e.id for e in evals])
     return [eval_out(session, e, done[e.id]) for e in evals]
 
 
@@ -50,7 +51,7 @@ def compare_evals(
 ) -> EvalCompareOut:
     """`?eval_ids=1&eval_ids=2`: metrics side by side, how many samples the first two differ on, and the
     pairwise judge's wins / ties / losses."""
-    return EvalCompareOut(**svc.compare_evals(session, eval_ids))
+    return EvalCompareOut(**reads.compare_evals(session, eval_ids))
 
 
 @router.get("/{eval_id}", response_model=EvalOut, responses=ERRORS)
@@ -74,7 +75,7 @@ def eval_samples(
 ) -> EvalSamplesOut:
     """Scored samples in (dataset, line) order; with `compare_to` the ones where the predictions differ
     first, each with the other eval's prediction and scores."""
-    page = svc.list_samples(
+    page = reads.list_samples(
         session,
         eval_id,
         offset=offset,
@@ -89,7 +90,7 @@ def eval_samples(
 @router.get("/{eval_id}/events", response_model=list[EventOut], responses=ERRORS)
 def eval_events(eval_id: ID, session: SessionDep) -> list[EventOut]:
     svc.get_eval(session, eval_id)
-    return [EventOut.model_validate(e) for e in svc.eval_events(session, eval_id)]
+    return [EventOut.model_validate(e) for e in reads.eval_events(session, eval_id)]
 
 
 @router.post("/{eval_id}/cancel", response_model=EvalOut, responses=ERRORS)
