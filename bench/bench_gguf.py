@@ -26,7 +26,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from engine.serve.fastdeploy import free_port, process_tree  # noqa: E402
+from engine.serve.ports import free_port  # noqa: E402
+from engine.serve.process_records import process_tree  # noqa: E402
 
 ENGINES = [("paddle", None), ("llamacpp", "f16"), ("llamacpp", "q8_0"), ("llamacpp", "q4_K_M")]
 PROMPT = "User: Write a short story about a lighthouse keeper and a storm.\nAssistant: "

@@ -14,7 +14,8 @@ from functools import partial
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from engine.serve.fastdeploy import PIDS_FILE, kill_recorded
+from engine.serve.fastdeploy import PIDS_FILE
+from engine.serve.process_records import kill_recorded
 from studio import queue
 from studio.config import Settings
 from studio.db import session_factory

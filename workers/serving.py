@@ -21,14 +21,9 @@ from sqlalchemy.orm import Session
 
 from engine.models.paths import is_lora_dir
 from engine.serve import llamacpp
-from engine.serve.fastdeploy import (
-    PIDS_FILE,
-    fastdeploy_importable,
-    gpu_share,
-    installed_check,
-    kill_recorded,
-    model_unsupported,
-)
+from engine.serve.fastdeploy import PIDS_FILE, gpu_share, installed_check, model_unsupported
+from engine.serve.fastdeploy_env import fastdeploy_importable
+from engine.serve.process_records import kill_recorded
 from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Deployment, DeploymentStatus, Run, utcnow

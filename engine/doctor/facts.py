@@ -12,7 +12,7 @@ from typing import Any
 
 import paddle
 
-from engine.serve.fastdeploy import fastdeploy_importable, fastdeploy_python, fastdeploy_version
+from engine.serve.fastdeploy_env import fastdeploy_importable, fastdeploy_python, fastdeploy_version
 
 log = logging.getLogger(__name__)
 

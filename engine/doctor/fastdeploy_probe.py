@@ -10,15 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.doctor.report import Check
-from engine.serve.fastdeploy import (
-    FASTDEPLOY_RELEASE,
-    FastDeployServer,
-    check_installed,
-    fastdeploy_python,
-    free_port,
-    pip_check,
-    plan_launch,
-)
+from engine.serve.fastdeploy import FASTDEPLOY_RELEASE, FastDeployServer, check_installed, plan_launch
+from engine.serve.fastdeploy_env import fastdeploy_python, pip_check
+from engine.serve.ports import free_port
 
 
 def fastdeploy_checks(facts: dict[str, Any], model_dir: Path | None) -> list[Check]:

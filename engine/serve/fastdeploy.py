@@ -16,23 +16,29 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import importlib.util
 import json
 import logging
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine.serve.fastdeploy_env import (
+    _separate,
+    fastdeploy_importable,
+    fastdeploy_python,
+    fastdeploy_version,
+    gpu_present,
+)
+from engine.serve.ports import PortReservation, Ports, reserve_ports
+from engine.serve.process_records import kill_recorded, record_processes, recorded_alive, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -62,108 +68,6 @@ LORA_MARKERS = (
     "lora_model.safetensors",
 )
 PIDS_FILE = "fastdeploy.pids.json"
-
-
-# The interpreter FastDeploy is installed in. The serving image keeps FastDeploy in the image's own Python 3.10
-# with FastDeploy's pins (uvicorn==0.29.0, setuptools<80), and the studio's worker in its own Python 3.11
-# environment (docker/Dockerfile.serve); the worker launches, probes and checks FastDeploy through this one.
-FASTDEPLOY_PYTHON_ENV = "ERNIE_STUDIO_FASTDEPLOY_PYTHON"
-
-
-def fastdeploy_python() -> str:
-    """``ERNIE_STUDIO_FASTDEPLOY_PYTHON`` (an absolute path to an executable), else this process's Python."""
-    value = os.environ.get(FASTDEPLOY_PYTHON_ENV, "").strip()
-    if not value:
-        return sys.executable
-    path = Path(value)
-    if not path.is_absolute() or not path.is_file() or not os.access(path, os.X_OK):
-        raise ValueError(
-            f"{FASTDEPLOY_PYTHON_ENV}={value!r}: give the absolute path of the Python interpreter FastDeploy "
-            "is installed in (the serving image sets /usr/local/bin/fastdeploy-python), or unset it"
-        )
-    return str(path)
-
-
-def _separate(python: str) -> bool:
-    return Path(python).resolve() != Path(sys.executable).resolve()
-
-
-def _ask(python: str, code: str, timeout: float = 60.0) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def fastdeploy_importable() -> bool:
-    """FastDeploy is importable by FastDeploy's Python (found, not imported: importing starts CUDA)."""
-    python = fastdeploy_python()
-    if not _separate(python):
-        return importlib.util.find_spec("fastdeploy") is not None
-    out = _ask(python, "import importlib.util, sys; sys.exit(importlib.util.find_spec('fastdeploy') is None)")
-    return out is not None and out.returncode == 0
-
-
-_VERSION_CODE = """
-import contextlib, importlib.metadata as m
-for dist in m.packages_distributions().get("fastdeploy", []):
-    with contextlib.suppress(m.PackageNotFoundError):
-        print(m.version(dist))
-        break
-"""
-
-
-def fastdeploy_version() -> str | None:
-    """The installed distribution's version (fastdeploy-gpu, ...) from package metadata, without importing it."""
-    python = fastdeploy_python()
-    if _separate(python):
-        out = _ask(python, _VERSION_CODE)
-        return (out.stdout.strip() or None) if out is not None and out.returncode == 0 else None
-    import importlib.metadata
-
-    for dist in importlib.metadata.packages_distributions().get("fastdeploy", []):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(dist)
-    return None
-
-
-def pip_check(python: str | None = None, timeout: float = 120.0) -> tuple[bool, str]:
-    """``pip check`` of FastDeploy's environment: (consistent, pip's words). Anything installed over FastDeploy's
-    pins (a newer uvicorn or setuptools) shows here."""
-    python = python or fastdeploy_python()
-    try:
-        out = subprocess.run(
-            [python, "-m", "pip", "check"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"`{python} -m pip check` did not run: {e}"
-    said = (out.stdout.strip() or out.stderr.strip())[-1200:]
-    return out.returncode == 0, said
-
-
-def gpu_present() -> bool:
-    """A CUDA GPU is visible: Paddle compiled with CUDA and seeing a device, or nvidia-smi listing one."""
-    try:
-        import paddle
-
-        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
-            return True
-    except Exception as e:  # an unusable GPU build counts as no GPU
-        log.debug("paddle GPU probe failed: %s", e)
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
 
 
 # ---- does the installed FastDeploy take our flags? ------------------------------------------------------
@@ -339,104 +243,6 @@ def _fastdeploy_unusable(
     if not flags.ok:
         return flags.message, flags.message
     return "", ""
-
-
-def free_port(host: str = "127.0.0.1", exclude: set[int] | None = None) -> int:
-    """A port nothing listens on right now (the OS picks it; ``exclude`` avoids ones already handed out)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if not exclude or port not in exclude:
-            return port
-    raise RuntimeError("could not find a free port")
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-# ---- ports: one set per deployment, reserved on the node -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ports:
-    """The four ports one FastDeploy server listens on (it fails at start when one is taken)."""
-
-    api: int
-    metrics: int
-    engine_worker_queue: int
-    cache_queue: int
-
-    def all(self) -> list[int]:
-        return [self.api, self.metrics, self.engine_worker_queue, self.cache_queue]
-
-
-def port_registry() -> Path:
-    """Where deployments on this node mark the ports they hold (one file per port, holding the owner's pid)."""
-    return Path(
-        os.environ.get("ERNIE_STUDIO_PORT_REGISTRY") or Path(tempfile.gettempdir()) / "ernie-studio-ports"
-    )
-
-
-class PortReservation:
-    """Ports held for one deployment until `release`, so deployments planned at the same moment on one node
-    never pick the same free port (a port is free to the OS until FastDeploy binds it, minutes later)."""
-
-    def __init__(self, registry: Path | None = None) -> None:
-        self.registry = registry or port_registry()
-        self.ports: list[int] = []
-
-    def take(self, port: int) -> bool:
-        """Hold ``port`` unless another live process holds it."""
-        self.registry.mkdir(parents=True, exist_ok=True)
-        marker = self.registry / str(port)
-        for _ in range(2):
-            try:
-                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if _pid_alive(_read_int(marker)):
-                    return False
-                marker.unlink(missing_ok=True)  # its holder died without releasing it
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self.ports.append(port)
-            return True
-        return False
-
-    def release(self) -> None:
-        for port in self.ports:
-            (self.registry / str(port)).unlink(missing_ok=True)
-        self.ports = []
-
-
-def _usable(port: int, host: str) -> bool:
-    # FastDeploy checks its queue ports and binds its metrics server on 0.0.0.0 whatever --host says
-    return port_is_free(port, host) and (host == "0.0.0.0" or port_is_free(port, "0.0.0.0"))
-
-
-def reserve_ports(host: str, api_port: int, registry: Path | None = None) -> tuple[Ports, PortReservation]:
-    """The api port asked for plus three free ones, all reserved on this node."""
-    reservation = PortReservation(registry)
-    if not _usable(api_port, host) or not reservation.take(api_port):
-        raise ValueError(f"port {api_port} on {host} is already in use; choose another --port")
-    found: list[int] = []
-    for _ in range(200):
-        if len(found) == 3:
-            break
-        port = free_port(host, set(found) | {api_port})
-        if _usable(port, host) and reservation.take(port):
-            found.append(port)
-    if len(found) < 3:
-        reservation.release()
-        raise RuntimeError("could not reserve free ports for FastDeploy")
-    return Ports(api_port, *found), reservation
 
 
 def gpu_share(per_gpu: int) -> float:
@@ -671,113 +477,6 @@ def prompt_tokens(tokenizer_dir: str | Path, messages: list[dict]) -> int:
         settings = ProcessorSettings.from_model_dir(d)
         count += images * (settings.max_pixels // settings.factor**2 + IMAGE_MARK_TOKENS)
     return count
-
-
-# ---- the processes FastDeploy starts -----------------------------------------------------------------------
-# FastDeploy starts its GPU workers and cache managers with setsid: they leave the api_server's process group,
-# so a signal to that group misses them, and a SIGKILLed api_server never runs its own shutdown (which kills
-# them). Every process of the tree is therefore recorded while it runs (pid + start time, so a reused pid is
-# never killed), and a stop ends with all of them.
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _proc_state(pid) not in (None, "Z")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name may hold spaces and parentheses: the fields after the last ")" are fixed
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def _proc_state(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
-
-
-def process_start(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), which tells a reused pid from the one recorded."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and every process below it, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit() and (fields := _stat_fields(int(entry))):
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [root], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def read_records(path: Path) -> list[dict[str, int]]:
-    try:
-        return list(json.loads(path.read_text()).get("processes", []))
-    except (OSError, ValueError, AttributeError):
-        return []
-
-
-def record_processes(path: Path, root: int) -> list[dict[str, int]]:
-    """Add the live processes of ``root``'s tree to the records in ``path`` (written atomically)."""
-    records = {r["pid"]: r for r in read_records(path)}
-    for pid in process_tree(root):
-        start = process_start(pid)
-        if start is not None and records.get(pid, {}).get("start") != start:
-            records[pid] = {"pid": pid, "start": start}
-    out = sorted(records.values(), key=lambda r: r["pid"])
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"root": root, "processes": out}) + "\n")
-    tmp.replace(path)
-    return out
-
-
-def recorded_alive(path: Path) -> list[int]:
-    """The recorded processes still running (same pid and start time)."""
-    return [
-        r["pid"] for r in read_records(path) if _pid_alive(r["pid"]) and process_start(r["pid"]) == r["start"]
-    ]
-
-
-def kill_recorded(path: Path, sig: int = signal.SIGKILL) -> list[int]:
-    """Signal every recorded process still running (and the process group it leads); returns their pids."""
-    hit = recorded_alive(path)
-    for pid in hit:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, sig)
-            os.kill(pid, sig)
-    return hit
-
-
-def wait_gone(path: Path, timeout: float) -> list[int]:
-    """Wait until no recorded process runs (a SIGKILL lands asynchronously); returns those still running."""
-    deadline = time.monotonic() + timeout
-    while (alive := recorded_alive(path)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
 
 
 PR_SET_PDEATHSIG = 1

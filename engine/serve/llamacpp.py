@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.llamacpp import BUILD_HINT, find_tool, repack_args, tool_version
-from engine.serve.fastdeploy import FlagCheck, PortReservation, help_flags, plan_flags, port_is_free
+from engine.serve.fastdeploy import FlagCheck, help_flags, plan_flags
+from engine.serve.ports import PortReservation, port_is_free
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def choose(requested: str, model: str | Path, gpu: bool | None = None) -> tuple[
             "llama.cpp is not installed on this node (ERNIE_STUDIO_LLAMACPP_BIN or llama-server on PATH)",
         )
     if not explicit:
-        from engine.serve.fastdeploy import gpu_present
+        from engine.serve.fastdeploy_env import gpu_present
 
         if gpu_present() if gpu is None else gpu:
             return None, "a GPU node: llama.cpp serves CPU nodes"

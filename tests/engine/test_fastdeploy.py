@@ -24,17 +24,13 @@ from engine.serve.fastdeploy import (
     check_flags,
     check_installed,
     choose_backend,
-    fastdeploy_importable,
-    fastdeploy_version,
-    gpu_present,
     gpu_share,
     help_flags,
-    kill_recorded,
     launcher_flags,
     plan_launch,
-    read_records,
-    recorded_alive,
 )
+from engine.serve.fastdeploy_env import fastdeploy_importable, fastdeploy_version, gpu_present
+from engine.serve.process_records import kill_recorded, read_records, recorded_alive
 
 TAKES_FLAGS = FlagCheck(True, FASTDEPLOY_RELEASE)
 

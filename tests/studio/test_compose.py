@@ -10,7 +10,8 @@ import yaml
 from studio_helpers import REPO
 
 from engine.cli import build_parser
-from engine.serve.fastdeploy import FASTDEPLOY_IMAGE, FASTDEPLOY_PYTHON_ENV, FASTDEPLOY_RELEASE
+from engine.serve.fastdeploy import FASTDEPLOY_IMAGE, FASTDEPLOY_RELEASE
+from engine.serve.fastdeploy_env import FASTDEPLOY_PYTHON_ENV
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
