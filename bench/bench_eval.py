@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_generate import build_model
 
 from engine.eval.generation import generate_batch, generate_one_by_one
-from engine.serve.generate import GenerationEngine, SamplingParams
+from engine.serve.generate import GenerationEngine
+from engine.serve.sampling import SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",

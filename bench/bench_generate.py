@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.models import ErnieForCausalLM
 from engine.models.initialize import CORPUS, init_weights, round_up
 from engine.models.presets import scaled_config
-from engine.serve.generate import GenerationEngine, SamplingParams, generate_without_cache
+from engine.serve.generate import GenerationEngine, generate_without_cache
+from engine.serve.sampling import SamplingParams
 from engine.tokenizer import train_tokenizer
 
 log = logging.getLogger("bench_generate")

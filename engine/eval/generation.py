@@ -6,9 +6,11 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass
 
-from engine.serve.generate import GenerationEngine, SamplingParams
+from engine.serve.generate import GenerationEngine
 
 # A generation that sends nothing for this long is stuck (the engine thread died).
+from engine.serve.sampling import SamplingParams
+
 STALL_S = 600.0
 
 

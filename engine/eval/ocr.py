@@ -139,7 +139,8 @@ def read_set(
     from engine.data.ocr import OCRSampleEncoder
     from engine.data.paddleocr_vl_processor import preprocess_image
     from engine.eval.generation import generate_batch
-    from engine.serve.generate import GenerationEngine, SamplingParams
+    from engine.serve.generate import GenerationEngine
+    from engine.serve.sampling import SamplingParams
 
     encoder = OCRSampleEncoder(tokenizer, 1 << 20, settings)
     prompts = [prompt_ids(encoder, item) for item in items]

@@ -265,7 +265,7 @@ class Evaluation:
     def score_generations(self, f: EvalFile, items: list[ChatItem | NumberItem]) -> list[dict[str, Any]]:
         from engine.eval.generation import generate_batch
         from engine.eval.prompts import benchmark_context, chat_prompt_ids
-        from engine.serve.generate import SamplingParams
+        from engine.serve.sampling import SamplingParams
 
         cfg = self.cfg
         prompts, params = [], []
@@ -301,7 +301,7 @@ class Evaluation:
         from engine.data.paddleocr_vl_processor import preprocess_image
         from engine.eval.generation import generate_batch
         from engine.eval.ocr import edit_distance, prompt_ids
-        from engine.serve.generate import SamplingParams
+        from engine.serve.sampling import SamplingParams
 
         cfg = self.cfg
         encoder, settings = self.ocr_reader

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from engine.serve.generate import FINISH_ERROR, GenerationOutput
+from engine.serve.generate import GenerationOutput
 from engine.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -28,6 +28,7 @@ from engine.serve.protocol import (
     sse,
     usage,
 )
+from engine.serve.sampling import FINISH_ERROR
 from engine.serve.state import ServingState
 
 router = APIRouter()

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine.models.paddleocr_vl_config import MODEL_TYPE as PADDLEOCR_VL
-from engine.serve.generate import GenerationEngine, SamplingParams
+from engine.serve.generate import GenerationEngine
 from engine.serve.metrics import ServerMetrics
 from engine.serve.protocol import (
     APIError,
@@ -22,6 +22,7 @@ from engine.serve.protocol import (
     ContentPart,
     SamplingFields,
 )
+from engine.serve.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -11,15 +11,8 @@ import pytest
 from serve_support import sharp_model
 
 import engine
-from engine.serve.generate import (
-    GenerationEngine,
-    IncrementalDetokenizer,
-    SamplingParams,
-    SlotKVCache,
-    apply_penalties,
-    generate_without_cache,
-    sample_token,
-)
+from engine.serve.generate import GenerationEngine, SlotKVCache, generate_without_cache
+from engine.serve.sampling import IncrementalDetokenizer, SamplingParams, apply_penalties, sample_token
 
 QUESTIONS = [
     "Hello there, how are you?",

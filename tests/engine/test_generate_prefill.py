@@ -16,10 +16,10 @@ from engine.serve.generate import (
     PREFILL_MAX_PADDING,
     GenerationEngine,
     Request,
-    SamplingParams,
     SlotKVCache,
     generate_without_cache,
 )
+from engine.serve.sampling import SamplingParams
 
 QUESTIONS = ["Hello there, how are you?", "What is the capital of France?", "List three colours"]
 

@@ -149,7 +149,7 @@ def test_id_helpers_take_one_or_many_as_python_numpy_or_paddle_values(tok) -> No
 
 
 def test_streaming_detokenizer_skips_ids_past_the_tokenizer(tok) -> None:
-    from engine.serve.generate import IncrementalDetokenizer
+    from engine.serve.sampling import IncrementalDetokenizer
 
     detok = IncrementalDetokenizer(tok)
     ids = tok.encode("hello world")
