@@ -57,7 +57,7 @@ def environment_check(python: str | None = None) -> Check:
 
 def serve_probe(model_dir: Path, timeout: float = 900.0) -> Check:
     """Serve ``model_dir`` (written in the form FastDeploy loads) and ask it for a short chat completion."""
-    from engine.train.export import export_for_serving
+    from engine.train.serving_export import export_for_serving
 
     with tempfile.TemporaryDirectory(prefix="ernie-doctor-fd-") as tmp:
         served = export_for_serving(model_dir, Path(tmp) / "model")

@@ -507,7 +507,7 @@ def write_hf_config(config: ErnieConfig, directory: Path) -> None:
     # ModelConfig.read_model_config) takes `torch_dtype` for the PyTorch layout and `dtype` for the Paddle one,
     # whatever transformers_version says (the transformers_version rule came after 2.3): it would misread this
     # file, so `ernie-studio serve --backend fastdeploy` rewrites it in the Paddle layout first
-    # (engine.train.export.export_for_serving).
+    # (engine.train.serving_export.export_for_serving).
     d["rope_parameters"] = {"rope_theta": config.rope_theta, "rope_type": "default"}
     d["transformers_version"] = HF_FORMAT_VERSION
     (directory / "config.json").write_text(json.dumps(d, indent=2) + "\n")

@@ -210,7 +210,7 @@ def _serve_fastdeploy(args: argparse.Namespace, model_dir: Path) -> int:
         FastDeployServer,
         plan_launch,
     )
-    from engine.train.export import export_for_serving
+    from engine.train.serving_export import export_for_serving
 
     # FastDeploy renders the model's chat template itself: the template is loaded here first, in the sandbox,
     # so a template that tries to leave it stops the launch (as on the other backends) before any export.

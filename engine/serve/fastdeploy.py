@@ -2,7 +2,7 @@
 
 FastDeploy speaks the same OpenAI API as our Paddle server, so ``ernie-studio serve`` chooses the backend,
 checks that the installed FastDeploy accepts every flag of the launch plan (its ``--help``), writes the model
-in the form FastDeploy loads (``engine.train.export.export_for_serving``), launches
+in the form FastDeploy loads (``engine.train.serving_export.export_for_serving``), launches
 ``python -m fastdeploy.entrypoints.openai.api_server`` on ports reserved for this deployment, waits for its
 /health, keeps its logs in a file, records every process it starts, and stops them all.
 

@@ -17,7 +17,7 @@ from engine.models.elastic import ElasticError, SubModel, extract_submodel, kept
 from engine.train import run_export, run_training
 from engine.train.config import ConfigError, ExportConfig, TrainConfig, config_from_dict
 from engine.train.elastic import ElasticTraining
-from engine.train.export import export_for_serving, serving_problems
+from engine.train.serving_export import export_for_serving, serving_problems
 from tests.engine.serve_support import complete_in_process
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"

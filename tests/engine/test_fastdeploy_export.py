@@ -17,16 +17,16 @@ import engine
 from engine.models.checkpoint import TensorStore
 from engine.models.lora import apply_lora
 from engine.train.config import ExportConfig
-from engine.train.export import (
+from engine.train.export import run_export
+from engine.train.lora import save_adapter
+from engine.train.serving_export import (
     FLOAT32_TENSORS,
     VL_CHAT_TEMPLATE,
     _config_problems,
     export_for_serving,
     fastdeploy_moe_layers,
-    run_export,
     serving_problems,
 )
-from engine.train.lora import save_adapter
 
 GOLDEN_VL_PADDLE = Path(__file__).parent / "golden" / "vl_moe" / "paddle"
 TARGETS = ["qkv_proj", "o_proj", "up_gate_proj", "down_proj"]

@@ -16,7 +16,7 @@ from engine.models.gpas import GPASGate, add_gates, gate_parameters
 from engine.models.saving import save_model
 from engine.train import run_export, run_training
 from engine.train.config import ConfigError, ExportConfig, TrainConfig, config_from_dict, load_export_config
-from engine.train.export import serving_problems
+from engine.train.serving_export import serving_problems
 from tests.engine.serve_support import complete_in_process
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
