@@ -30,7 +30,8 @@ from engine.data.formats import (
     parse_record,
     probe_video,
 )
-from engine.data.vl_processor import ProcessorSettings, image_grid, sample_frame_indices, smart_resize
+from engine.data.vl_processor import ProcessorSettings, image_grid, smart_resize
+from engine.data.vl_video import sample_frame_indices
 from engine.models.config import VisionConfig
 from engine.models.positions import grid_tokens
 from engine.tokenizer import (

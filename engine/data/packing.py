@@ -10,15 +10,11 @@ from engine.data.encode import IGNORE_INDEX, EncodedPair, EncodedSample, video_f
 from engine.data.formats import Media, VideoClip
 from engine.data.paddleocr_vl_processor import OCRImage, OCRProcessorSettings
 from engine.data.paddleocr_vl_processor import preprocess_image as preprocess_ocr_image
-from engine.data.vl_processor import (
-    ProcessorSettings,
-    VisionInput,
-    preprocess_image,
-    preprocess_video,
-    read_video_frames,
-)
+from engine.data.vl_processor import ProcessorSettings, VisionInput, preprocess_image
 
 # the image processor of a VL run: ERNIE 4.5 VL's or PaddleOCR-VL's
+from engine.data.vl_video import preprocess_video, read_video_frames
+
 Vision = ProcessorSettings | OCRProcessorSettings
 
 

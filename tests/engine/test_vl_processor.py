@@ -17,13 +17,10 @@ from engine.data.vl_processor import (
     ProcessorSettings,
     VisionInput,
     VisionInputError,
-    format_timestamp,
     preprocess_image,
-    preprocess_video,
-    read_video_frames,
-    sample_frame_indices,
     smart_resize,
 )
+from engine.data.vl_video import format_timestamp, preprocess_video, read_video_frames, sample_frame_indices
 
 GOLDEN = Path(__file__).parent / "golden" / "vl_processor"
 FONT = str(GOLDEN / "aileron.ttf")
