@@ -16,8 +16,9 @@ from studio.services import compare as compare_svc
 from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
 from studio.ui import charts
+from studio.ui.chat_messages import chat_messages, message_text
 from studio.ui.context import UIContext, parse_id, refusal
-from studio.ui.deploy_tab import chat_messages, deployment_choices, message_text
+from studio.ui.deploy_tab import deployment_choices
 from studio.ui.evaluate_tab import EvaluateHandlers, build_compare_evals
 from studio.ui.i18n import Texts, current_language, text
 from studio.ui.runs_tab import run_choices

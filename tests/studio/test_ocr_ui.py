@@ -17,8 +17,9 @@ from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.models.paths import ADAPTER_CONFIG
 from engine.serve.protocol import APIError
 from studio.services import deployments as deployments_svc
+from studio.ui.chat_messages import with_task_prompt
 from studio.ui.context import UIContext
-from studio.ui.deploy_tab import DeployHandlers, with_task_prompt
+from studio.ui.deploy_tab import DeployHandlers
 from studio.ui.i18n import Texts, localize_message, untranslated_words
 from studio.ui.train_form import OPTION_KEYS
 from studio.ui.train_tab import CHOICE_KEYS, build_train_tab, stage_choices

@@ -36,17 +36,11 @@ from studio.services import deployments as deployments_svc
 from studio.services import runs as runs_svc
 from studio.services.errors import InvalidInput
 from studio.ui import charts
+from studio.ui.chat_messages import MAX_IMAGE_BYTES, chat_messages, image_problem, thinking_fields, user_turn
 from studio.ui.compare_tab import diff_frame, metric_names, pick_metric, series_legend
 from studio.ui.context import UIContext
 from studio.ui.datasets_tab import problem_rows, record_view, rejected_upload, rendered_spans
-from studio.ui.deploy_tab import (
-    MAX_IMAGE_BYTES,
-    DeployHandlers,
-    chat_messages,
-    image_problem,
-    thinking_fields,
-    user_turn,
-)
+from studio.ui.deploy_tab import DeployHandlers
 from studio.ui.i18n import STRINGS, Texts, text
 from studio.ui.runs_tab import VIEW_PARTS, RunsHandlers, run_rows
 from studio.ui.sampling import sampling_params
