@@ -32,9 +32,9 @@ from studio.config import Settings
 from studio.services import datasets as datasets_svc
 from studio.services import models as models_svc
 from studio.services import runs as runs_svc
-from studio.services.errors import ServiceError
 from studio.ui.context import UIContext, model_choices, parse_id, refusal
 from studio.ui.datasets_tab import dataset_choices
+from studio.ui.estimate_text import format_estimate, launch_warning
 from studio.ui.evaluate_tab import build_evaluate_after_fields, evaluate_after_spec
 from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, current_language, localize_message, text
 from studio.ui.model_download import build_download_row
@@ -62,7 +62,7 @@ from studio.ui.train_form import (
     unmet,
 )
 from studio.ui.train_import import ImportBox, ImportHandlers, build_import_box
-from studio.ui.train_templates import StartBox, StartHandlers, build_start_box, what_if_text, wire_start_box
+from studio.ui.train_templates import StartBox, StartHandlers, build_start_box, wire_start_box
 
 # The radios start on the schema's own defaults (stage SFT, fine_tuning LoRA).
 _SCHEMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -209,144 +209,11 @@ def form_values(spec: runs_svc.RunSpec, keys: list[str]) -> list[Any]:
     return [values.get(k, gr.update()) for k in keys]
 
 
-def preview_config(
-    ctx: UIContext, spec: runs_svc.RunSpec
-) -> tuple[dict[str, Any] | None, ServiceError | None]:
-    """The config a run of ``spec`` would get (its output dir a placeholder), or why it cannot run yet."""
-    return ctx.attempt(runs_svc.preview_config, ctx.settings, spec)
-
-
 def yaml_download(text: str) -> str:
     """Write the YAML preview to a fresh temporary file for the download button; returns its path."""
     path = Path(tempfile.mkdtemp(prefix="ernie-studio-yaml-")) / "train.yaml"
     path.write_text(text, encoding="utf-8")
     return str(path)
-
-
-MEMORY_PARTS = (
-    "weights",
-    "master_weights",
-    "gradients",
-    "optimizer",
-    "activations",
-    "load_peak",
-    "save_peak",
-)
-
-
-def format_estimate(est: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
-    """``estimate_resources`` for the form in ``lang``: a warning when the run will not fit its node, peak
-    memory with its range and parts, time per step and in all, disk, and what the estimate assumed."""
-    lines = [launch_warning(est, lang)] if est.get("warning") else []
-    mem = est.get("memory_gib") or {}
-    node = est.get("node") or {}
-    if "peak" in mem:
-        lo, hi = mem.get("range") or (mem["peak"], mem["peak"])
-        where = text("tr.est.where.device" if est.get("device") == "gpu" else "tr.est.where.ram", lang)
-        checked = text("tr.est.checked", lang, node=node["name"]) if node.get("name") else ""
-        lines.append(text("tr.est.peak", lang, where=where, peak=mem["peak"], lo=lo, hi=hi) + checked + "\n")
-    lines += [f"| {text('tr.est.memory', lang)} | GiB |", "|---|---:|"]
-    lines += [f"| {text(f'tr.est.part.{p}', lang)} | {mem[p]:.2f} |" for p in MEMORY_PARTS if mem.get(p)]
-    n, trainable = est.get("num_parameters"), est.get("trainable_parameters")
-    if n:
-        lines.append(
-            "\n" + text("tr.est.trainable", lang, trainable=trainable, total=n, share=100 * trainable / n)
-        )
-    t = est.get("time") or {}
-    if t:
-        lo, hi = t.get("step_s_range") or (t["step_s"], t["step_s"])
-        shown = text(
-            "tr.est.time",
-            lang,
-            steps=est.get("steps", 0),
-            tokens=est.get("tokens_per_step", 0),
-            step=_duration(t["step_s"]),
-            lo=_duration(lo),
-            hi=_duration(hi),
-            total=_duration(t["total_s"]),
-            checkpoints=t.get("checkpoints", 0),
-            save=_duration(t.get("final_save_s", 0)),
-        )
-        lines.append("  \n" + shown)
-    disk = est.get("disk") or {}
-    if disk:
-        lines.append("  \n" + text("tr.est.disk", lang, gb=disk["total_bytes"] / 1e9))
-    if est.get("plan"):
-        lines.append("\n" + format_plan(est["plan"], lang))
-    if est.get("assumptions"):
-        lines.append(f"\n<details><summary>{text('tr.est.assumptions', lang)}</summary>\n")
-        lines += [f"- {localize_message(a, lang)}" for a in est["assumptions"]]
-        lines.append("\n</details>")
-    return "\n".join(lines)
-
-
-def format_plan(plan: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
-    """The planner's proposal (``plan`` of the estimate) for the form, built from its figures in ``lang``:
-    the settings that fit (their keys), or the closest one and what would make it fit; and, folded, the
-    settings that do not fit with their figures."""
-    lines = [
-        text(
-            "tr.plan.title",
-            lang,
-            model=plan.get("model") or "",
-            stage=plan["stage"],
-            fine_tuning=plan["fine_tuning"],
-            seq=plan["seq_len"],
-            devices=plan["devices_known"],
-            kind=plan["device"].upper(),
-        )
-    ]
-    for option in plan.get("fits") or []:
-        shown = text(
-            "tr.plan.fits",
-            lang,
-            peak=option["memory_gib"]["peak"],
-            cap=option["capacity_gib"],
-            keys=_plan_keys(option),
-        )
-        lines.append(f"- {shown}")
-    rejected = plan.get("rejected") or []
-    if not plan.get("fits") and rejected:
-        closest = rejected[-1]
-        mem = closest["memory_gib"]
-        devices = closest["settings"]["num_devices"]
-        parts = [text("tr.plan.none", lang, devices=devices, peak=mem["peak"], cap=closest["capacity_gib"])]
-        if mem.get("moe_activations", 0) > 0.25 * mem["peak"]:
-            parts.append(text("tr.plan.moe", lang, moe=mem["moe_activations"]))
-        option = plan.get("tensor_parallel_option")
-        if option:
-            parts.append(what_if_text(plan, option, lang))
-        lines.append("; ".join(parts))
-    if rejected:
-        lines.append(f"\n<details><summary>{text('tr.plan.rejected', lang)}</summary>\n")
-        for option in rejected:
-            peak, cap = option["memory_gib"]["peak"], option["capacity_gib"]
-            why = [text("tr.plan.over", lang, peak=peak, cap=cap)] if peak > cap else []
-            host_cap = option.get("host_capacity_gib")
-            if host_cap is not None and option["host_gib_per_node"] > host_cap:
-                why.append(text("tr.plan.host", lang, host=option["host_gib_per_node"], cap=host_cap))
-            lines.append(f"- `{_plan_keys(option)}`: {'; '.join(why)}")
-        lines.append("\n</details>")
-    return "\n".join(lines)
-
-
-def _plan_keys(option: dict[str, Any]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in option["settings"].items())
-
-
-def launch_warning(estimate: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:
-    """The estimate's warning, when the run just queued will not fit the node it goes to."""
-    warning = (estimate or {}).get("warning")
-    return f"⚠️ **{localize_message(warning, lang)}**  \n" if warning else ""
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 10:
-        return f"{seconds:.2g}s"
-    seconds = round(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
 
 
 # ---- the choice rows' checks (stage, fine-tuning, compute type) ------------------------------------------
@@ -398,7 +265,8 @@ class TrainHandlers:
         form = dict(zip(self.keys, values, strict=True))
         if not form.get("base_model") or not form.get("dataset_ids"):
             return text("tr.msg.pick", lang), None
-        config, err = preview_config(self.ctx, self.spec(values))
+        # the config a run would get (its output dir a placeholder), or why it cannot run yet
+        config, err = self.ctx.attempt(runs_svc.preview_config, self.ctx.settings, self.spec(values))
         if err is not None:
             return text("tr.msg.invalid", lang, message=localize_message(err.message, lang)), None
         shown = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)

@@ -20,8 +20,9 @@ from studio.services import run_lifecycle
 from studio.services import runs as runs_svc
 from studio.services.progress import run_progress
 from studio.ui.context import UIContext
+from studio.ui.estimate_text import format_plan, launch_warning
 from studio.ui.i18n import Texts
-from studio.ui.train_tab import CONFIG_KEYS, TrainHandlers, form_defaults, format_plan, launch_warning
+from studio.ui.train_tab import CONFIG_KEYS, TrainHandlers, form_defaults
 
 GIB = 2**30
 

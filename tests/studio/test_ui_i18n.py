@@ -267,8 +267,8 @@ def _estimate_texts(lang: str) -> list[str]:
     from engine.models.presets import preset_fields
     from engine.train.config import TrainConfig, config_from_dict
     from studio.services.estimates import with_fit
+    from studio.ui.estimate_text import format_estimate, launch_warning
     from studio.ui.runs_tab import predicted_vs_measured
-    from studio.ui.train_tab import format_estimate, launch_warning
 
     model = ErnieConfig(**preset_fields("tiny"))
     data = [DatasetTokens(num_samples=1000, mean_length=250, p95_length=600, max_length=900)]
