@@ -21,7 +21,7 @@ from studio.ui.context import UIContext, parse_id, refusal
 from studio.ui.deploy_tab import deployment_choices
 from studio.ui.evaluate_tab import EvaluateHandlers, build_compare_evals
 from studio.ui.i18n import Texts, current_language, text
-from studio.ui.runs_tab import run_choices
+from studio.ui.run_views import run_choices
 from studio.ui.sampling import sampling_controls, sampling_params
 
 SERIES_COLORS = [

@@ -17,7 +17,8 @@ from studio.services import sweeps as sweeps_svc
 from studio.ui import charts
 from studio.ui.context import SentValues, UIContext, fmt_time, parse_id, refusal
 from studio.ui.i18n import DEFAULT_LANGUAGE, current_language, status_text, text
-from studio.ui.runs_tab import POLL_SECONDS, shown_status
+from studio.ui.run_views import shown_status
+from studio.ui.runs_tab import POLL_SECONDS
 
 SWEEP_COLUMNS = ["id", "name", "status", "trials", "objective", "created"]
 TRIAL_COLUMNS = ["trial", "params", "objective", "trial state", "step", "run"]

@@ -17,7 +17,8 @@ from studio.models import Export, Run, RunStatus
 from studio.services.exports import export_config
 from studio.ui.context import UIContext
 from studio.ui.i18n import Texts
-from studio.ui.runs_tab import VIEW_PARTS, RunsHandlers, member_of_row
+from studio.ui.run_views import member_of_row
+from studio.ui.runs_tab import VIEW_PARTS, RunsHandlers
 from workers.exporting import execute_export
 
 

@@ -153,7 +153,7 @@ def test_an_epoch_run_shows_progress_and_eta_from_the_trainers_total(client, ses
     assert out["eta_seconds"] == pytest.approx(797 * 2.0, rel=0.05)
     # the Runs table shows the same progress and ETA
     from studio.services.progress import runs_progress
-    from studio.ui.runs_tab import run_rows
+    from studio.ui.run_views import run_rows
 
     row = run_rows([session.get(Run, run_id)], runs_progress(session, [run_id])).values.tolist()[0]
     assert row[5] == "3/800 (0%)" and row[7].startswith("26m")
@@ -167,7 +167,7 @@ def test_a_finished_run_shows_its_measured_peak_beside_the_prediction(session, c
     session.commit()
     p = run_progress(run, session.query(RunMetric).filter_by(run_id=run_id).order_by(RunMetric.step).all())
     assert p["peak_rss_gib"] == 1.0 and p["eta_s"] == 0.0
-    from studio.ui.runs_tab import predicted_vs_measured
+    from studio.ui.run_views import predicted_vs_measured
 
     line = predicted_vs_measured(run.estimate, p)
     assert "peak memory predicted" in line and "measured 1.00 GiB" in line

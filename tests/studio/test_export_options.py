@@ -12,8 +12,9 @@ from studio.models import Export, Run, RunStatus
 from studio.services.exports import export_config, export_default
 from studio.ui.context import UIContext
 from studio.ui.i18n import Texts
+from studio.ui.run_views import export_rows
 from studio.ui.runs_tab import EXPORT_DTYPES as UI_DTYPES
-from studio.ui.runs_tab import RunsHandlers, export_rows
+from studio.ui.runs_tab import RunsHandlers
 
 
 @pytest.fixture

@@ -137,7 +137,7 @@ def test_sweep_best_trial_must_not_lose_more_than_max_general_drop(client, sessi
 
 
 def test_run_page_line_shows_both_changes_and_the_warning():
-    from studio.ui.runs_tab import forgetting_text
+    from studio.ui.run_views import forgetting_text
 
     g = paired_change([1.0] * 8, [1.0, 0.0] * 4, resamples=100)
     t = paired_change([0.0] * 4, [1.0] * 4, resamples=100)

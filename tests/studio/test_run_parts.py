@@ -17,7 +17,7 @@ from studio.models import Run, RunPart
 from studio.services.run_lifecycle import requeue_run
 from studio.services.run_parts import LAUNCHED, READY, beat_part, claim_part, gang, placement, set_part
 from studio.ui.nodes_tab import holds_text
-from studio.ui.runs_tab import placement_text
+from studio.ui.run_views import placement_text
 from studio.ui.train_tab import run_spec
 
 

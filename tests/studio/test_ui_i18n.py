@@ -35,7 +35,7 @@ from studio.ui.i18n import (
     untranslated_words,
 )
 from studio.ui.nodes_tab import CHECK_COLUMNS, NODE_COLUMNS
-from studio.ui.runs_tab import (
+from studio.ui.run_views import (
     CHECKPOINT_COLUMNS,
     EXPORT_COLUMNS,
     FAMILY_COLUMNS,
@@ -268,7 +268,7 @@ def _estimate_texts(lang: str) -> list[str]:
     from engine.train.config import TrainConfig, config_from_dict
     from studio.services.estimates import with_fit
     from studio.ui.estimate_text import format_estimate, launch_warning
-    from studio.ui.runs_tab import predicted_vs_measured
+    from studio.ui.run_views import predicted_vs_measured
 
     model = ErnieConfig(**preset_fields("tiny"))
     data = [DatasetTokens(num_samples=1000, mean_length=250, p95_length=600, max_length=900)]

@@ -42,7 +42,8 @@ from studio.ui.context import UIContext
 from studio.ui.datasets_tab import problem_rows, record_view, rejected_upload, rendered_spans
 from studio.ui.deploy_tab import DeployHandlers
 from studio.ui.i18n import STRINGS, Texts, text
-from studio.ui.runs_tab import VIEW_PARTS, RunsHandlers, run_rows
+from studio.ui.run_views import run_rows
+from studio.ui.runs_tab import VIEW_PARTS, RunsHandlers
 from studio.ui.sampling import sampling_params
 from studio.ui.train_form import OPTION_KEYS
 from studio.ui.train_tab import (
