@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine.data.formats import FORMATS
+from engine.data.record_types import FORMATS
 
 
 def _tokenizer(model: str | None):

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.data.formats import (
+from engine.data.formats import parse_record
+from engine.data.formats_vl import probe_video
+from engine.data.record_types import (
     IMAGE_MARK,
     VIDEO_MARK,
     Conversation,
@@ -27,8 +29,6 @@ from engine.data.formats import (
     RecordError,
     Turn,
     VideoClip,
-    parse_record,
-    probe_video,
 )
 from engine.data.vl_processor import ProcessorSettings, image_grid, smart_resize
 from engine.data.vl_video import sample_frame_indices

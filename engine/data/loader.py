@@ -13,10 +13,11 @@ import numpy as np
 
 from engine.data.archive import dataset_file
 from engine.data.encode import EncodedPair, EncodedSample, SampleEncoder
-from engine.data.formats import KINDS, RecordError, detect_format
+from engine.data.formats import detect_format
 from engine.data.ocr import OCRSampleEncoder
 from engine.data.packing import collate_packed, collate_padded, collate_pairs, pack_sequences
 from engine.data.paddleocr_vl_processor import OCRProcessorSettings
+from engine.data.record_types import KINDS, RecordError
 from engine.data.validate import DatasetError, Problem, ValidationReport, read_examples
 from engine.data.vl_processor import ProcessorSettings
 from engine.models.config import VisionConfig

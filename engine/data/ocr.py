@@ -15,15 +15,8 @@ are ``formats``'; ``loader.check_ocr_file`` reads a whole file as a run does.
 from __future__ import annotations
 
 from engine.data.encode import EncodedSample, SampleEncoder, turn_samples
-from engine.data.formats import (
-    IMAGE_MARK,
-    Conversation,
-    Example,
-    RecordError,
-    Turn,
-    VideoClip,
-)
 from engine.data.paddleocr_vl_processor import OCRProcessorSettings, image_grid
+from engine.data.record_types import IMAGE_MARK, Conversation, Example, RecordError, Turn, VideoClip
 from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START, ErnieTokenizer
 
 

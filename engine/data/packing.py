@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.data.encode import IGNORE_INDEX, EncodedPair, EncodedSample, video_frame_rate
-from engine.data.formats import Media, VideoClip
 from engine.data.paddleocr_vl_processor import OCRImage, OCRProcessorSettings
 from engine.data.paddleocr_vl_processor import preprocess_image as preprocess_ocr_image
+from engine.data.record_types import Media, VideoClip
 from engine.data.vl_processor import ProcessorSettings, VisionInput, preprocess_image
 
 # the image processor of a VL run: ERNIE 4.5 VL's or PaddleOCR-VL's

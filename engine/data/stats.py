@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from engine.data.encode import EncodedPair, SampleEncoder, media_counts
-from engine.data.formats import Conversation, Preference
+from engine.data.record_types import Conversation, Preference
 from engine.data.validate import read_examples
 from engine.data.vl_processor import VisionInputError
 from engine.models.config import VisionConfig

@@ -8,14 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.data.archive import ArchiveError, dataset_file
-from engine.data.formats import (
-    FORMATS,
-    KINDS,
-    Example,
-    check_record,
-    detect_format,
-    detect_record_format,
-)
+from engine.data.formats import check_record, detect_format, detect_record_format
+from engine.data.record_types import FORMATS, KINDS, Example
 from engine.data.records import iter_raw
 from engine.tokenizer import SPECIAL_TOKENS, ErnieTokenizer
 

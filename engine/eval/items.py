@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.data.formats import Conversation, check_record, detect_record_format
+from engine.data.formats import check_record, detect_record_format
+from engine.data.record_types import Conversation
 from engine.data.records import RawRecord, iter_raw
 
 

@@ -4,7 +4,7 @@ as plain text or in the chat template (``benchmark_prompt``)."""
 from __future__ import annotations
 
 from engine.data.encode import SampleEncoder
-from engine.data.formats import Conversation
+from engine.data.record_types import Conversation
 from engine.eval.items import LETTERS, ChoiceItem, NumberItem
 
 

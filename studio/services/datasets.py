@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from engine.data.formats import FORMATS
+from engine.data.record_types import FORMATS
 from engine.data.records import TABLE_SUFFIXES
 from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
 from engine.eval.config import BENCHMARK_TYPES
@@ -443,7 +443,7 @@ def dataset_file(session: Session, settings: Settings, dataset_id: int, rel_path
 def record_images(settings: Settings, ds: Dataset, record: Any) -> list[tuple[Path | None, str]]:
     """(local file, name) of every image a VL record names, in order; the file is None for an image named by
     URL that has not been fetched yet (the preview says so; it never fetches)."""
-    from engine.data.formats import resolve_image
+    from engine.data.formats_vl import resolve_image
 
     infos = record.get("image_info") if isinstance(record, dict) else None
     base = dataset_path(settings, ds).parent

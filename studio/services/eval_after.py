@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from engine.data.formats import resolve_image
+from engine.data.formats_vl import resolve_image
 from engine.data.records import iter_raw
 from engine.eval.config import CHAT_TYPES, OCR_TYPES
 from studio.config import Settings

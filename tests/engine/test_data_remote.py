@@ -26,7 +26,8 @@ import zstandard
 from image_standin import ImageHost, picture
 
 from engine.data import remote
-from engine.data.formats import parse_record, probe_video
+from engine.data.formats import parse_record
+from engine.data.formats_vl import probe_video
 from engine.data.vl_processor import VisionInputError
 
 
@@ -442,7 +443,7 @@ PROBE = """
 import resource, sys, time
 from pathlib import Path
 from PIL import ImageFile
-from engine.data.formats import probe_video
+from engine.data.formats_vl import probe_video
 decoded = []
 load = ImageFile.ImageFile.load
 ImageFile.ImageFile.load = lambda self: decoded.append(1) or load(self)

@@ -16,7 +16,8 @@ from PIL import Image
 from engine import load_model, load_tokenizer
 from engine.data import DatasetError, RecordError, SampleEncoder, build_train_data, parse_record
 from engine.data.encode import media_token_count, render_record, video_frame_rate, video_grid
-from engine.data.formats import VideoClip, probe_video
+from engine.data.formats_vl import probe_video
+from engine.data.record_types import VideoClip
 from engine.data.vl_processor import ProcessorSettings
 from engine.data.vl_video import preprocess_video, read_video_frames
 from engine.tokenizer import (

@@ -18,7 +18,7 @@ import engine
 from engine.data import DatasetError, build_train_data, detect_format, validate_file
 from engine.data import archive as archive_mod
 from engine.data.archive import ArchiveError, dataset_file
-from engine.data.formats import RecordError, parse_record
+from engine.data.formats import parse_record
 from engine.data.loader import check_ocr_file
 from engine.data.ocr import OCRSampleEncoder
 from engine.data.paddleocr_vl_processor import (
@@ -28,6 +28,7 @@ from engine.data.paddleocr_vl_processor import (
     preprocess_image,
     task_messages,
 )
+from engine.data.record_types import RecordError
 from engine.tokenizer import compile_chat_template
 
 ROOT = Path(__file__).resolve().parents[2]

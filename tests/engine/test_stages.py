@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.data.formats import KINDS
+from engine.data.record_types import KINDS
 from engine.train.config import TrainConfig, defaults_for
 from engine.train.stages import (
     ELASTIC_STAGES,

@@ -23,8 +23,8 @@ import gradio as gr
 import pandas as pd
 from gradio.context import LocalContext
 
-from engine.data.formats import FORMATS, KINDS
 from engine.data.paddleocr_vl_processor import TASK_PROMPTS
+from engine.data.record_types import FORMATS, KINDS
 from engine.eval.config import BENCHMARK_TYPES
 from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig
 from studio.ui.i18n.config_help import CONFIG_HELP_ZH

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from engine.data.formats import FORMATS
+from engine.data.record_types import FORMATS
 from engine.eval.config import BENCHMARK_TYPES
 
 # key -> (English, Chinese). Keys ending in ".info" are tooltips (Gradio's ``info=``).
