@@ -94,16 +94,12 @@ def ours_step(args):
     import paddle.profiler as profiler
 
     from engine.models import layers
+    from engine.train.build import build_model, build_optimizer
     from engine.train.config import TrainConfig, config_from_dict
     from engine.train.parallel import DataParallel
     from engine.train.precision import MasterWeights, PrecisionMode, resolve_precision
-    from engine.train.trainer import (
-        Objective,
-        accumulate_gradients,
-        build_model,
-        build_optimizer,
-        optimizer_step,
-    )
+    from engine.train.run_state import Objective
+    from engine.train.step import accumulate_gradients, optimizer_step
 
     values = dict(
         model_name_or_path=str(Path(args.model_dir) / "paddle"),

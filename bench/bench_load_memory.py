@@ -45,7 +45,7 @@ def mib(key):
 
 import paddle
 from engine.train.config import TrainConfig, config_from_dict
-from engine.train.trainer import build_dpo_loss, build_model
+from engine.train.build import build_dpo_loss, build_model
 
 model_dir, compute_type, fine_tuning, stage, with_reference, out = sys.argv[1:7]
 cfg = config_from_dict(TrainConfig, dict(

@@ -26,11 +26,13 @@ from engine.models.initialize import init_model, init_weights
 from engine.models.presets import scaled_config
 from engine.tokenizer import copy_tokenizer_files
 from engine.train import quant
+from engine.train.build import build_model, build_optimizer
 from engine.train.config import TrainConfig, config_from_dict
 from engine.train.dpo import DPOLoss
 from engine.train.parallel import DataParallel
+from engine.train.run_state import Objective, objective_for
 from engine.train.stages import DPO, SFT
-from engine.train.trainer import Objective, accumulate_gradients, build_model, build_optimizer, objective_for
+from engine.train.step import accumulate_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data"

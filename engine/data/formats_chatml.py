@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# ---- chatml ------------------------------------------------------------------------------------------
 from engine.data.record_types import CHATML_ROLES, Conversation, Turn, _labels, _type_name, _unknown_keys
 from engine.tokenizer import (
     split_reasoning,

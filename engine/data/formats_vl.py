@@ -13,8 +13,6 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from engine.data import remote
-
-# ---- VL ----------------------------------------------------------------------------------------------
 from engine.data.record_types import (
     IMAGE_MARK,
     REMOTE_PREFIXES,

@@ -342,7 +342,7 @@ class Evaluation:
         if self._ocr_reader is None:
             from engine.data.ocr import OCRSampleEncoder
             from engine.data.paddleocr_vl_processor import OCRProcessorSettings
-            from engine.train.trainer import processor_dir
+            from engine.train.build import processor_dir
 
             settings = OCRProcessorSettings.from_model_dir(processor_dir(self.cfg.model_name_or_path))
             self._ocr_reader = OCRSampleEncoder(self.tok, self.cfg.max_seq_len, settings), settings

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from engine.train.config import ExportConfig, TrainConfig
     from engine.train.export import ExportSummary
-    from engine.train.trainer import RunSummary
+    from engine.train.run_state import RunSummary
 
 
 def run_training(config: TrainConfig, on_event=None) -> RunSummary:

@@ -30,10 +30,12 @@ from engine.models.expert_parallel import (  # noqa: E402
 from engine.models.moe import MoELayer  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.train import run_training  # noqa: E402
+from engine.train.build import build_data, build_model  # noqa: E402
 from engine.train.config import load_config  # noqa: E402
 from engine.train.parallel import DataParallel  # noqa: E402
+from engine.train.run_state import Objective  # noqa: E402
 from engine.train.sft import to_tensor_batch  # noqa: E402
-from engine.train.trainer import Objective, accumulate_gradients, build_data, build_model  # noqa: E402
+from engine.train.step import accumulate_gradients  # noqa: E402
 
 # A router loss of each kind, so their global-batch form is part of every gradient compared here.
 ROUTER = ["moe_aux_loss_lambda=0.01", "moe_z_loss_lambda=0.001", "moe_orthogonal_loss_lambda=0.01"]

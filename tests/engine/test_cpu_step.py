@@ -13,7 +13,7 @@ import pytest
 
 from engine.models import kernels
 from engine.train.precision import cpu_bf16_features, cpu_bf16_matmul, resolve_precision
-from engine.train.trainer import clip_grad_norm
+from engine.train.step import clip_grad_norm
 
 HAS_GPU = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 

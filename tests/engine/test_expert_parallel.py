@@ -19,9 +19,9 @@ from safetensors.numpy import load_file
 
 import engine
 from engine.train import run_training
+from engine.train.build import build_model
 from engine.train.config import ConfigError, load_config
 from engine.train.parallel import launch_command
-from engine.train.trainer import build_model
 from tests.engine.expert_parallel_ranks import GOLDENS, ROOT, overrides
 from tests.engine.test_models_parity import PARITY_ATOL, assert_logits_match_transformers
 from tests.engine.test_vl_parity import CASES as VL_CASES

@@ -145,7 +145,7 @@ def test_export_keeps_folds_or_refuses_the_gates(gpas_run, tmp_path):
 
 
 def test_gpas_refuses_lora_on_a_model_without_gates(tiny_model_dir, tmp_path):
-    from engine.train.trainer import build_model
+    from engine.train.build import build_model
 
     cfg = config_from_dict(
         TrainConfig,

@@ -28,7 +28,7 @@ def mib(key):
 import paddle
 from engine.models.quantized import WeightOnlyLinear
 from engine.train.config import TrainConfig, config_from_dict
-from engine.train.trainer import build_model
+from engine.train.build import build_model
 
 model_dir, compute_type, out = sys.argv[1:4]
 cfg = config_from_dict(TrainConfig, dict(

@@ -176,8 +176,8 @@ def test_recompute_granularity_is_checked():
 
 
 def test_the_trainer_sets_what_the_config_asks(tiny_moe_model_dir):
+    from engine.train.build import build_model
     from engine.train.config import TrainConfig, config_from_dict
-    from engine.train.trainer import build_model
 
     base = dict(model_name_or_path=str(tiny_moe_model_dir), train_dataset_path="x.jsonl", recompute=True)
     model, _ = build_model(config_from_dict(TrainConfig, base))

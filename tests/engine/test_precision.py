@@ -23,6 +23,7 @@ from engine.models.loading import load_plain_model
 from engine.models.quantized import LowPrecisionEmbedding, LowPrecisionLinear
 from engine.models.safetensors_io import SafetensorsFile
 from engine.train import run_export, run_training
+from engine.train.build import build_model, build_optimizer
 from engine.train.config import ExportConfig, TrainConfig, config_from_dict
 from engine.train.parallel import DataParallel
 from engine.train.precision import (
@@ -34,7 +35,7 @@ from engine.train.precision import (
     resolve_precision,
 )
 from engine.train.run_dir import _state_from_names, optimizer_state_by_name
-from engine.train.trainer import build_model, build_optimizer, setup_run, train_loop
+from engine.train.trainer import setup_run, train_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data"

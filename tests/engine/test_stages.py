@@ -6,6 +6,7 @@ import pytest
 
 from engine.data.record_types import KINDS
 from engine.train.config import TrainConfig, defaults_for
+from engine.train.run_state import Objective, objective_for
 from engine.train.stages import (
     ELASTIC_STAGES,
     REGISTRY,
@@ -16,7 +17,6 @@ from engine.train.stages import (
     find_stage,
     stage_info,
 )
-from engine.train.trainer import Objective, objective_for
 
 
 def test_the_registry_keeps_the_stages_their_order_and_defaults():

@@ -21,11 +21,13 @@ from engine.data import build_train_data
 from engine.models.loading import load_plain_model
 from engine.models.lora import LoRALinear, apply_lora, load_adapter_weights, lora_layers
 from engine.train import run_export, run_training
+from engine.train.build import build_model, build_optimizer
 from engine.train.config import ExportConfig, TrainConfig, config_from_dict, load_export_config
 from engine.train.dpo import preference_loss
 from engine.train.moe_balance import expert_counts, present_groups
+from engine.train.run_state import Objective, objective_for
 from engine.train.sft import evaluate_lm, language_model_loss, to_tensor_batch
-from engine.train.trainer import Objective, build_model, build_optimizer, lr_at, objective_for
+from engine.train.trainer import lr_at
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data"
@@ -402,8 +404,8 @@ def test_dpo_lora_reference_is_the_adapter_free_model(sft_run, tmp_path):
 
 def dpo_setup(model_dir: Path, out: Path, **values):
     """(config, policy model, DPO loss with its reference, one batch of pairs) of a Full DPO run."""
+    from engine.train.build import build_dpo_loss
     from engine.train.precision import resolve_precision
-    from engine.train.trainer import build_dpo_loss
 
     dpo = str(DATA / "dpo_demo.jsonl")
     cfg = config_from_dict(
@@ -724,7 +726,7 @@ def test_transformers_reads_the_merged_vl_lora_export(vl_lora_run, tmp_path):
 def test_vl_keys_on_a_text_model_are_announced_not_ignored(tiny_model_dir, tiny_vl_model_dir):
     """lora_target_modules' vision / resampler groups and min_pixels / max_pixels do nothing on a text
     model: the run says so (a notice per key); on a VL model they are quiet."""
-    from engine.train.trainer import runtime_notices
+    from engine.train.notices import runtime_notices
 
     values = dict(
         model_name_or_path=str(tiny_model_dir),

@@ -112,7 +112,6 @@ def test_no_nesting_deeper_than_the_limit():
 MAX_FILE_LINES = 600
 LONG_FILES: dict[str, str] = {
     "engine/train/config.py": "the training schema, YAML reading and ERNIEKit's key handling",
-    "engine/train/trainer.py": "the training loop and its run set-up",
 }
 
 
@@ -131,7 +130,8 @@ def test_no_file_longer_than_the_limit():
     studio/ui/train_tab.py (726) the estimate's and plans' text to estimate_text (594 and 134);
     studio/ui/runs_tab.py (864) its rows, texts and run view values to run_views (540 and 348);
     engine/data/formats.py (1,238) became record_types, formats, formats_chatml and formats_vl (178, 374, 224,
-    521)."""
+    521); engine/train/trainer.py (1,294) became trainer, run_state, build, step, saving and notices (487, 98,
+    334, 262, 117, 141)."""
     long = [
         f"{p.relative_to(ROOT)}: {_lines(p)} lines"
         for p in _sources(LENGTH_CHECKED)
