@@ -40,8 +40,6 @@ def reused_in_process(settings: Settings) -> dict[str, Any] | None:
     when that is safe: on a CPU build of Paddle (which the worker has imported already) reading the node's
     facts touches no device. A CUDA build always asks a child: reading a GPU's free memory makes a CUDA
     context, which would stay in the worker. Saves a child that imports Paddle at each restart."""
-    if settings.doctor_reuse_s <= 0:
-        return None
     import paddle
 
     if paddle.device.is_compiled_with_cuda():

@@ -86,13 +86,14 @@ def reused_report(
         return None
     start = time.perf_counter()
     floors = floors or DoctorFloors()
-    return _reused(node_facts(), floors, full, reuse_s, cache_dir or reuse.default_cache_dir(), start)
+    facts = node_facts()
+    key = reuse.report_key(facts, floors.model_dump(), full)
+    return _reused(key, facts, floors, full, reuse_s, cache_dir or reuse.default_cache_dir(), start)
 
 
 def _reused(
-    facts: dict, floors: DoctorFloors, full: bool, reuse_s: float, cache_dir: Path, start: float
+    key: str, facts: dict, floors: DoctorFloors, full: bool, reuse_s: float, cache_dir: Path, start: float
 ) -> DoctorReport | None:
-    key = reuse.report_key(facts, floors.model_dump(), full)
     saved = reuse.load_recent(cache_dir, key, reuse_s)
     if saved is None:
         return None
@@ -120,7 +121,7 @@ def run_doctor(
     facts = node_facts()
     cache_dir = cache_dir or reuse.default_cache_dir()
     key = reuse.report_key(facts, floors.model_dump(), full)
-    if reuse_s > 0 and (reused := _reused(facts, floors, full, reuse_s, cache_dir, start)) is not None:
+    if reuse_s > 0 and (reused := _reused(key, facts, floors, full, reuse_s, cache_dir, start)) is not None:
         return reused
     checks: list[Check] = []
     with tempfile.TemporaryDirectory(prefix="ernie-doctor-") as tmp:

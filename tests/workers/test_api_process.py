@@ -3,16 +3,10 @@ any thread, leaves its graceful SIGTERM handling in place (Paddle's import insta
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-
-import httpx
-from worker_helpers import free_port, wait_for
-
-CLI = str(Path(sys.executable).parent / "ernie-studio")
 
 LATE_IMPORT = """
 import os, signal, sys, threading, time
@@ -43,31 +37,10 @@ def test_paddle_imported_late_in_a_thread_keeps_the_python_sigterm_handler():
     assert plain.returncode != 0 and "handled" not in plain.stdout, plain.stdout + plain.stderr
 
 
-def test_the_api_starts_without_paddle_and_stops_gracefully(tmp_path):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIE_STUDIO_")}
-    env["ERNIE_STUDIO_HOME"] = str(tmp_path / "home")
-    log = (tmp_path / "api.log").open("wb")
-    proc = subprocess.Popen(
-        [CLI, "up", "--no-worker", "--no-ui", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, 90, "the API")
-        assert "libpaddle" not in Path(f"/proc/{proc.pid}/maps").read_text()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, (tmp_path / "api.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_the_api_starts_without_paddle_and_stops_gracefully(studio_factory):
+    studio = studio_factory()
+    studio.start_api()  # `ernie-studio up --no-worker --no-ui`, waited for until /health answers
+    api = studio.procs["api"]
+    assert "libpaddle" not in Path(f"/proc/{api.pid}/maps").read_text()
+    api.send_signal(signal.SIGTERM)
+    assert api.wait(30) == 0, studio.log("api")[-3000:]
