@@ -5,7 +5,6 @@ docstring says what matches the reference and how closely."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,8 +26,6 @@ from engine.data.vl_processor import (
     _sized,
     load_image,
 )
-
-log = logging.getLogger(__name__)
 
 
 def read_video_frames(

@@ -1,7 +1,6 @@
 """Ports on this node: a free one now, and one set per deployment reserved in a registry file so two
 deployments starting together never take the same (FastDeploy needs four per deployment, llama.cpp one)."""
 
-import logging
 import os
 import socket
 import tempfile
@@ -9,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.serve.process_records import _pid_alive, _read_int
-
-log = logging.getLogger(__name__)
 
 
 def free_port(host: str = "127.0.0.1", exclude: set[int] | None = None) -> int:
