@@ -3,7 +3,8 @@
 The tools (``llama-server``, ``llama-quantize``, ``llama-perplexity``) are built by ``make llamacpp``
 (tools/build_llamacpp.sh) from the llama.cpp source vendored in the pinned ``llama-cpp-python`` sdist, into
 ``~/.cache/ernie-studio/llama.cpp/llama-cpp-python-<version>/bin``. Looked up in this order:
-``ERNIE_STUDIO_LLAMACPP_BIN`` (a directory), that cache, then ``PATH``.
+``ERNIE_STUDIO_LLAMACPP_BIN`` (a directory), that cache, then ``PATH``. A node with llama-server in any of them
+serves text models on CPU with it under ``--backend auto`` unless ``ERNIE_STUDIO_CPU_SERVING`` is ``paddle``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from pathlib import Path
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")
 BUILD_HINT = "build it with `make llamacpp` (tools/build_llamacpp.sh), or set ERNIE_STUDIO_LLAMACPP_BIN"
+# Which engine `--backend auto` gives a text model on a CPU node where llama.cpp is installed: llama.cpp
+# (docs/benchmarks.md: 2.8x to 6x the built-in server's decode speed in a sixth of its memory) or the
+# built-in Paddle server. The studio's Settings.cpu_serving is the same variable.
+CPU_SERVING_ENV = "ERNIE_STUDIO_CPU_SERVING"
+CPU_SERVING = ("llamacpp", "paddle")
 
 # On a CPU with AMX-INT8 (Intel Sapphire Rapids and later) llama.cpp repacks quantized weights into its "AMX"
 # buffer type, and its AMX matmul segfaults: ggml-org/llama.cpp#20824 (ggml_backend_amx_mul_mat, closed stale
@@ -52,12 +58,19 @@ def cache_bin_dir() -> Path:
     return Path(home) / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}" / "bin"
 
 
-def find_tool(name: str, node_install: bool = False) -> Path | None:
-    """The path of llama.cpp tool ``name`` on this node, or None. ``node_install`` looks only where a node
-    installs it (ERNIE_STUDIO_LLAMACPP_BIN, PATH), not in the build cache of `make llamacpp`."""
+def cpu_serving(value: str | None = None) -> str:
+    """The node's choice for `auto` on a CPU (``value``, else ERNIE_STUDIO_CPU_SERVING, else llamacpp)."""
+    chosen = (value if value is not None else os.environ.get(CPU_SERVING_ENV, "")).strip() or CPU_SERVING[0]
+    if chosen not in CPU_SERVING:
+        raise ValueError(f"{CPU_SERVING_ENV} must be one of {', '.join(CPU_SERVING)}, not {chosen!r}")
+    return chosen
+
+
+def find_tool(name: str) -> Path | None:
+    """The path of llama.cpp tool ``name`` on this node, or None."""
     if name not in TOOLS:
         raise ValueError(f"unknown llama.cpp tool {name!r}; one of {', '.join(TOOLS)}")
-    dirs = [os.environ.get("ERNIE_STUDIO_LLAMACPP_BIN"), None if node_install else str(cache_bin_dir())]
+    dirs = [os.environ.get("ERNIE_STUDIO_LLAMACPP_BIN"), str(cache_bin_dir())]
     for d in dirs:
         if d and (Path(d) / name).is_file() and os.access(Path(d) / name, os.X_OK):
             return Path(d) / name

@@ -7,6 +7,7 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -69,6 +70,10 @@ class Settings(BaseSettings):
     serve_start_timeout_s: float = 600.0
     # FastDeploy servers a serving worker holds per GPU it sees; each takes 0.9 / this of the GPU's memory.
     fastdeploy_per_gpu: int = 1
+    # What a deployment's `auto` backend serves a text model with on this node when it has no GPU and
+    # llama.cpp is installed (`make llamacpp`, ERNIE_STUDIO_LLAMACPP_BIN or PATH): llama.cpp, from a GGUF
+    # written at the first deployment and reused (engine.llamacpp.CPU_SERVING_ENV), or the built-in server.
+    cpu_serving: Literal["llamacpp", "paddle"] = "llamacpp"
     # How often a sweep's driver reads its trials' evaluations (pruning) and starts the next trials.
     sweep_poll_s: float = Field(default=5.0, gt=0)
     # How often a worker re-sends runs the broker never got and requeues runs of dead workers.

@@ -17,6 +17,10 @@ os.environ.setdefault("ERNIE_STUDIO_CPU_THREADS", "1")
 # too); in the suite, "everything else" is the other pytest worker's tests, and a full run took 2 minutes
 # longer waiting on it. Tests of the niceness itself pass it explicitly.
 os.environ.setdefault("ERNIE_STUDIO_BATCH_NICENESS", "0")
+# `make test` builds llama.cpp, so `--backend auto` would serve every CPU deployment of a text model with it
+# (engine.llamacpp.cpu_serving). The suite's deployments test the built-in server unless a test asks for
+# llama.cpp; tests/workers/test_cpu_serving.py holds the default (a studio without this setting).
+os.environ.setdefault("ERNIE_STUDIO_CPU_SERVING", "paddle")
 
 
 def pytest_configure(config):

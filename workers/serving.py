@@ -4,6 +4,7 @@ on a free port, wait for /health, hold the server until a stop is requested, the
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -49,10 +50,10 @@ def resolve_backend(backend: str) -> str:
     return choose_backend(backend, None)[0]
 
 
-def choose_backend(backend: str, model_dir: Path | None) -> tuple[str, str]:
+def choose_backend(backend: str, model_dir: Path | None, cpu_serving: str | None = None) -> tuple[str, str]:
     """(backend, why) for a deployment: an explicit backend is checked and refused with the reason;
     `auto` takes FastDeploy where installed, then llama.cpp on a CPU node where installed (and the model
-    fits it), else the built-in Paddle server."""
+    fits it) unless the node's ``cpu_serving`` is paddle, else the built-in Paddle server."""
     if model_dir is not None and llamacpp.is_gguf(model_dir):
         return _gguf_backend(backend, model_dir)
     if backend == "paddle":
@@ -66,7 +67,7 @@ def choose_backend(backend: str, model_dir: Path | None) -> tuple[str, str]:
     if chosen:
         return chosen, why
     if model_dir is not None:
-        chosen, why_not = llamacpp.choose("auto", model_dir)
+        chosen, why_not = llamacpp.choose("auto", model_dir, prefer=cpu_serving)
         if chosen:
             return chosen, f"{why}; {why_not}"
         why = f"{why}; {why_not}"
@@ -171,6 +172,17 @@ def merge_lora(settings: Settings, run: Run, log_file: Path, beat: Callable[[], 
     return export_dir
 
 
+def serving_gguf_dir(settings: Settings, model_dir: Path) -> Path:
+    """Where a checkpoint served by llama.cpp is written as GGUF and found again by the next deployment of
+    the same model (the file is rewritten when the model's files are newer): a run's model in the run's own
+    folder (deleted with it), any other model in a folder of the cache named after its path."""
+    model = Path(model_dir).resolve()
+    runs = settings.runs_dir.resolve()
+    if model.is_relative_to(runs) and model != runs:
+        return runs / model.relative_to(runs).parts[0] / "serving-gguf"
+    return settings.home / "cache" / "gguf" / hashlib.sha256(str(model).encode()).hexdigest()[:16]
+
+
 @dataclass
 class ModelServer:
     """A started `ernie-studio serve` child process and where it answers."""
@@ -194,7 +206,7 @@ def execute_deployment(settings: Settings, deployment_id: int, worker: str) -> s
             return None
         try:
             model_dir = _servable_model(session, settings, dep, "", log_file)
-            backend, why = choose_backend(dep.backend, model_dir)
+            backend, why = choose_backend(dep.backend, model_dir, settings.cpu_serving)
             dep_svc.record_backend_choice(session, deployment_id, backend, why)
             model_dir = _servable_model(session, settings, dep, backend, log_file)
             gpu = FASTDEPLOY_SLOTS.take(settings, deployment_id) if backend == "fastdeploy" else None
@@ -257,7 +269,12 @@ def _start_server(
         "default",
     )
     if backend == "llamacpp":
-        cmd += ["--log-dir", str(directory / "llamacpp")]
+        cmd += [
+            "--log-dir",
+            str(directory / "llamacpp"),
+            "--gguf-dir",
+            str(serving_gguf_dir(settings, model_dir)),
+        ]
     if backend == "fastdeploy":
         cmd += ["--log-dir", str(directory / "fastdeploy")]
         if gpu is not None:

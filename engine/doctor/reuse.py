@@ -44,7 +44,7 @@ def _engine_stamp() -> list[tuple[str, int, int]]:
 
 def _llama_server_stamp() -> list[Any] | None:
     """The llama-server the `llamacpp` check looks at (installed, replaced or gone changes the key)."""
-    path = find_tool("llama-server", node_install=True)
+    path = find_tool("llama-server")
     if path is None:
         return None
     st = path.stat()

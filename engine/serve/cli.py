@@ -84,6 +84,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default q8_0)",
     )
     p.add_argument(
+        "--gguf-dir",
+        default=None,
+        help="llamacpp only: where a checkpoint's GGUF is written and reused while newer than the model's "
+        "files (default: the log dir)",
+    )
+    p.add_argument(
         "--threads", type=int, default=0, help="llamacpp only: CPU threads (0: llama.cpp's choice)"
     )
     p.add_argument("--served-model-name", default="default", help="the name clients pass as `model`")
@@ -243,7 +249,8 @@ def _serve_llamacpp(args: argparse.Namespace, model: Path) -> int:
 
     base = model.parent if model.is_file() else model
     log_dir = Path(args.log_dir) if args.log_dir else base / "llamacpp-logs"
-    gguf = llamacpp.gguf_for_serving(model, log_dir, args.gguf_type or llamacpp.SERVE_GGUF_TYPE)
+    gguf_dir = Path(args.gguf_dir) if args.gguf_dir else log_dir
+    gguf = llamacpp.gguf_for_serving(model, gguf_dir, args.gguf_type or llamacpp.SERVE_GGUF_TYPE)
     print(f"llama.cpp serves {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB)", flush=True)
     plan = llamacpp.LlamaCppArgs(
         gguf=gguf,

@@ -14,16 +14,18 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.llamacpp import BUILD_HINT, find_tool, repack_args, tool_version
+from engine.llamacpp import BUILD_HINT, CPU_SERVING_ENV, cpu_serving, find_tool, repack_args, tool_version
 from engine.serve.fastdeploy import FlagCheck, help_flags, plan_flags
 from engine.serve.ports import PortReservation, port_is_free
 
@@ -70,6 +72,9 @@ def gguf_for_serving(model: str | Path, out_dir: str | Path, gguf_type: str = SE
 
 
 def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
+    """Write ``model_dir`` as ``out`` through a private folder beside it, moved into place when whole: a
+    deployment killed while writing leaves no half file for the next one to serve, and two deployments of
+    the same model writing at once each move a whole file."""
     import engine
     from engine.models.paths import tokenizer_dir
     from engine.train import gguf_export
@@ -80,10 +85,18 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
     if problems:
         raise ValueError(f"llama.cpp cannot serve {model_dir}: " + "; ".join(problems))
     out.parent.mkdir(parents=True, exist_ok=True)
-    if gguf_type in gguf_export.QUANTIZE_NAMES:
-        f16 = gguf_export.write_gguf(loaded, tokenizer, out.with_name("model-f16.gguf"), "f16")
-        return gguf_export.quantize_gguf(f16, out, gguf_type)
-    return gguf_export.write_gguf(loaded, tokenizer, out, gguf_type)
+    work = Path(tempfile.mkdtemp(prefix=".writing-", dir=out.parent))
+    try:
+        written = work / out.name
+        if gguf_type in gguf_export.QUANTIZE_NAMES:
+            f16 = gguf_export.write_gguf(loaded, tokenizer, work / "model-f16.gguf", "f16")
+            gguf_export.quantize_gguf(f16, written, gguf_type)
+        else:
+            gguf_export.write_gguf(loaded, tokenizer, written, gguf_type)
+        os.replace(written, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
 
 
 def model_problem(model: str | Path) -> str:
@@ -110,20 +123,21 @@ def model_problem(model: str | Path) -> str:
     return "; ".join(gguf_problems(config))
 
 
-def choose(requested: str, model: str | Path, gpu: bool | None = None) -> tuple[str | None, str]:
+def choose(
+    requested: str, model: str | Path, gpu: bool | None = None, prefer: str | None = None
+) -> tuple[str | None, str]:
     """llama.cpp's part of the backend choice: ("llamacpp", why) when it serves ``model``, else (None, why
-    not). ``requested`` "llamacpp" raises instead of declining; "auto" takes it only on a CPU node where
-    llama-server is installed (ERNIE_STUDIO_LLAMACPP_BIN or PATH; the build cache of `make llamacpp` counts
-    for explicit requests only, so a developer machine keeps the built-in server under auto)."""
+    not). ``requested`` "llamacpp" raises instead of declining; "auto" takes it on a CPU node where
+    llama-server is installed (ERNIE_STUDIO_LLAMACPP_BIN, the build cache of `make llamacpp`, or PATH) unless
+    the node prefers the built-in server (``prefer``, else ERNIE_STUDIO_CPU_SERVING, is ``paddle``)."""
     explicit = requested == "llamacpp"
-    server = find_tool("llama-server", node_install=not explicit)
+    if not explicit and cpu_serving(prefer) == "paddle":
+        return None, f"{CPU_SERVING_ENV} is paddle: this node serves CPU deployments with the built-in server"
+    server = find_tool("llama-server")
     if server is None:
         if explicit:
             raise ValueError(f"--backend llamacpp: llama.cpp's llama-server is not installed; {BUILD_HINT}")
-        return (
-            None,
-            "llama.cpp is not installed on this node (ERNIE_STUDIO_LLAMACPP_BIN or llama-server on PATH)",
-        )
+        return None, f"llama.cpp is not installed on this node ({BUILD_HINT})"
     if not explicit:
         from engine.serve.fastdeploy_env import gpu_present
 
@@ -137,7 +151,10 @@ def choose(requested: str, model: str | Path, gpu: bool | None = None) -> tuple[
         return None, f"llama.cpp: {problem}"
     return (
         "llamacpp",
-        "requested" if explicit else f"llama.cpp ({check.version}) is installed on this CPU node",
+        "requested"
+        if explicit
+        else f"llama.cpp ({check.version}) is installed on this CPU node and serves this model "
+        f"({SERVE_GGUF_TYPE} GGUF)",
     )
 
 

@@ -88,6 +88,8 @@ def deployment_rows(deps: list[Any], lang: str = DEFAULT_LANGUAGE) -> pd.DataFra
 def deployment_status(dep: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     icon = STATUS_ICONS.get(dep.status, "")
     shown = f"**{icon} #{dep.id} {dep.name} — {status_text(dep.status, lang)}**"
+    if dep.backend and dep.backend != "auto":  # the engine the worker chose (its reason is an event)
+        shown += f" · {dep.backend}"
     if dep.url:
         shown += text("dep.msg.endpoint", lang, url=dep.url)
     if dep.error:
@@ -230,13 +232,16 @@ class DeployHandlers:
         # and of the rest only what changed since this session's last tick (every value re-renders the page)
         return self._sent.changed(request, (run_out, rows, dep_out, md, sig))
 
-    def deploy(self, run_id: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
-        """(table, deployment dropdown, status, browser state) after starting a deployment of ``run_id``."""
+    def deploy(
+        self, run_id: Any, backend: str | None = "auto", request: gr.Request | None = None
+    ) -> tuple[Any, ...]:
+        """(table, deployment dropdown, status, browser state) after starting a deployment of ``run_id``
+        with ``backend`` (auto: the worker picks, and the deployment shows what it took)."""
         lang = current_language()
         rid = parse_id(run_id)
         if rid is None:
             raise refusal(text("dep.err.no_run", lang))
-        spec = deployments_svc.DeploymentSpec(run_id=rid)
+        spec = deployments_svc.DeploymentSpec(run_id=rid, backend=backend or "auto")
         dep = self.ctx.call(deployments_svc.create_deployment, self.ctx.settings, spec)
         gr.Info(text("dep.msg.starting", lang, id=dep.id))
         self._sent.forget(request)
@@ -373,6 +378,14 @@ def _deployments_panel(t: Texts) -> dict[str, Any]:
     """Run to deploy, the deployments table, the deployment picker and its status."""
     with gr.Row(equal_height=True):
         run = t.make(gr.Dropdown, "dep.run", choices=[], elem_id="dep-run", scale=4)
+        backend = t.make(
+            gr.Dropdown,
+            "dep.backend",
+            choices=list(deployments_svc.BACKENDS),
+            value="auto",
+            elem_id="dep-backend",
+            scale=2,
+        )
         deploy = t.make(gr.Button, "dep.btn", prop="value", variant="primary", elem_id="dep-btn", scale=1)
     table = t.make(
         gr.Dataframe,
@@ -391,6 +404,7 @@ def _deployments_panel(t: Texts) -> dict[str, Any]:
     status = gr.Markdown("", elem_id="dep-status")
     return {
         "run": run,
+        "backend": backend,
         "deploy": deploy,
         "table": table,
         "selected": selected,
@@ -466,7 +480,7 @@ def build_deploy_tab(ctx: UIContext, selected_state: gr.BrowserState) -> DeployT
     run, selected = d["run"], d["selected"]
     refresh_outputs = [run, d["table"], selected, d["status"]]
     _wire_chat(h, c, selected)
-    d["deploy"].click(h.deploy, run, [d["table"], selected, d["status"], selected_state])
+    d["deploy"].click(h.deploy, [run, d["backend"]], [d["table"], selected, d["status"], selected_state])
     selected.input(h.pick, [run, selected], refresh_outputs, show_progress="hidden")
     # However the deployment got selected (a click, a deploy, a restore), browser storage and the URL follow.
     selected.change(echo, selected, selected_state, show_progress="hidden").then(

@@ -1,5 +1,6 @@
 """GGUF in the browser: export a finished run as GGUF from the Runs tab, deploy the q8_0 file with llama.cpp in
-one click, and chat with it in Deploy & Chat (streamed); the sampling parameters reach llama-server.
+one click, and chat with it in Deploy & Chat (streamed); the sampling parameters reach llama-server; the Deploy
+box's engine choice serves the run itself with llama.cpp, as faithful as the built-in server.
 
 Needs llama.cpp's tools (`make llamacpp`); trains its own tiny full fine-tune of 40 steps through REST, so
 what it exports does not depend on which browser tests ran before it in the same studio.
@@ -116,15 +117,22 @@ def test_export_gguf_deploy_with_llamacpp_and_chat(page, studio, artifacts, tmp_
     httpx.post(f"{studio}/api/v1/deployments/{dep['id']}/stop", timeout=30).raise_for_status()
     wait_until(lambda: api(studio, f"/deployments/{dep['id']}")["status"] == "stopped", 60, "the stop")
 
-    # 4. The f16 GGUF answers held-out prompts of the task as the run's Paddle deployment does (greedy).
-    served = {}
-    for backend, spec in (
-        ("llamacpp", {"export_id": export["id"], "gguf_type": "f16"}),
-        ("paddle", {"run_id": run["id"], "backend": "paddle"}),
-    ):
-        r = httpx.post(f"{studio}/api/v1/deployments", json=spec, timeout=30)
-        assert r.status_code == 201, r.text
-        served[backend] = r.json()["id"]
+    # 4. The Deploy box's engine choice: the run itself deployed with llama.cpp (its q8_0 GGUF written on
+    # deploy) answers held-out prompts of the task as the run's Paddle deployment does (greedy); the status
+    # line shows the engine.
+    ui.choose("dep-run", RUN_NAME)
+    ui.choose("dep-backend", "llamacpp")
+    ui.click("dep-btn")
+    ui.expect_text("dep-status", re.compile(rf"#\d+ {RUN_NAME} — running · llamacpp"), timeout=180_000)
+    by_box = next(
+        d for d in api(studio, "/deployments")
+        if d["run_id"] == run["id"] and d["status"] == "running" and d["backend"] == "llamacpp"
+    )  # fmt: skip
+    r = httpx.post(
+        f"{studio}/api/v1/deployments", json={"run_id": run["id"], "backend": "paddle"}, timeout=30
+    )
+    assert r.status_code == 201, r.text
+    served = {"llamacpp": by_box["id"], "paddle": r.json()["id"]}
     for did in served.values():
         wait_until(
             lambda did=did: api(studio, f"/deployments/{did}")["status"] in ("running", "failed"),

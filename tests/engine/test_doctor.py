@@ -193,3 +193,20 @@ def test_the_collectives_runs_need_are_checked_by_name():
     assert collective_check(cpu, no_alltoall).passed  # CPU nodes never call it
     check = collective_check(gpu, no_alltoall)
     assert not check.passed and "paddle.distributed.alltoall_single" in check.detail
+
+
+def test_the_llamacpp_check_says_which_engine_auto_gives_a_cpu_deployment(monkeypatch):
+    """With llama.cpp built (`make test` builds it), the check passes and says auto serves text models with
+    it; ERNIE_STUDIO_CPU_SERVING=paddle is said too, and a value it does not know fails the check by name."""
+    from engine.doctor.llamacpp_probe import llamacpp_checks
+
+    monkeypatch.delenv("ERNIE_STUDIO_CPU_SERVING", raising=False)
+    (check,) = llamacpp_checks()
+    assert check.passed and check.values["cpu_serving"] == "llamacpp", check
+    assert "auto serves text models on CPU with it" in check.detail, check.detail
+    monkeypatch.setenv("ERNIE_STUDIO_CPU_SERVING", "paddle")
+    (check,) = llamacpp_checks()
+    assert check.passed and "auto keeps CPU deployments on the built-in server" in check.detail, check.detail
+    monkeypatch.setenv("ERNIE_STUDIO_CPU_SERVING", "gpu")
+    (check,) = llamacpp_checks()
+    assert not check.passed and "ERNIE_STUDIO_CPU_SERVING must be one of llamacpp, paddle" in check.detail

@@ -49,9 +49,12 @@ def test_chat_fields_fit_fastdeploy(tiny_model_dir):
 def test_auto_says_why_it_serves_with_paddle_and_llamacpp_refuses_what_llamacpp_cannot_hold(
     monkeypatch, tiny_model_dir, tmp_path
 ):
-    """Without FastDeploy and without llama-server on the node, auto is the Paddle server and says why; an
-    explicit llamacpp is refused with the reason (a VL model, or llama.cpp missing)."""
+    """Without FastDeploy and without llama-server on the node (neither ERNIE_STUDIO_LLAMACPP_BIN, nor the
+    build cache, nor PATH), auto is the Paddle server and says why; an explicit llamacpp is refused with the
+    reason (a VL model, or llama.cpp missing)."""
     monkeypatch.delenv("ERNIE_STUDIO_LLAMACPP_BIN", raising=False)
+    monkeypatch.delenv("ERNIE_STUDIO_CPU_SERVING", raising=False)
+    monkeypatch.setenv("ERNIE_STUDIO_LLAMACPP_HOME", str(tmp_path / "no-build"))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.delenv("ERNIE_STUDIO_FASTDEPLOY_PYTHON", raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -59,7 +62,6 @@ def test_auto_says_why_it_serves_with_paddle_and_llamacpp_refuses_what_llamacpp_
     assert backend == "paddle"
     assert why.startswith("FastDeploy is not installed; llama.cpp is not installed on this node")
     assert why.endswith("the built-in Paddle server serves it")
-    monkeypatch.setenv("ERNIE_STUDIO_LLAMACPP_HOME", str(tmp_path / "no-build"))
     with pytest.raises(RuntimeError, match=r"llama\.cpp refused: .*llama-server is not installed; build it"):
         serving.choose_backend("llamacpp", tiny_model_dir)
     fake = tmp_path / "bin"
@@ -79,6 +81,56 @@ def test_auto_says_why_it_serves_with_paddle_and_llamacpp_refuses_what_llamacpp_
     (vl / "config.json").write_text(json.dumps(preset_config("tiny-vl").to_dict()))
     assert "no ERNIE 4.5 VL architecture" in llamacpp.model_problem(vl)
     assert llamacpp.model_problem(tiny_model_dir) == ""
+
+
+def test_auto_serves_a_text_model_on_a_cpu_node_with_llamacpp_unless_the_node_says_paddle(
+    monkeypatch, tiny_model_dir, tiny_vl_model_dir, tmp_path
+):
+    """llama-server in the build cache of `make llamacpp` (no PATH, no ERNIE_STUDIO_LLAMACPP_BIN) is enough
+    for auto on a CPU node: a text model goes to llama.cpp with the reason, a VL model to the built-in server
+    with llama.cpp's reason; the node's cpu_serving=paddle (or ERNIE_STUDIO_CPU_SERVING) keeps the built-in
+    server and says so; a GPU node never takes llama.cpp under auto; a bad setting is refused by name."""
+    from engine.serve import llamacpp
+
+    home = tmp_path / "cache"
+    tools = home / "llama-cpp-python-0.3.36" / "bin"
+    tools.mkdir(parents=True)
+    flags = " ".join(llamacpp.launcher_flags())
+    (tools / "llama-server").write_text(
+        f"#!/bin/sh\ncase \"$1\" in --version) echo 'version: 1 (fake)';; *) echo 'usage: --model {flags}';; esac\n"
+    )
+    (tools / "llama-server").chmod(0o755)
+    monkeypatch.setenv("ERNIE_STUDIO_LLAMACPP_HOME", str(home))
+    monkeypatch.delenv("ERNIE_STUDIO_LLAMACPP_BIN", raising=False)
+    monkeypatch.delenv("ERNIE_STUDIO_CPU_SERVING", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no FastDeploy
+    monkeypatch.setattr("engine.serve.fastdeploy_env.gpu_present", lambda: False)
+    llamacpp.installed_check.cache_clear()
+    try:
+        backend, why = serving.choose_backend("auto", tiny_model_dir)
+        assert backend == "llamacpp", why
+        assert why == (
+            "FastDeploy is not installed; llama.cpp (version: 1 (fake)) is installed on this CPU node and "
+            "serves this model (q8_0 GGUF)"
+        )
+        backend, why = serving.choose_backend("auto", tiny_vl_model_dir)
+        assert backend == "paddle" and "llama.cpp has no ERNIE 4.5 VL architecture" in why, why
+        backend, why = serving.choose_backend("auto", tiny_model_dir, "paddle")
+        assert backend == "paddle" and "ERNIE_STUDIO_CPU_SERVING is paddle" in why, why
+        monkeypatch.setenv("ERNIE_STUDIO_CPU_SERVING", "paddle")  # the CLI's `serve --backend auto` reads it
+        assert llamacpp.choose("auto", tiny_model_dir)[0] is None
+        monkeypatch.setenv("ERNIE_STUDIO_CPU_SERVING", "llama")
+        with pytest.raises(
+            ValueError, match="ERNIE_STUDIO_CPU_SERVING must be one of llamacpp, paddle, not 'llama'"
+        ):
+            llamacpp.choose("auto", tiny_model_dir)
+        assert llamacpp.choose("auto", tiny_model_dir, gpu=True, prefer="llamacpp") == (
+            None,
+            "a GPU node: llama.cpp serves CPU nodes",
+        )
+    finally:
+        llamacpp.installed_check.cache_clear()
 
 
 def test_a_gguf_is_served_by_llamacpp_only(monkeypatch, tmp_path):

@@ -94,7 +94,16 @@ class RedisServer:
 class Studio:
     """API, workers and state of one test; `close()` stops every process it started."""
 
-    def __init__(self, tmp: Path, *, database_url: str | None = None, broker_url: str | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        cpu_serving: str | None = "paddle",
+    ) -> None:
+        """``cpu_serving``: the node's engine for an `auto` CPU deployment (tests/conftest.py: the built-in
+        server unless a test asks; None leaves the studio's default)."""
         self.home = tmp / "home"
         values = {
             "ERNIE_STUDIO_HOME": str(self.home),
@@ -103,6 +112,8 @@ class Studio:
             "ERNIE_STUDIO_RECONCILE_INTERVAL_S": "1",
             "ERNIE_STUDIO_KILL_GRACE_S": "3",
         }
+        if cpu_serving:
+            values["ERNIE_STUDIO_CPU_SERVING"] = cpu_serving
         if database_url:
             values["ERNIE_STUDIO_DATABASE_URL"] = database_url
         if broker_url:
@@ -115,6 +126,7 @@ class Studio:
             broker_url=broker_url or "",
             result_backend=broker_url or "",
             node_name="testnode",
+            cpu_serving=cpu_serving or "llamacpp",
         )
         upgrade(self.settings)
         self.port = free_port()

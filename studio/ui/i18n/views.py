@@ -81,6 +81,13 @@ VIEW_LABELS: dict[str, tuple[str, str]] = {
     # deploy & chat
     "dep.run": ("Finished run or model directory", "已完成的任务或模型目录"),
     "dep.btn": ("Deploy", "部署"),
+    "dep.backend": ("Serving engine", "推理引擎"),
+    "dep.backend.info": (
+        "auto: FastDeploy on a GPU node, llama.cpp on a CPU node that has it (text models; a q8_0 GGUF made "
+        "at the first deployment and kept), else the built-in Paddle server. The deployment shows what it took.",
+        "auto：GPU 节点用 FastDeploy；装有 llama.cpp 的 CPU 节点用 llama.cpp（文本模型；首次部署时生成 q8_0 GGUF "
+        "并保留），否则用内置 Paddle 服务。部署会显示实际所用的引擎。",
+    ),
     "dep.table": ("Deployments", "部署列表"),
     "dep.select": ("Deployment", "部署"),
     "dep.status": ("Status", "状态"),
