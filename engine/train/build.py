@@ -11,6 +11,7 @@ from pathlib import Path
 import paddle
 
 from engine.models import gpas
+from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES
 from engine.models.expert_parallel import (
     ExpertGroup,
     RouterComm,
@@ -22,12 +23,7 @@ from engine.models.quantized import WeightOnlyLinear, hold_in_low_precision
 from engine.models.streaming import Storage
 from engine.train import lora as lora_mod
 from engine.train import quant
-from engine.train.config import (
-    WEIGHT_ONLY_COMPUTE_TYPES,
-    ConfigError,
-    TrainConfig,
-    expert_parallel_problem,
-)
+from engine.train.config import ConfigError, TrainConfig, expert_parallel_problem
 from engine.train.dpo import DPOLoss
 from engine.train.precision import (
     Precision,

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 from engine.train.config import (
     FINE_TUNING,
     MAX_DEVICES,
-    STAGES,
     ConfigError,
     TrainConfig,
     check_expert_parallel,
@@ -23,7 +22,7 @@ from engine.train.config import (
     elastic_model_problems,
     sharding_device_problems,
 )
-from engine.train.stages import PADDLEOCR_VL, family_stage, find_stage, stage_info, stage_names
+from engine.train.stages import PADDLEOCR_VL, STAGES, family_stage, find_stage, stage_info, stage_names
 from studio.config import Settings
 from studio.models import Dataset
 from studio.schemas import RequestModel

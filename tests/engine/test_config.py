@@ -191,7 +191,8 @@ def test_example_configs_are_valid():
 
 def test_defaults_follow_stage_and_fine_tuning(tmp_path):
     """Keys a config leaves out get the engine's one set of defaults, which depend on stage and Full/LoRA."""
-    from engine.train.config import STAGE_DEFAULTS, defaults_for, field_info
+    from engine.train.config import defaults_for, field_info
+    from engine.train.stages import STAGE_DEFAULTS
 
     cfg = load_config(write(tmp_path, BASE))
     assert cfg.fine_tuning == "LoRA"  # ERNIEKit's own default

@@ -13,7 +13,6 @@ from studio_helpers import DEMO_DPO, DEMO_SFT
 from engine.train.config import (
     FINE_TUNING,
     OPTION_GROUPS,
-    STAGES,
     TrainConfig,
     config_from_dict,
     defaults_for,
@@ -21,6 +20,7 @@ from engine.train.config import (
     not_applicable,
     option,
 )
+from engine.train.stages import STAGES
 from studio.config import Settings
 from studio.migrate import upgrade
 from studio.services import datasets as datasets_svc

@@ -22,13 +22,12 @@ from engine.train.config import (
     FINE_TUNING,
     MAX_DEVICES,
     SCHEDULERS,
-    STAGE_DEFAULTS,
-    STAGES,
     TrainConfig,
     config_from_dict,
     field_info,
     load_config,
 )
+from engine.train.stages import STAGE_DEFAULTS, STAGES
 from studio.api.body_limits import MAX_JSON_BYTES
 from studio.models import Deployment
 from studio.services import datasets as datasets_svc
