@@ -14,15 +14,15 @@ from typing import Any
 
 import yaml
 
-from engine.train.config import (
+from engine.train.config import TrainConfig
+from engine.train.config_load import _load
+from engine.train.erniekit_keys import Notice
+from engine.train.options import (
     DATASET_TYPE_NAMES,
     MAX_BATCH_SIZE,
     MAX_SEQ_LEN,
     MAX_STEPS,
     ConfigError,
-    Notice,
-    TrainConfig,
-    _load,
     check_fields,
     comma_list,
     option,
@@ -254,7 +254,7 @@ def load_eval_config(path: str | Path | None, overrides: list[str] | None = None
 
 def eval_config_from_dict(values: dict[str, Any], source: str = "<dict>") -> EvalConfig:
     """The same checks for a form's values (the studio's REST / UI)."""
-    from engine.train.config import config_from_dict
+    from engine.train.config_load import config_from_dict
 
     return config_from_dict(EvalConfig, values, source)
 

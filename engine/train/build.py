@@ -23,13 +23,15 @@ from engine.models.quantized import WeightOnlyLinear, hold_in_low_precision
 from engine.models.streaming import Storage
 from engine.train import lora as lora_mod
 from engine.train import quant
-from engine.train.config import ConfigError, TrainConfig, expert_parallel_problem
+from engine.train.config import TrainConfig
 from engine.train.dpo import DPOLoss
+from engine.train.options import ConfigError
 from engine.train.precision import (
     Precision,
     PrecisionMode,
     resolve_precision,
 )
+from engine.train.run_checks import expert_parallel_problem
 from engine.train.stages import ERNIE_VL, PADDLEOCR_VL, family_stage, stage_info
 
 log = logging.getLogger(__name__)

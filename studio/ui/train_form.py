@@ -18,7 +18,9 @@ from typing import Any
 import gradio as gr
 
 from engine.models.config import ErnieConfig
-from engine.train.config import OPTION_GROUPS, TrainConfig, defaults_for, not_applicable, problem_key
+from engine.train.config import TrainConfig
+from engine.train.options import OPTION_GROUPS
+from engine.train.run_checks import defaults_for, not_applicable, problem_key
 from engine.train.stages import STAGE_DEFAULTS
 from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, localize_message, text
 
