@@ -95,7 +95,8 @@ def ours_step(args):
 
     from engine.models import layers
     from engine.train.build import build_model, build_optimizer
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
     from engine.train.parallel import DataParallel
     from engine.train.precision import MasterWeights, PrecisionMode, resolve_precision
     from engine.train.run_state import Objective

@@ -39,7 +39,8 @@ def split_data(tmp: Path, held_out: int = 20) -> tuple[Path, Path]:
 
 def pretrain(base: Path, out: Path, train: Path, steps: int, seed: int, **extra) -> float:
     from engine.train import run_training
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
     from engine.train.stages import PT
 
     values = dict(
@@ -71,7 +72,8 @@ def member_losses(run: Path, evals: Path, members: list[tuple[int, int, int]]) -
     import engine
     from engine.data import build_train_data
     from engine.train import run_export
-    from engine.train.config import ExportConfig, config_from_dict
+    from engine.train.config_load import config_from_dict
+    from engine.train.export_config import ExportConfig
     from engine.train.sft import evaluate_lm
     from engine.train.stages import PT
 

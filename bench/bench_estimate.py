@@ -233,7 +233,8 @@ def measure(config: dict, work: Path, name: str) -> dict:
 def estimate_for(config: dict, stats: dict, probe: float, devices: int = 1) -> dict:
     from engine.estimate import DatasetTokens, NodeFacts, estimate_run
     from engine.models.config import ErnieConfig
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
 
     cfg = config_from_dict(TrainConfig, config)
     model = ErnieConfig.from_file(config["model_name_or_path"])

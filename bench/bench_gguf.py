@@ -52,7 +52,7 @@ def build_model(work: Path, quick: bool) -> Path:
     from engine.models.presets import preset_config, scaled_config
     from engine.tokenizer import train_tokenizer
     from engine.train import run_export
-    from engine.train.config import load_export_config
+    from engine.train.config_load import load_export_config
 
     model_dir = work / "model"
     tok = train_tokenizer(CORPUS, model_dir)

@@ -22,7 +22,8 @@ DATA = ROOT / "examples" / "data" / "pt_demo.jsonl"
 def curves(base: Path, out: Path, train: Path, evals: Path, steps: int, every: int, seed: int, gpas: bool):
     """(train loss per logged step, eval loss per eval step, last row) of one PT run."""
     from engine.train import run_training
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
     from engine.train.stages import PT
 
     values = dict(

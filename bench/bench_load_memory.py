@@ -44,7 +44,8 @@ def mib(key):
     return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 import paddle
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from engine.train.build import build_dpo_loss, build_model
 
 model_dir, compute_type, fine_tuning, stage, with_reference, out = sys.argv[1:7]
@@ -73,7 +74,8 @@ def mib(key):
 
 import paddle
 from engine.train import run_export
-from engine.train.config import ExportConfig, config_from_dict
+from engine.train.config_load import config_from_dict
+from engine.train.export_config import ExportConfig
 
 run_dir, export_format, out = sys.argv[1:4]
 values = dict(output_dir=run_dir, lora=True, export_dir=out, copy_tokenizer=False)

@@ -55,7 +55,8 @@ def make_model_dir(work: Path) -> Path:
 
 def child(model_dir: Path, compute_type: str, steps: int, seq: int) -> dict:
     """One LoRA run in this process; returns its memory figures (MiB) and step times."""
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
     from engine.train.parallel import DataParallel
     from engine.train.trainer import setup_run, train_loop
 

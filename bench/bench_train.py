@@ -27,7 +27,8 @@ from engine.models.presets import scaled_config
 from engine.tokenizer import copy_tokenizer_files
 from engine.train import quant
 from engine.train.build import build_model, build_optimizer
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from engine.train.dpo import DPOLoss
 from engine.train.parallel import DataParallel
 from engine.train.run_state import Objective, objective_for

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine.train.config import MAX_DEVICES
+from engine.train.options import MAX_DEVICES
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 

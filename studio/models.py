@@ -24,7 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from engine.train.config import ExportConfig, config_default
+from engine.train.export_config import ExportConfig
+from engine.train.options import config_default
 
 
 def utcnow() -> datetime:
@@ -292,7 +293,7 @@ class Export(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    # The export's choices (engine.train.config.EXPORT_CHOICES), each column's default the engine's
+    # The export's choices (engine.train.export_config.EXPORT_CHOICES), each column's default the engine's
     # (ExportConfig); gguf_types comma-separated, "" for a checkpoint export; layout "gguf" for a GGUF one.
     layout: Mapped[str] = mapped_column(String(16), default=_export_default("layout"))
     quantization: Mapped[str] = mapped_column(String(16), default=_export_default("quantization"))
@@ -304,7 +305,7 @@ class Export(Base):
     gguf_files: Mapped[list[Any] | None] = mapped_column(nullable=True)
     # An elastic run's member (d<depth>-e<experts>-k<topk>, engine.models.elastic); "" = the whole model.
     elastic_member: Mapped[str] = mapped_column(String(32), default="", server_default="")
-    # A GPAS model's gates: keep or fold (engine.train.config.ExportConfig.gpas_gates).
+    # A GPAS model's gates: keep or fold (engine.train.export_config.ExportConfig.gpas_gates).
     gpas_gates: Mapped[str] = mapped_column(String(16), **_export_defaults("gpas_gates"))
     # Deploy once it succeeds (the Runs tab's one-click member deploy): the worker finishing the export, or
     # the reconciler when that worker died first, makes the deployment once (deployed_at) and links it.

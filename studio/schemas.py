@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.train.config import EXPORT_CHOICES, ExportConfig, config_default, field_info
+from engine.train.export_config import EXPORT_CHOICES, ExportConfig
+from engine.train.options import config_default, field_info
 from studio.queue import devices_of
 
 
@@ -201,7 +202,7 @@ class DeploymentOut(ORM):
 
 
 def _export_choice(key: str) -> tuple[Any, Any]:
-    """(type, Field) of one export choice (engine.train.config.EXPORT_CHOICES) from ExportConfig: its help,
+    """(type, Field) of one export choice (engine.train.export_config.EXPORT_CHOICES) from ExportConfig: its help,
     choices and default. A key whose default is empty or a list takes None (the engine's default)."""
     info = field_info(ExportConfig, key)
     default = config_default(ExportConfig, key)

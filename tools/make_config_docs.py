@@ -1,5 +1,6 @@
 """Rewrite the key tables in docs/training.md and docs/evaluation.md from the config schemas
-(engine/train/config.py, engine/eval/config.py) and the run_chat.yaml table (engine/serve/cli.py).
+(engine/train/config.py, engine/train/export_config.py, engine/eval/config.py; engine/train/config_docs.py
+makes the tables) and the run_chat.yaml table (engine/serve/cli.py).
 
     .venv/bin/python tools/make_config_docs.py
 
@@ -17,13 +18,9 @@ sys.path.insert(0, str(ROOT))
 
 from engine.eval.config import EvalConfig  # noqa: E402
 from engine.serve.cli import erniekit_chat_table  # noqa: E402
-from engine.train.config import (  # noqa: E402
-    ExportConfig,
-    TrainConfig,
-    erniekit_keys_table,
-    keys_table,
-    stage_defaults_table,
-)
+from engine.train.config import TrainConfig  # noqa: E402
+from engine.train.config_docs import erniekit_keys_table, keys_table, stage_defaults_table  # noqa: E402
+from engine.train.export_config import ExportConfig  # noqa: E402
 
 TABLES = {
     "training.md": {

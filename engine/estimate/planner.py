@@ -122,7 +122,8 @@ def plan_run(
     """Settings that fit ``model`` for ``stage`` / ``fine_tuning`` at ``seq_len`` tokens a row on ``nodes``
     (the studio's nodes: their devices and memory), best first, and why the others do not. ``num_devices``,
     ``expert_parallel_degree`` and ``sharding`` pin those choices (checked; a bad one raises PlanError)."""
-    from engine.train.config import LORA_TARGETS, TrainConfig, config_from_dict
+    from engine.train.config_load import config_from_dict
+    from engine.train.options import LORA_TARGETS
 
     if not nodes:
         raise PlanError("nodes: no node has reported its devices yet; start a worker (ernie-studio worker)")

@@ -14,17 +14,17 @@ from typing import Any
 
 import yaml
 
-from engine.train.config import (
+from engine.train.config import TrainConfig
+from engine.train.config_load import _load
+from engine.train.erniekit_keys import Notice
+from engine.train.options import (
     DATASET_TYPE_NAMES,
     MAX_BATCH_SIZE,
     MAX_SEQ_LEN,
     MAX_STEPS,
     ConfigError,
-    Notice,
-    TrainConfig,
-    _load,
-    _split,
     check_fields,
+    comma_list,
     option,
     weights_draws,
 )
@@ -166,18 +166,18 @@ class EvalConfig:
         for key in ("report_to", "metrics", "normalize"):
             value = getattr(self, key)
             if isinstance(value, str) or value is None:
-                setattr(self, key, _split(value or "none"))
+                setattr(self, key, comma_list(value or "none"))
         if self.per_device_eval_batch_size:
             self.batch_size = self.per_device_eval_batch_size
 
     @property
     def paths(self) -> list[str]:
-        return _split(self.eval_dataset_path)
+        return comma_list(self.eval_dataset_path)
 
     @property
     def types(self) -> list[str]:
         """One type per eval file (a single type applies to all)."""
-        types = [DATASET_TYPE_NAMES.get(t, t) for t in _split(self.eval_dataset_type)] or ["auto"]
+        types = [DATASET_TYPE_NAMES.get(t, t) for t in comma_list(self.eval_dataset_type)] or ["auto"]
         return types * len(self.paths) if len(types) == 1 else types
 
     def where(self, key: str) -> str:
@@ -254,7 +254,7 @@ def load_eval_config(path: str | Path | None, overrides: list[str] | None = None
 
 def eval_config_from_dict(values: dict[str, Any], source: str = "<dict>") -> EvalConfig:
     """The same checks for a form's values (the studio's REST / UI)."""
-    from engine.train.config import config_from_dict
+    from engine.train.config_load import config_from_dict
 
     return config_from_dict(EvalConfig, values, source)
 

@@ -60,7 +60,7 @@ def gguf_for_serving(model: str | Path, out_dir: str | Path, gguf_type: str = SE
     files = gguf_files(model)
     if files:
         return files.get(gguf_type) or next(iter(files.values()))
-    from engine.train.config import GGUF_TYPES
+    from engine.train.options import GGUF_TYPES
 
     if gguf_type not in GGUF_TYPES:
         raise ValueError(f"gguf type must be one of {', '.join(GGUF_TYPES)}, not {gguf_type!r}")

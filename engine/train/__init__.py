@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.train.config import ExportConfig, TrainConfig
+    from engine.train.config import TrainConfig
     from engine.train.export import ExportSummary
+    from engine.train.export_config import ExportConfig
     from engine.train.run_state import RunSummary
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import paddle
 
 from engine.models import gpas
+from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES
 from engine.models.expert_parallel import (
     ExpertGroup,
     RouterComm,
@@ -22,18 +23,15 @@ from engine.models.quantized import WeightOnlyLinear, hold_in_low_precision
 from engine.models.streaming import Storage
 from engine.train import lora as lora_mod
 from engine.train import quant
-from engine.train.config import (
-    WEIGHT_ONLY_COMPUTE_TYPES,
-    ConfigError,
-    TrainConfig,
-    expert_parallel_problem,
-)
+from engine.train.config import TrainConfig
 from engine.train.dpo import DPOLoss
+from engine.train.options import ConfigError
 from engine.train.precision import (
     Precision,
     PrecisionMode,
     resolve_precision,
 )
+from engine.train.run_checks import expert_parallel_problem
 from engine.train.stages import ERNIE_VL, PADDLEOCR_VL, family_stage, stage_info
 
 log = logging.getLogger(__name__)

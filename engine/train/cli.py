@@ -15,7 +15,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     die_with_launcher()  # first: a rank must not outlive a launcher killed while this one loads
 
     from engine.train import run_training
-    from engine.train.config import load_config
+    from engine.train.config_load import load_config
 
     cfg = load_config(args.config, args.overrides)
     summary = run_training(cfg)
@@ -33,7 +33,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import yaml
 
     from engine.sweep import check_base, check_settings, run_local_sweep, settings_from_dict
-    from engine.train.config import load_config
+    from engine.train.config_load import load_config
 
     cfg = load_config(args.config, args.overrides)
     space = yaml.safe_load(Path(args.space).read_text())
@@ -58,7 +58,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.train import run_export
-    from engine.train.config import load_export_config
+    from engine.train.config_load import load_export_config
 
     cfg = load_export_config(args.config, args.overrides)
     summary = run_export(cfg)
@@ -74,7 +74,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     from engine.estimate import NodeFacts, PlanError, estimate_run, fit_warning, plan_config, plan_run
     from engine.models.config import ErnieConfig
-    from engine.train.config import load_config
+    from engine.train.config_load import load_config
 
     cfg = load_config(args.config, args.overrides)
     model = ErnieConfig.from_file(cfg.model_name_or_path)

@@ -29,7 +29,9 @@ from engine.models.elastic import (
     family,
     set_submodel,
 )
-from engine.train.config import ConfigError, TrainConfig, elastic_model_problems
+from engine.train.config import TrainConfig
+from engine.train.options import ConfigError
+from engine.train.run_checks import elastic_model_problems
 
 # An elastic run's family at the end of the run (``ElasticTraining.summary``), in its output_dir.
 ELASTIC_FAMILY_FILE = "elastic_family.json"

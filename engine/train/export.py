@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.models.lora import ADAPTER_CONFIG
 from engine.train import quant
-from engine.train.config import ExportConfig
+from engine.train.export_config import ExportConfig
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.train.config import (
-    MOE_GROUPS_TENSOR,
-    Notice,
-    TrainConfig,
-    weights_draws,
-)
+from engine.train.config import TrainConfig
+from engine.train.erniekit_keys import Notice
+from engine.train.options import MOE_GROUPS_TENSOR, weights_draws
 from engine.train.parallel import DataParallel
 from engine.train.precision import (
     Precision,

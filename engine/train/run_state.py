@@ -10,11 +10,9 @@ from typing import Any
 import paddle
 
 from engine.train.callbacks import WeightEMA
-from engine.train.config import (
-    Notice,
-)
 from engine.train.dpo import DPOLoss
 from engine.train.elastic import ElasticTraining
+from engine.train.erniekit_keys import Notice
 from engine.train.precision import (
     MasterWeights,
     Precision,

@@ -14,9 +14,7 @@ from engine.models.expert_parallel import (
 )
 from engine.train import lora as lora_mod
 from engine.train import quant
-from engine.train.config import (
-    TrainConfig,
-)
+from engine.train.config import TrainConfig
 from engine.train.parallel import DataParallel
 from engine.train.run_dir import (
     checkpoint_states,

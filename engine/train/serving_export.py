@@ -8,8 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from engine.train.config import ExportConfig
 from engine.train.export import fold_gpas, tokenizer_source
+from engine.train.export_config import ExportConfig
 
 log = logging.getLogger(__name__)
 

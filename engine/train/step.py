@@ -19,9 +19,7 @@ from engine.models.expert_parallel import (
     sum_over_replicas,
 )
 from engine.train import moe_balance, quant
-from engine.train.config import (
-    TrainConfig,
-)
+from engine.train.config import TrainConfig
 from engine.train.dpo import DPOLoss, count_pairs
 from engine.train.parallel import DataParallel
 from engine.train.run_state import Objective, TrainRun

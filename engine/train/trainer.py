@@ -38,14 +38,11 @@ from engine.train.build import (
     processor_settings,
 )
 from engine.train.callbacks import Progress, WeightEMA
-from engine.train.config import (
-    ConfigError,
-    TrainConfig,
-    sharding_device_problems,
-)
+from engine.train.config import TrainConfig
 from engine.train.dpo import DPOLoss, evaluate_dpo
 from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
 from engine.train.notices import announce, runtime_notices
+from engine.train.options import ConfigError
 from engine.train.parallel import DataParallel
 from engine.train.precision import (
     MasterWeights,
@@ -54,6 +51,7 @@ from engine.train.precision import (
     resolve_precision,
     set_up_amp,
 )
+from engine.train.run_checks import sharding_device_problems
 from engine.train.run_dir import (
     MetricsLog,
     latest_checkpoint,

@@ -2,7 +2,7 @@
 
 The YAML is user data: it is checked as text first (size, one document, a mapping, no tags, no anchors or
 aliases, shallow nesting), then read by the engine exactly as ``ernie-studio train`` reads a file
-(``engine.train.config.read_yaml_text`` and ``read_keys``). Paths in it never reach the filesystem: the model
+(``engine.train.config_load.read_yaml_text`` and ``read_keys``). Paths in it never reach the filesystem: the model
 and the datasets are matched by name to what the studio already has, and what has no match is listed.
 """
 
@@ -16,19 +16,11 @@ from typing import Any
 import yaml
 from sqlalchemy.orm import Session
 
-from engine.train.config import (
-    DATASET_TYPE_NAMES,
-    ERNIEKIT_ALIASES,
-    ConfigError,
-    TrainConfig,
-    check_fields,
-    comma_list,
-    field_info,
-    not_applicable,
-    problem_key,
-    read_keys,
-    read_yaml_text,
-)
+from engine.train.config import TrainConfig
+from engine.train.config_load import read_keys, read_yaml_text
+from engine.train.erniekit_keys import ERNIEKIT_ALIASES
+from engine.train.options import DATASET_TYPE_NAMES, ConfigError, check_fields, comma_list, field_info
+from engine.train.run_checks import not_applicable, problem_key
 from studio.config import Settings
 from studio.models import Dataset
 from studio.services.datasets import list_datasets
@@ -100,7 +92,7 @@ class ImportedConfig:
     # ERNIEKit keys the engine accepts without effect: (key, why)
     notices: list[tuple[str, str]]
     # keys the file sets that have no effect on a run of its stage / fine-tuning / compute type:
-    # (key, [(what, needed)]) as ``engine.train.config.Applies.unmet`` gives them
+    # (key, [(what, needed)]) as ``engine.train.options.Applies.unmet`` gives them
     not_applied: list[tuple[str, list[tuple[str, str]]]]
     # keys the studio sets itself, with what it uses instead: (key, value in the file, instead)
     studio_set: list[tuple[str, Any, str]] = field(default_factory=list)

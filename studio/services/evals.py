@@ -20,7 +20,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from engine.eval.config import BENCHMARK_TYPES, CHAT_TYPES, OCR_TYPES, EvalConfig, option_problems
-from engine.train.config import ConfigError, config_from_dict
+from engine.train.config_load import config_from_dict
+from engine.train.options import ConfigError
 from studio import queue
 from studio.config import Settings
 from studio.models import (

@@ -9,14 +9,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from engine.train.config import (
-    EXPORT_CHOICES,
-    ConfigError,
-    ExportConfig,
-    config_default,
-    config_from_dict,
-    field_info,
-)
+from engine.train.config_load import config_from_dict
+from engine.train.export_config import EXPORT_CHOICES, ExportConfig
+from engine.train.options import ConfigError, config_default, field_info
 from studio.config import Settings
 from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, utcnow
 from studio.services import deployments, jobs

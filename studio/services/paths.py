@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.data.records import TABLE_SUFFIXES  # benchmark tables: uploaded as they are, never in a .zip
-from engine.train.config import ERNIEKIT_ALIASES, ERNIEKIT_NOTICES, TrainConfig
+from engine.train.config import TrainConfig
+from engine.train.erniekit_keys import ERNIEKIT_ALIASES, ERNIEKIT_NOTICES
 from studio.config import Settings
 from studio.services.errors import InvalidInput
 

@@ -12,18 +12,11 @@ from typing import Annotated, Any
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from engine.train.config import (
-    FINE_TUNING,
-    MAX_DEVICES,
-    STAGES,
-    ConfigError,
-    TrainConfig,
-    check_expert_parallel,
-    config_from_dict,
-    elastic_model_problems,
-    sharding_device_problems,
-)
-from engine.train.stages import PADDLEOCR_VL, family_stage, find_stage, stage_info, stage_names
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
+from engine.train.options import FINE_TUNING, MAX_DEVICES, ConfigError
+from engine.train.run_checks import check_expert_parallel, elastic_model_problems, sharding_device_problems
+from engine.train.stages import PADDLEOCR_VL, STAGES, family_stage, find_stage, stage_info, stage_names
 from studio.config import Settings
 from studio.models import Dataset
 from studio.schemas import RequestModel

@@ -19,7 +19,7 @@ import gradio as gr
 import pandas as pd
 
 from engine.eval.config import JUDGE_MODES, METRICS, EvalConfig
-from engine.train.config import field_info
+from engine.train.options import field_info
 from studio.models import DeploymentStatus, RunStatus
 from studio.services import datasets as datasets_svc
 from studio.services import deployments as deployments_svc

@@ -12,7 +12,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from engine.train.config import ExportConfig, field_info
+from engine.train.export_config import ExportConfig
+from engine.train.options import field_info
 from studio.services import deployments as deployments_svc
 from studio.services import exports as exports_svc
 from studio.services import progress as progress_svc

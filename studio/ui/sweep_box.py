@@ -14,7 +14,7 @@ import gradio as gr
 from pydantic import ValidationError
 
 from engine.sweep import DIRECTIONS, PRUNERS, SAMPLERS, SweepSettings, eval_metrics, searchable_keys
-from engine.train.config import STAGES
+from engine.train.stages import STAGES
 from studio.services import runs as runs_svc
 from studio.services import sweeps as sweeps_svc
 from studio.services.errors import ServiceError

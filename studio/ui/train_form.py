@@ -18,14 +18,10 @@ from typing import Any
 import gradio as gr
 
 from engine.models.config import ErnieConfig
-from engine.train.config import (
-    OPTION_GROUPS,
-    STAGE_DEFAULTS,
-    TrainConfig,
-    defaults_for,
-    not_applicable,
-    problem_key,
-)
+from engine.train.config import TrainConfig
+from engine.train.options import OPTION_GROUPS
+from engine.train.run_checks import defaults_for, not_applicable, problem_key
+from engine.train.stages import STAGE_DEFAULTS
 from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, localize_message, text
 
 # In the choice rows above the groups (radios and a dropdown of their own).

@@ -21,13 +21,10 @@ import yaml
 from pydantic import ValidationError
 
 from engine.models.config import ErnieConfig
-from engine.train.config import (
-    MAX_DEVICES,
-    STAGE_DEFAULTS,
-    TrainConfig,
-    defaults_for,
-    field_info,
-)
+from engine.train.config import TrainConfig
+from engine.train.options import MAX_DEVICES, field_info
+from engine.train.run_checks import defaults_for
+from engine.train.stages import STAGE_DEFAULTS
 from studio.config import Settings
 from studio.services import datasets as datasets_svc
 from studio.services import models as models_svc

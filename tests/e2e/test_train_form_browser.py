@@ -14,7 +14,7 @@ import pytest
 from gradio_page import StudioPage
 from playwright.sync_api import expect
 
-from engine.train.config import OPTION_GROUPS
+from engine.train.options import OPTION_GROUPS
 
 pytestmark = pytest.mark.e2e
 

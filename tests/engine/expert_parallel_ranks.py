@@ -31,7 +31,7 @@ from engine.models.moe import MoELayer  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.train import run_training  # noqa: E402
 from engine.train.build import build_data, build_model  # noqa: E402
-from engine.train.config import load_config  # noqa: E402
+from engine.train.config_load import load_config  # noqa: E402
 from engine.train.parallel import DataParallel  # noqa: E402
 from engine.train.run_state import Objective  # noqa: E402
 from engine.train.sft import to_tensor_batch  # noqa: E402

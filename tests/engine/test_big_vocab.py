@@ -106,7 +106,8 @@ def big(big_tokenizer, tmp_path_factory) -> Pipeline:
     from engine.models.presets import preset_config
     from engine.tokenizer import copy_tokenizer_files
     from engine.train import run_training
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
 
     tok_dir, high = big_tokenizer
     d = tmp_path_factory.mktemp("big-model")
@@ -227,7 +228,7 @@ def test_gguf_vocabulary_reads_as_ours_in_llamacpp(big, tmp_path):
     import gguf
 
     from engine.train import run_export
-    from engine.train.config import load_export_config
+    from engine.train.config_load import load_export_config
 
     tok = engine.load_tokenizer(str(big.run))
     out = tmp_path / "gguf"

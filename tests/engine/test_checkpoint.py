@@ -229,7 +229,8 @@ def test_export_streams_a_lora_run_into_the_files_the_merged_model_writes(
     from engine.models.lora import apply_lora, lora_layers
     from engine.models.quantized import apply_weight_only
     from engine.train import run_export
-    from engine.train.config import ExportConfig, config_from_dict
+    from engine.train.config_load import config_from_dict
+    from engine.train.export_config import ExportConfig
     from engine.train.lora import save_adapter
 
     model = engine.load_model(str(tiny_model_dir))

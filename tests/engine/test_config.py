@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.train.config import ConfigError, ExportConfig, TrainConfig, load_config, load_export_config
+from engine.train.config import TrainConfig
+from engine.train.config_load import load_config, load_export_config
+from engine.train.export_config import ExportConfig
+from engine.train.options import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,7 +194,9 @@ def test_example_configs_are_valid():
 
 def test_defaults_follow_stage_and_fine_tuning(tmp_path):
     """Keys a config leaves out get the engine's one set of defaults, which depend on stage and Full/LoRA."""
-    from engine.train.config import STAGE_DEFAULTS, defaults_for, field_info
+    from engine.train.options import field_info
+    from engine.train.run_checks import defaults_for
+    from engine.train.stages import STAGE_DEFAULTS
 
     cfg = load_config(write(tmp_path, BASE))
     assert cfg.fine_tuning == "LoRA"  # ERNIEKit's own default
@@ -236,7 +241,7 @@ def test_docs_carry_the_schema_tables():
     import re
 
     from engine.serve.cli import erniekit_chat_table
-    from engine.train.config import erniekit_keys_table, keys_table, stage_defaults_table
+    from engine.train.config_docs import erniekit_keys_table, keys_table, stage_defaults_table
 
     doc = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     for name, table in [
@@ -282,7 +287,7 @@ def test_max_shard_size_is_in_gb_when_a_bare_number_as_in_erniekit(tmp_path):
 def test_read_keys_is_load_configs_reading_of_a_text(tmp_path):
     """The YAML text reader and key sorting the studio's import uses are load_config's own: the same values,
     notices, unknown keys with their lines, and wrong values by key."""
-    from engine.train.config import read_keys, read_yaml_text
+    from engine.train.config_load import read_keys, read_yaml_text
 
     text = "stage: OCR-SFT\neval_iters: 3\nfuse_rope: true\nlora_rank: 4\n"
     path = tmp_path / "run.yaml"

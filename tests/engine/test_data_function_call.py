@@ -27,7 +27,8 @@ from engine.data import IGNORE_INDEX, SampleEncoder, parse_record, render_record
 from engine.data.formats import detect_format
 from engine.data.loader import load_items
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 
 TOOLS = [
     {

@@ -177,7 +177,8 @@ def test_a_bad_video_refuses_its_record_whole(tmp_path, tok):
 
 def test_vl_sft_learns_from_videos_and_pictures(tiny_vl_model_dir, tmp_path):
     from engine.train import run_training
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
 
     # The model directory's video processor config is what a run reads (as transformers writes it).
     model_dir = tmp_path / "tiny-vl"

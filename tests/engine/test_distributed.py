@@ -17,7 +17,7 @@ import pytest
 import engine
 from engine.doctor.gpu_checks import run_sum_grads_ranks
 from engine.train import run_training
-from engine.train.config import load_config
+from engine.train.config_load import load_config
 from engine.train.parallel import LAUNCH_FLAGS, NodeGroup, launch_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,11 @@ import pytest
 import engine
 from engine.models.elastic import ElasticError, SubModel, extract_submodel, kept_layers, use_submodel
 from engine.train import run_export, run_training
-from engine.train.config import ConfigError, ExportConfig, TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from engine.train.elastic import ElasticTraining
+from engine.train.export_config import ExportConfig
+from engine.train.options import ConfigError
 from engine.train.serving_export import export_for_serving, serving_problems
 from tests.engine.serve_support import complete_in_process
 

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.train.config import ERNIEKIT_ALIASES, ConfigError, load_config, load_export_config
+from engine.train.config_load import load_config, load_export_config
+from engine.train.erniekit_keys import ERNIEKIT_ALIASES
+from engine.train.options import ConfigError
 from engine.train.run_dir import list_checkpoints, prune_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,15 +29,12 @@ from engine.cli import build_parser
 from engine.eval import EvalConfig, load_eval_config, run_eval
 from engine.models.lora import LoRALinear
 from engine.serve.cli import ERNIEKIT_CHAT_FLAGS, ERNIEKIT_CHAT_REASONS
-from engine.train.config import (
-    ERNIEKIT_ALIASES,
-    ConfigError,
-    ExportConfig,
-    TrainConfig,
-    load_config,
-    load_export_config,
-)
+from engine.train.config import TrainConfig
+from engine.train.config_load import load_config, load_export_config
+from engine.train.erniekit_keys import ERNIEKIT_ALIASES
 from engine.train.export import run_export
+from engine.train.export_config import ExportConfig
+from engine.train.options import ConfigError
 from engine.train.parallel import DataParallel
 from engine.train.quant import FP8Linear
 from engine.train.run_dir import list_checkpoints

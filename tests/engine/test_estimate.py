@@ -21,7 +21,9 @@ from engine.estimate import (
 )
 from engine.models.config import ErnieConfig
 from engine.models.presets import preset_fields
-from engine.train.config import LORA_TARGETS, TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
+from engine.train.options import LORA_TARGETS
 
 GIB = 1024**3
 V = 103424

@@ -200,7 +200,7 @@ def test_an_interrupted_eval_continues_without_duplicates_or_losses(tiny_model_d
 
 def test_docs_key_table_is_the_schema():
     from engine.eval.config import EvalConfig
-    from engine.train.config import keys_table
+    from engine.train.config_docs import keys_table
 
     doc = (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8")
     assert f"<!-- keys:eval -->\n{keys_table(EvalConfig)}\n<!-- /keys:eval -->" in doc, (

@@ -13,7 +13,8 @@ from pathlib import Path
 from animal_sounds import sound_records, write_jsonl
 
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from engine.train import run_training
-from engine.train.config import ConfigError, TrainConfig, config_from_dict, load_config
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict, load_config
+from engine.train.options import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data"

@@ -20,7 +20,8 @@ from safetensors.numpy import load_file
 import engine
 from engine.train import run_training
 from engine.train.build import build_model
-from engine.train.config import ConfigError, load_config
+from engine.train.config_load import load_config
+from engine.train.options import ConfigError
 from engine.train.parallel import launch_command
 from tests.engine.expert_parallel_ranks import GOLDENS, ROOT, overrides
 from tests.engine.test_models_parity import PARITY_ATOL, assert_logits_match_transformers

@@ -16,8 +16,8 @@ import pytest
 import engine
 from engine.models.checkpoint import TensorStore
 from engine.models.lora import apply_lora
-from engine.train.config import ExportConfig
 from engine.train.export import run_export
+from engine.train.export_config import ExportConfig
 from engine.train.lora import save_adapter
 from engine.train.serving_export import (
     FLOAT32_TENSORS,

@@ -23,7 +23,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from engine.llamacpp import LLAMA_CPP_PYTHON_VERSION, find_tool
-from engine.train.config import TrainConfig, config_from_dict, load_export_config
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict, load_export_config
 from tests.engine.serve_support import REPO, needs_llamacpp, running_server, start_llama
 
 PADDED_VOCAB = 1088  # the tiny tokenizer holds 1024 pieces
@@ -203,7 +204,7 @@ def test_vl_model_is_refused_naming_what_is_left_out(tiny_vl_model_dir, tmp_path
 
 
 def test_gguf_keys_are_checked():
-    from engine.train.config import ConfigError
+    from engine.train.options import ConfigError
 
     with pytest.raises(ConfigError, match=r"gguf_types must be one of f32, f16, q8_0, q4_K_M, not 'q5_1'"):
         load_export_config(None, ["model_name_or_path=x", "export_format=gguf", "gguf_types=q5_1"])

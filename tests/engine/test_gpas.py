@@ -15,7 +15,10 @@ import engine
 from engine.models.gpas import GPASGate, add_gates, gate_parameters
 from engine.models.saving import save_model
 from engine.train import run_export, run_training
-from engine.train.config import ConfigError, ExportConfig, TrainConfig, config_from_dict, load_export_config
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict, load_export_config
+from engine.train.export_config import ExportConfig
+from engine.train.options import ConfigError
 from engine.train.serving_export import serving_problems
 from tests.engine.serve_support import complete_in_process
 

@@ -27,7 +27,8 @@ def mib(key):
 
 import paddle
 from engine.models.quantized import WeightOnlyLinear
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from engine.train.build import build_model
 
 model_dir, compute_type, out = sys.argv[1:4]

@@ -166,7 +166,9 @@ def test_granularities_hold_less_than_no_recompute(tiny_moe_model_dir):
 
 
 def test_recompute_granularity_is_checked():
-    from engine.train.config import ConfigError, TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
+    from engine.train.options import ConfigError
 
     with pytest.raises(ConfigError, match="recompute_granularity"):
         config_from_dict(
@@ -177,7 +179,8 @@ def test_recompute_granularity_is_checked():
 
 def test_the_trainer_sets_what_the_config_asks(tiny_moe_model_dir):
     from engine.train.build import build_model
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
 
     base = dict(model_name_or_path=str(tiny_moe_model_dir), train_dataset_path="x.jsonl", recompute=True)
     model, _ = build_model(config_from_dict(TrainConfig, base))

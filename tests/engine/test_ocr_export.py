@@ -23,7 +23,7 @@ from engine.data.paddleocr_vl_processor import (
     task_messages,
 )
 from engine.models.lora import apply_lora, load_adapter_weights, lora_layers
-from engine.train.config import load_export_config
+from engine.train.config_load import load_export_config
 from engine.train.export import run_export
 from tests.engine.test_paddleocr_vl import reference_python
 

@@ -17,7 +17,8 @@ from engine.cli import main
 from engine.models.loading import load_model
 from engine.models.paddleocr_vl import PaddleOCRVLForConditionalGeneration
 from engine.models.streaming import Storage, unmaterialized
-from engine.train.config import ConfigError, load_config
+from engine.train.config_load import load_config
+from engine.train.options import ConfigError
 from engine.train.parallel import DataParallel
 from engine.train.trainer import setup_run
 

@@ -19,7 +19,8 @@ from engine.estimate.candidates import _weigh
 from engine.estimate.memory import device_memory, stage_layers
 from engine.models.config import ErnieConfig
 from engine.models.presets import preset_fields
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 
 TABLE = Path(__file__).parent / "data" / "erniekit_hardware.csv"
 ROWS = list(csv.DictReader(TABLE.open()))

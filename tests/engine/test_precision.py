@@ -24,7 +24,9 @@ from engine.models.quantized import LowPrecisionEmbedding, LowPrecisionLinear
 from engine.models.safetensors_io import SafetensorsFile
 from engine.train import run_export, run_training
 from engine.train.build import build_model, build_optimizer
-from engine.train.config import ExportConfig, TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
+from engine.train.export_config import ExportConfig
 from engine.train.parallel import DataParallel
 from engine.train.precision import (
     INITIAL_LOSS_SCALE,

@@ -23,7 +23,8 @@ from engine.models.quantized import (
 )
 from engine.models.safetensors_io import SafetensorsFile
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from engine.train.quant import FP8Linear, fake_quant_fp8, fp8_round, hadamard, next_step
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from engine.train import run_training
-from engine.train.config import ConfigError, load_config, sharding_device_problems
+from engine.train.config_load import load_config
+from engine.train.options import ConfigError
 from engine.train.parallel import launch_command
+from engine.train.run_checks import sharding_device_problems
 from engine.train.sharding import gpu_sharding_problem
 from engine.train.trainer import check_devices
 

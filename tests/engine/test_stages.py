@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.data.record_types import KINDS
-from engine.train.config import TrainConfig, defaults_for
+from engine.train.config import TrainConfig
+from engine.train.run_checks import defaults_for
 from engine.train.run_state import Objective, objective_for
 from engine.train.stages import (
     ELASTIC_STAGES,

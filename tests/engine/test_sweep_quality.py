@@ -14,7 +14,8 @@ from pathlib import Path
 
 from engine.sweep import run_local_sweep, settings_from_dict
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "data" / "sft_demo.jsonl"
 STEPS, LOW, HIGH, POINTS = 18, 1e-4, 1e-1, 12

@@ -19,7 +19,8 @@ from engine.cli import main as cli_main
 from engine.eval import load_eval_config, run_eval
 from engine.tokenizer import ChatTemplateRefused
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 ESCAPE = "{{ cycler.__init__.__globals__.os.popen('touch %s').read() }}"

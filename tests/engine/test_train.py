@@ -22,8 +22,10 @@ from engine.models.loading import load_plain_model
 from engine.models.lora import LoRALinear, apply_lora, load_adapter_weights, lora_layers
 from engine.train import run_export, run_training
 from engine.train.build import build_model, build_optimizer
-from engine.train.config import ExportConfig, TrainConfig, config_from_dict, load_export_config
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict, load_export_config
 from engine.train.dpo import preference_loss
+from engine.train.export_config import ExportConfig
 from engine.train.moe_balance import expert_counts, present_groups
 from engine.train.run_state import Objective, objective_for
 from engine.train.sft import evaluate_lm, language_model_loss, to_tensor_batch

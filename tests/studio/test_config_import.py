@@ -18,7 +18,9 @@ import pytest
 import yaml
 from studio_helpers import REPO
 
-from engine.train.config import comma_list, defaults_for, load_config
+from engine.train.config_load import load_config
+from engine.train.options import comma_list
+from engine.train.run_checks import defaults_for
 from studio.services import datasets as datasets_svc
 from studio.services import runs as runs_svc
 from studio.services.config_import import MAX_IMPORT_BYTES, import_train_yaml, path_name

@@ -11,7 +11,9 @@ import pytest
 import yaml
 from studio_helpers import DEMO_DPO, DEMO_SFT, REPO, upload
 
-from engine.train.config import TrainConfig, config_from_dict, defaults_for, load_config
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict, load_config
+from engine.train.run_checks import defaults_for
 from studio.services import runs as runs_svc
 from studio.ui.train_tab import form_defaults, run_spec
 

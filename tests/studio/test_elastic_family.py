@@ -11,7 +11,8 @@ import pytest
 from studio_helpers import DEMO_PT, upload
 
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from studio import queue
 from studio.models import Export, Run, RunStatus
 from studio.services.exports import export_config

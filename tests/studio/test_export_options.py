@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from studio_helpers import DEMO_SFT, upload
 
-from engine.train.config import EXPORT_CHOICES, EXPORT_DTYPES, ExportConfig, config_default, field_info
+from engine.train.export_config import EXPORT_CHOICES, ExportConfig
+from engine.train.options import EXPORT_DTYPES, config_default, field_info
 from studio import queue
 from studio.models import Export, Run, RunStatus
 from studio.services.exports import export_config, export_default

@@ -111,7 +111,7 @@ def test_queue_positions_cancel_resume_clone_delete(client, settings):
     assert (
         cfg["fine_tuning"] == "LoRA" and cfg["max_steps"] == 5 and cfg["model_name_or_path"].endswith("tiny")
     )
-    from engine.train.config import load_config
+    from engine.train.config_load import load_config
 
     path = settings.home / "cfg.yaml"
     path.write_text(text)

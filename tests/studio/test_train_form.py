@@ -10,17 +10,11 @@ import gradio as gr
 import pytest
 from studio_helpers import DEMO_DPO, DEMO_SFT
 
-from engine.train.config import (
-    FINE_TUNING,
-    OPTION_GROUPS,
-    STAGES,
-    TrainConfig,
-    config_from_dict,
-    defaults_for,
-    field_info,
-    not_applicable,
-    option,
-)
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
+from engine.train.options import FINE_TUNING, OPTION_GROUPS, field_info, option
+from engine.train.run_checks import defaults_for, not_applicable
+from engine.train.stages import STAGES
 from studio.config import Settings
 from studio.migrate import upgrade
 from studio.services import datasets as datasets_svc
@@ -168,7 +162,7 @@ def test_a_new_schema_key_appears_in_the_form_with_no_ui_code(monkeypatch):
 
 
 def train_form_applies():
-    from engine.train.config import DPO_RUNS
+    from engine.train.options import DPO_RUNS
 
     return DPO_RUNS
 

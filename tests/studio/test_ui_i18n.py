@@ -265,7 +265,8 @@ def _estimate_texts(lang: str) -> list[str]:
     from engine.estimate import DatasetTokens, NodeFacts, estimate_run
     from engine.models.config import ErnieConfig
     from engine.models.presets import preset_fields
-    from engine.train.config import TrainConfig, config_from_dict
+    from engine.train.config import TrainConfig
+    from engine.train.config_load import config_from_dict
     from studio.services.estimates import with_fit
     from studio.ui.estimate_text import format_estimate, launch_warning
     from studio.ui.run_views import predicted_vs_measured

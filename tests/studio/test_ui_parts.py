@@ -18,17 +18,10 @@ from PIL import Image
 from studio_helpers import DEMO_SFT
 
 from engine.eval.config import EvalConfig
-from engine.train.config import (
-    FINE_TUNING,
-    MAX_DEVICES,
-    SCHEDULERS,
-    STAGE_DEFAULTS,
-    STAGES,
-    TrainConfig,
-    config_from_dict,
-    field_info,
-    load_config,
-)
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict, load_config
+from engine.train.options import FINE_TUNING, MAX_DEVICES, SCHEDULERS, field_info
+from engine.train.stages import STAGE_DEFAULTS, STAGES
 from studio.api.body_limits import MAX_JSON_BYTES
 from studio.models import Deployment
 from studio.services import datasets as datasets_svc

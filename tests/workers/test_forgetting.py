@@ -31,7 +31,8 @@ from worker_helpers import wait_for
 from engine.eval.config import EvalConfig
 from engine.eval.runner import run_eval
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from studio.app import create_app
 from studio.config import Settings
 from studio.db import dispose_engines, session_factory

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from worker_helpers import DEMO_SFT
 
-from engine.train.config import load_config
+from engine.train.config_load import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "studio" / "recipes" / "ernie-4.5-0.3b-sft-lora-8k.yaml"

@@ -15,7 +15,8 @@ from trainer_hold import pid_alive
 from worker_helpers import processes_naming, wait_for
 
 from engine.train import run_training
-from engine.train.config import TrainConfig, config_from_dict
+from engine.train.config import TrainConfig
+from engine.train.config_load import config_from_dict
 from studio.cli import worker_command
 from studio.queue import devices_of, devices_queue
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from engine.train.config import UNMET_REASONS
+from engine.train.options import UNMET_REASONS
 from studio.api.deps import ID, SessionDep, SettingsDep
 from studio.db import session_factory
 from studio.models import Run

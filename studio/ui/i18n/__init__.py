@@ -26,7 +26,9 @@ from gradio.context import LocalContext
 from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.data.record_types import FORMATS, KINDS
 from engine.eval.config import BENCHMARK_TYPES
-from engine.train.config import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS, STAGES, TrainConfig
+from engine.train.config import TrainConfig
+from engine.train.options import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS
+from engine.train.stages import STAGES
 from studio.ui.i18n.config_help import CONFIG_HELP_ZH
 from studio.ui.i18n.forms import FORM_LABELS
 from studio.ui.i18n.patterns import _MESSAGE_PATTERNS, _MESSAGE_WORDS, MESSAGE_PATTERNS
