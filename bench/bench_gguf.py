@@ -73,7 +73,8 @@ def build_model(work: Path, quick: bool) -> Path:
 
 
 def peak_rss_mib(root: int, backend: str) -> float:
-    """VmHWM of the process serving: llama-server for llama.cpp, the serve process itself for Paddle."""
+    """VmHWM of the process serving: llama-server for llama.cpp (auto here), the serve process itself for
+    Paddle."""
     pids = process_tree(root)
     best = 0.0
     for pid in pids:
@@ -82,7 +83,7 @@ def peak_rss_mib(root: int, backend: str) -> float:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         except OSError:
             continue
-        if backend == "llamacpp" and not cmd.endswith("llama-server"):
+        if backend in ("llamacpp", "auto") and not cmd.endswith("llama-server"):
             continue
         for line in status.splitlines():
             if line.startswith("VmHWM:"):
