@@ -45,10 +45,7 @@ def _stop(api, dep: dict) -> None:
 def test_one_click_deploy_of_a_text_run_serves_through_llamacpp_and_keeps_its_gguf(studio_factory, tmp_path):
     studio = studio_factory(cpu_serving=None)  # the studio's own default, as `make run` starts it
     studio.start_api()
-    studio.start_worker("train@testnode", wait=False)
-    studio.start_worker("serve@testnode", serve=True, wait=False)
-    studio.wait_ready("train@testnode")
-    studio.wait_ready("serve@testnode")
+    studio.start_workers()
     api = studio.client()
     data = write_jsonl(tmp_path / "animals.jsonl", sound_records(160, seed=1))
     with data.open("rb") as f:

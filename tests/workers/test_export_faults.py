@@ -40,10 +40,7 @@ def test_a_worker_killed_mid_export_leaves_no_partial_export_and_the_export_is_r
 ):
     studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
     studio.start_api()
-    studio.start_worker("train@testnode", wait=False)
-    studio.start_worker("serve@testnode", serve=True, wait=False)
-    studio.wait_ready("train@testnode")
-    studio.wait_ready("serve@testnode")
+    studio.start_workers()
     api = studio.client()
     ds = studio.upload_demo(api)
     run = studio.create_run(api, ds["id"], max_steps=2, save_steps=100, logging_steps=1)
@@ -119,10 +116,7 @@ def test_a_worker_stopping_mid_export_stops_the_exporter_and_fails_the_export_to
     the export loop ignored the stop and the worker waited on its held child)."""
     studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
     studio.start_api()
-    studio.start_worker("train@testnode", wait=False)
-    studio.start_worker("serve@testnode", serve=True, wait=False)
-    studio.wait_ready("train@testnode")
-    studio.wait_ready("serve@testnode")
+    studio.start_workers()
     api = studio.client()
     ds = studio.upload_demo(api)
     run = studio.create_run(api, ds["id"], max_steps=2, save_steps=100, logging_steps=1)

@@ -63,10 +63,7 @@ def test_sweep_prunes_survives_its_driver_and_promotes_the_best(
 ):
     studio = studio_factory(database_url=pg_url, broker_url=shared_redis_url)
     studio.env["ERNIE_STUDIO_SWEEP_POLL_S"] = "0.2"
-    studio.start_worker("train@testnode", wait=False)
-    studio.start_worker("serve@testnode", serve=True, wait=False)
-    studio.wait_ready("train@testnode")
-    studio.wait_ready("serve@testnode")
+    studio.start_workers()
     factory = session_factory(studio.settings)
     with TestClient(create_app(studio.settings, with_ui=False), base_url="http://127.0.0.1") as client:
         api = _Api(client)

@@ -175,6 +175,13 @@ class Studio:
             self.wait_ready(name)
         return proc
 
+    def start_workers(self) -> None:
+        """A training worker and a serving worker, started side by side (`train@testnode`, `serve@testnode`)."""
+        self.start_worker("train@testnode", wait=False)
+        self.start_worker("serve@testnode", serve=True, wait=False)
+        self.wait_ready("train@testnode")
+        self.wait_ready("serve@testnode")
+
     def wait_ready(self, name: str) -> None:
         proc = self.procs[name]
         wait_for(
