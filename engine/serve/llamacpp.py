@@ -80,7 +80,7 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
     from engine.train import gguf_export
 
     tokenizer = engine.load_tokenizer(str(tokenizer_dir(model_dir)))  # a refused chat template stops here
-    loaded = engine.load_model(str(model_dir), dtype="float32")  # merges a LoRA run
+    loaded = _tensor_source(model_dir) or engine.load_model(str(model_dir), dtype="float32")  # LoRA merged
     problems = gguf_export.gguf_problems(loaded.config)
     if problems:
         raise ValueError(f"llama.cpp cannot serve {model_dir}: " + "; ".join(problems))
@@ -97,6 +97,20 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _tensor_source(model_dir: Path):
+    """The checkpoint read tensor by tensor (``loading.TensorSource``, a LoRA run's adapters folded in), so
+    writing the GGUF holds one tensor at a time, not the model in fp32 (84 GB for ERNIE-4.5-21B-A3B); None
+    where only the loaded model serves, as the export decides (``engine.train.export.streams``): GPAS gates, a
+    linear left quantized by a weight-only adapter, or a quantized checkpoint."""
+    from engine.models.loading import TensorSource
+
+    try:
+        source = TensorSource(model_dir)
+    except ValueError:  # a quantized export: read as the loaded model computes it
+        return None
+    return None if source.config.gpas or source.left_quantized else source
 
 
 def model_problem(model: str | Path) -> str:

@@ -195,6 +195,27 @@ def test_tensor_mapping_read_back(dense_padded, moe_padded, tmp_path):
         assert (tmp_path / arch / "Modelfile").read_text().startswith("# Ollama")
 
 
+def test_serving_writes_a_checkpoints_gguf_tensor_by_tensor_and_keeps_it(moe_padded, tmp_path, monkeypatch):
+    """A CPU deployment's GGUF (`serve --backend llamacpp`, and `auto` on a CPU node) is written from the
+    checkpoint tensor by tensor, never through the whole model in fp32 (ERNIE-4.5-21B-A3B: 84 GB): loading the
+    model fails this test. The file holds our weights, nothing else is left in its folder, and the next call
+    serves the same file without writing it again."""
+    import gguf
+
+    import engine
+    from engine.serve import llamacpp
+
+    monkeypatch.setattr(engine, "load_model", lambda *a, **k: pytest.fail("the whole model was loaded"))
+    out = llamacpp.gguf_for_serving(moe_padded, tmp_path, "f16")
+    assert out == tmp_path / "model-f16.gguf" and [p.name for p in tmp_path.iterdir()] == [out.name]
+    got = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(out).tensors}
+    ours = load_file(moe_padded / "model.safetensors")
+    e3 = ours["ernie.layers.2.mlp.experts.3.down_proj.weight"]
+    np.testing.assert_array_equal(got["blk.2.ffn_down_exps.weight"][3], e3.T.astype(np.float16))
+    written = out.stat().st_mtime_ns
+    assert llamacpp.gguf_for_serving(moe_padded, tmp_path, "f16") == out and out.stat().st_mtime_ns == written
+
+
 def test_vl_model_is_refused_naming_what_is_left_out(tiny_vl_model_dir, tmp_path):
     from engine.train.gguf_export import GGUFExportError
 
