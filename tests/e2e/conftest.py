@@ -13,8 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 REPO = Path(__file__).resolve().parents[2]
+# An assertion waits up to 15 s for the page to get there (Playwright's default is 5 s): on a slow host (the
+# suite's machine at twice its usual time, session 7) an event's update came later than 5 s after the status
+# line it follows. Only a failing check waits the whole time; the actions' own timeout is the page's 30 s.
+expect.set_options(timeout=15_000)
 ARTIFACTS = REPO / "test-artifacts" / "e2e"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
