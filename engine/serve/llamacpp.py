@@ -102,15 +102,16 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
 def _tensor_source(model_dir: Path):
     """The checkpoint read tensor by tensor (``loading.TensorSource``, a LoRA run's adapters folded in), so
     writing the GGUF holds one tensor at a time, not the model in fp32 (84 GB for ERNIE-4.5-21B-A3B); None
-    where only the loaded model serves, as the export decides (``engine.train.export.streams``): GPAS gates, a
-    linear left quantized by a weight-only adapter, or a quantized checkpoint."""
+    where only the loaded model serves: a source the export would not stream either
+    (``engine.train.export.source_streams``), or a quantized checkpoint."""
     from engine.models.loading import TensorSource
+    from engine.train.export import source_streams
 
     try:
         source = TensorSource(model_dir)
     except ValueError:  # a quantized export: read as the loaded model computes it
         return None
-    return None if source.config.gpas or source.left_quantized else source
+    return source if source_streams(source) else None
 
 
 def model_problem(model: str | Path) -> str:

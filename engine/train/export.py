@@ -76,13 +76,19 @@ def source_model(cfg: ExportConfig):
     return load_model(src, "float32"), src, merged
 
 
+def source_streams(source) -> bool:
+    """Whether a checkpoint (a ``loading.TensorSource``) can be written tensor by tensor as it is read: no
+    GPAS gates (a fold rewrites the model) and no linear left quantized by a weight-only adapter (its buffers
+    are what the model-based path writes). The export and llama.cpp serving's GGUF both ask."""
+    return not (source.config.gpas or source.left_quantized)
+
+
 def streams(cfg: ExportConfig, source) -> bool:
     """Whether the export can go tensor by tensor from the checkpoint to the output file (a
     ``loading.TensorSource``) without the model in memory: the Paddle layout or GGUF, PTQ without an eval
-    set (its perplexity report runs the whole model), no elastic member or GPAS fold (they rewrite the
-    model), no linear left quantized by a weight-only adapter (its buffers are what the model-based path
-    writes)."""
-    if (cfg.quantization and cfg.eval_dataset_path) or source.config.gpas or source.left_quantized:
+    set (its perplexity report runs the whole model), no elastic member (it rewrites the model), and a
+    source that streams (``source_streams``)."""
+    if (cfg.quantization and cfg.eval_dataset_path) or not source_streams(source):
         return False
     if elastic_member(cfg, source.config) is not None:
         return False
