@@ -7,11 +7,11 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.llamacpp import CPU_SERVING, cpu_serving
 from engine.train.options import MAX_DEVICES
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     # What a deployment's `auto` backend serves a text model with on this node when it has no GPU and
     # llama.cpp is installed (`make llamacpp`, ERNIE_STUDIO_LLAMACPP_BIN or PATH): llama.cpp, from a GGUF
     # written at the first deployment and reused (engine.llamacpp.CPU_SERVING_ENV), or the built-in server.
-    cpu_serving: Literal["llamacpp", "paddle"] = "llamacpp"
+    cpu_serving: str = CPU_SERVING[0]
     # How often a sweep's driver reads its trials' evaluations (pruning) and starts the next trials.
     sweep_poll_s: float = Field(default=5.0, gt=0)
     # How often a worker re-sends runs the broker never got and requeues runs of dead workers.
@@ -97,6 +97,11 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"ERNIE_STUDIO_NODE_ADDRESS: {v!r} is not an IPv4 address") from None
         return v
+
+    @field_validator("cpu_serving")
+    @classmethod
+    def _known_cpu_serving(cls, v: str) -> str:
+        return cpu_serving(v)  # the engine's one check: llamacpp or paddle, named when neither
 
     @field_validator("home", mode="before")
     @classmethod

@@ -126,7 +126,7 @@ class Studio:
             broker_url=broker_url or "",
             result_backend=broker_url or "",
             node_name="testnode",
-            cpu_serving=cpu_serving or "llamacpp",
+            **({"cpu_serving": cpu_serving} if cpu_serving else {}),
         )
         upgrade(self.settings)
         self.port = free_port()
