@@ -174,12 +174,14 @@ def merge_lora(settings: Settings, run: Run, log_file: Path, beat: Callable[[], 
 
 def serving_gguf_dir(settings: Settings, model_dir: Path) -> Path:
     """Where a checkpoint served by llama.cpp is written as GGUF and found again by the next deployment of
-    the same model (the file is rewritten when the model's files are newer): a run's model in the run's own
-    folder (deleted with it), any other model in a folder of the cache named after its path."""
+    the same model (the file is rewritten when the model's files are newer): a model inside a run's folder
+    under that run's `serving-gguf/<its path in the run>` (deleted with the run; the run's model and one of
+    its checkpoints keep apart), any other model in a folder of the cache named after its path."""
     model = Path(model_dir).resolve()
     runs = settings.runs_dir.resolve()
     if model.is_relative_to(runs) and model != runs:
-        return runs / model.relative_to(runs).parts[0] / "serving-gguf"
+        run, *inside = model.relative_to(runs).parts
+        return runs.joinpath(run, "serving-gguf", *inside)
     return settings.home / "cache" / "gguf" / hashlib.sha256(str(model).encode()).hexdigest()[:16]
 
 

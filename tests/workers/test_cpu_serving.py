@@ -9,6 +9,8 @@ greedy answers are peaked, so a mismatch would be a real one, not a near-tie of 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from animal_sounds import sound_records, write_jsonl
 from worker_helpers import start_deployment, wait_for
@@ -73,8 +75,10 @@ def test_one_click_deploy_of_a_text_run_serves_through_llamacpp_and_keeps_its_gg
         events
     )
     assert chosen[0].endswith("is installed on this CPU node and serves this model (q8_0 GGUF)"), chosen
-    gguf = studio.home / "runs" / str(run["id"]) / "serving-gguf" / "model-q8_0.gguf"
-    assert gguf.is_file(), sorted(p.name for p in gguf.parent.parent.iterdir())
+    run_dir = (studio.home / "runs" / str(run["id"])).resolve()
+    inside = Path(run["model_dir"]).resolve().relative_to(run_dir)  # the run's model, e.g. output
+    gguf = run_dir / "serving-gguf" / inside / "model-q8_0.gguf"
+    assert gguf.is_file(), sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.gguf"))
     assert [p.name for p in gguf.parent.iterdir()] == ["model-q8_0.gguf"]  # no f16 or half-written file left
     written = gguf.stat().st_mtime_ns
     by_llamacpp = _answers(api, dep)

@@ -171,3 +171,19 @@ def test_a_paddleocr_vl_goes_to_the_built_in_server(monkeypatch, tmp_path):
         backend, why = serving.choose_backend("auto", target)
         assert backend == "paddle" and why.startswith("not FastDeploy: a PaddleOCR-VL model"), why
         assert "no PaddleOCR-VL architecture" in llamacpp.model_problem(target)
+
+
+def test_a_models_serving_gguf_has_a_folder_of_its_own(tmp_path):
+    """Each model gets its own GGUF folder, so a deployment never serves another model's file: inside a run
+    the run's model and one of its checkpoints keep apart (deleted with the run), outside runs each path
+    gets a cache folder of its own."""
+    from studio.config import Settings
+
+    settings = Settings(home=tmp_path)
+    run = settings.runs_dir / "7"
+    final = serving.serving_gguf_dir(settings, run / "output")
+    checkpoint = serving.serving_gguf_dir(settings, run / "output" / "checkpoint-20")
+    assert final == (run / "serving-gguf" / "output").resolve()
+    assert checkpoint == (run / "serving-gguf" / "output" / "checkpoint-20").resolve()
+    elsewhere = {serving.serving_gguf_dir(settings, tmp_path / "models" / n) for n in ("a", "b")}
+    assert len(elsewhere) == 2 and all(d.parent == settings.home / "cache" / "gguf" for d in elsewhere)
