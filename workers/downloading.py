@@ -61,7 +61,14 @@ class _Download(SupervisedJob):
 
     def release(self, session: Session, proc: subprocess.Popen) -> None:
         # The next attempt keeps the files already verified (huggingface_hub skips them).
-        jobs.release(session, self.settings, jobs.DOWNLOADS, self.id, f"worker {self.worker} stopped")
+        jobs.release(
+            session,
+            self.settings,
+            jobs.DOWNLOADS,
+            self.id,
+            f"worker {self.worker} stopped",
+            worker=self.worker,
+        )
 
     def finish(self, session: Session, code: int, cancelled: bool) -> str:
         output = tail(self.log_file, 4000).strip()

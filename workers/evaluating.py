@@ -88,7 +88,14 @@ class _Eval(SupervisedJob):
 
     def release(self, session: Session, proc: subprocess.Popen) -> None:
         log_line(self.log_file, "requeued: worker stopped")
-        jobs.release(session, self.settings, jobs.EVALS, self.id, f"worker {self.worker} stopped; continues")
+        jobs.release(
+            session,
+            self.settings,
+            jobs.EVALS,
+            self.id,
+            f"worker {self.worker} stopped; continues",
+            worker=self.worker,
+        )
 
     def finish(self, session: Session, code: int, cancelled: bool) -> str:
         return _finish(session, self.id, code, cancelled, self.output_dir, self.log_file)

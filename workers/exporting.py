@@ -61,7 +61,9 @@ class _Export(SupervisedJob):
         return "ok" if jobs.heartbeat(session, jobs.EXPORTS, self.id, self.worker) else "lost"
 
     def release(self, session: Session, proc: subprocess.Popen) -> None:
-        jobs.release(session, self.settings, jobs.EXPORTS, self.id, f"worker {self.worker} stopped")
+        jobs.release(
+            session, self.settings, jobs.EXPORTS, self.id, f"worker {self.worker} stopped", worker=self.worker
+        )
 
     def finish(self, session: Session, code: int, cancelled: bool) -> str:
         output = tail(self.log_file, 8000)

@@ -19,7 +19,7 @@ from engine.serve.process_records import kill_recorded
 from studio import queue
 from studio.config import Settings
 from studio.db import session_factory
-from studio.models import Deployment, DeploymentStatus, utcnow
+from studio.models import Deployment, DeploymentStatus, Run, utcnow
 from studio.services import eval_after
 from studio.services import exports as exports_svc
 from studio.services import jobs as jobs_svc
@@ -68,7 +68,8 @@ def requeue_orphaned_runs(session: Session, settings: Settings, worker: str | No
         if run.node == settings.node_name:
             kill_stale_group(run.pid, str(runs_svc.run_dir(settings, run.id)))
         reason = f"worker {run.worker} is gone; resuming from the newest checkpoint"
-        if requeue_run(session, settings, run.id, reason):
+        # The attempt found dead, not one a worker claimed since another reconciler requeued it.
+        if requeue_run(session, settings, run.id, reason, only_if=(Run.attempt == run.attempt,)):
             requeued += 1
             log.warning("run %s: %s", run.id, reason)
     return requeued

@@ -41,7 +41,7 @@ def _drive(session, settings: Settings, sweep_id: int, worker: str, beat: _Heart
         if SHUTTING_DOWN.is_set():
             beat.done.set()
             beat.join()
-            jobs_svc.requeue(session, settings, KIND, sweep_id, f"worker {worker} stopped")
+            jobs_svc.release(session, settings, KIND, sweep_id, f"worker {worker} stopped", worker=worker)
             return "requeued"
         try:
             if sweeps_svc.advance(session, settings, sweep_id):

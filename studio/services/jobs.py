@@ -104,14 +104,21 @@ def heartbeat(session: Session, kind: JobKind, job_id: int, worker: str | None =
 
 
 def finish(
-    session: Session, kind: JobKind, job_id: int, status: RunStatus, message: str, **values: Any
+    session: Session,
+    kind: JobKind,
+    job_id: int,
+    status: RunStatus,
+    message: str,
+    *,
+    only_if: tuple[Any, ...] = (),
+    **values: Any,
 ) -> bool:
-    """Move a running job to a terminal status with an event; False (nothing changed) when it was not
-    running any more."""
+    """Move a running job (meeting `only_if`) to a terminal status with an event; False (nothing changed)
+    when it was not running any more."""
     m = kind.model
     n = session.execute(
         update(m)
-        .where(m.id == job_id, m.status == RunStatus.RUNNING)
+        .where(m.id == job_id, m.status == RunStatus.RUNNING, *only_if)
         .values(status=status, ended_at=utcnow(), **values)
     ).rowcount
     if n:
@@ -120,12 +127,25 @@ def finish(
     return bool(n)
 
 
-def requeue(session: Session, settings: Settings, kind: JobKind, job_id: int, reason: str) -> bool:
-    """A running job goes back to the queue (its worker died or is stopping) and is published again."""
+def requeue(
+    session: Session,
+    settings: Settings,
+    kind: JobKind,
+    job_id: int,
+    reason: str,
+    *,
+    only_if: tuple[Any, ...] = (),
+) -> bool:
+    """A running job goes back to the queue (its worker died or is stopping) and is published again.
+
+    `only_if` names the claim the caller found dead (a stale heartbeat, a worker's claim from before its
+    restart). The UPDATE checks it again, so a job requeued by another reconciler and claimed afresh since
+    the caller looked is left to its new driver: a second requeue there would start a second driver beside
+    the first (a sweep of 3 trials asked for 4)."""
     m = kind.model
     n = session.execute(
         update(m)
-        .where(m.id == job_id, m.status == RunStatus.RUNNING)
+        .where(m.id == job_id, m.status == RunStatus.RUNNING, *only_if)
         .values(status=RunStatus.QUEUED, worker=None, dispatched_at=None)
     ).rowcount
     session.commit()
@@ -142,8 +162,9 @@ def requeue_stale(session: Session, settings: Settings, kind: JobKind, stale_aft
     """Jobs whose worker stopped heartbeating go back to the queue."""
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     m = kind.model
-    stale = session.scalars(select(m.id).where(m.status == RunStatus.RUNNING, m.heartbeat_at < cutoff)).all()
-    return sum(requeue(session, settings, kind, i, "its worker is gone") for i in stale)
+    is_stale = m.heartbeat_at < cutoff
+    stale = session.scalars(select(m.id).where(m.status == RunStatus.RUNNING, is_stale)).all()
+    return sum(requeue(session, settings, kind, i, "its worker is gone", only_if=(is_stale,)) for i in stale)
 
 
 def recover_worker(
@@ -153,20 +174,32 @@ def recover_worker(
     ``started_before`` is when this worker started: a job it claimed since (its queue is consumed from the
     start, and this very pass may have requeued the job) is its own work, not a leftover."""
     m = kind.model
-    where = [m.status == RunStatus.RUNNING, m.worker == worker]
+    mine = (m.worker == worker,)
     if started_before is not None:
-        where.append(m.started_at < started_before)
-    ids = session.scalars(select(m.id).where(*where)).all()
-    return sum(release(session, settings, kind, i, f"worker {worker} restarted") for i in ids)
+        mine += (m.started_at < started_before,)
+    ids = session.scalars(select(m.id).where(m.status == RunStatus.RUNNING, *mine)).all()
+    return sum(release(session, settings, kind, i, f"worker {worker} restarted", only_if=mine) for i in ids)
 
 
-def release(session: Session, settings: Settings, kind: JobKind, job_id: int, reason: str) -> bool:
+def release(
+    session: Session,
+    settings: Settings,
+    kind: JobKind,
+    job_id: int,
+    reason: str,
+    *,
+    worker: str | None = None,
+    only_if: tuple[Any, ...] = (),
+) -> bool:
     """A running job whose worker stopped (gracefully, or died and restarted) is requeued or failed, as the
-    kind says; False when it was not running any more."""
+    kind says; False when it was not running any more (or no longer meets `only_if`, as `requeue` says).
+    A stopping worker names itself: a job the reconciler has given to another worker is not its to release."""
+    if worker is not None:
+        only_if += (kind.model.worker == worker,)
     if kind.when_worker_died == "requeue":
-        return requeue(session, settings, kind, job_id, reason)
+        return requeue(session, settings, kind, job_id, reason, only_if=only_if)
     message = f"its worker stopped; {kind.name} again"
-    return finish(session, kind, job_id, RunStatus.FAILED, message, error=message)
+    return finish(session, kind, job_id, RunStatus.FAILED, message, only_if=only_if, error=message)
 
 
 def dispatch_undispatched(session: Session, settings: Settings, kind: JobKind) -> int:

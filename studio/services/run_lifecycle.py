@@ -152,7 +152,7 @@ class RunAttempt:
 
     def requeue(self, session: Session, settings: Settings, reason: str) -> bool:
         """Give the run back to the queue (this worker is stopping); it resumes from its checkpoint."""
-        return requeue_run(session, settings, self.run_id, reason)
+        return requeue_run(session, settings, self.run_id, reason, only_if=(Run.attempt == self.number,))
 
 
 def start_attempt(session: Session, run_id: int, worker: str, node: str) -> bool:
@@ -219,12 +219,19 @@ def _float(v: Any) -> float | None:
 
 
 def requeue_run(
-    session: Session, settings: Settings, run_id: int, reason: str, *, attempt: int | None = None
+    session: Session,
+    settings: Settings,
+    run_id: int,
+    reason: str,
+    *,
+    attempt: int | None = None,
+    only_if: tuple[Any, ...] = (),
 ) -> bool:
     """Put a running run back to queued (its worker died or is stopping, or a node of a run over several
     lost its rank: then only while it is in `attempt` and not being cancelled) and publish it again; it
-    resumes from its newest checkpoint. False when the run was not running (in that attempt)."""
-    where = [Run.id == run_id, Run.status == RunStatus.RUNNING]
+    resumes from its newest checkpoint. False when the run was not running (in that attempt, or meeting
+    `only_if`: the claim a reconciler found dead, checked again as `jobs.requeue` does)."""
+    where = [Run.id == run_id, Run.status == RunStatus.RUNNING, *only_if]
     if attempt is not None:
         where += [Run.attempt == attempt, Run.cancel_requested.is_(False)]
     n = session.execute(
