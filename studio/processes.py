@@ -1,6 +1,6 @@
 """Signal set-up shared by the web process (`ernie-studio up`) and the workers: children that die with
-their parent, and Paddle's abort-on-SIGTERM handlers removed so the graceful ones decide (the workers import
-Paddle at start; the web process only if a request needs it, its handlers kept by an import guard)."""
+their parent, and Paddle's abort-on-SIGTERM handlers removed so the graceful ones decide (the web process and the workers import
+Paddle only if a request or a task needs it, their handlers kept by an import guard)."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ class _PaddleImportGuard(importlib.abc.MetaPathFinder):
 
 
 def keep_signal_handlers_when_paddle_is_imported() -> None:
-    """For a process that may never need Paddle (the API: its requests import engine helpers lazily, and
-    most import none): instead of importing Paddle at start to remove its handlers
+    """For a process that may never need Paddle (the API and the workers: their requests and tasks import
+    engine helpers lazily, and most import none): instead of importing Paddle at start to remove its handlers
     (`quiet_paddle_signal_handlers`, 1.3-2 s of CPU), the first import of Paddle, whenever and in whatever
     thread it comes, leaves the signal handlers as they were."""
     if "paddle" in sys.modules:

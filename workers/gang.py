@@ -16,7 +16,6 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from engine.train.parallel import NodeGroup, launch_command
 from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Run, RunStatus
@@ -127,6 +126,8 @@ def _part(session: Session, settings: Settings, claim: PartClaim, beat: PartBeat
     master = _barrier(session, settings, claim, beat)
     if master is None:
         return None
+    from engine.train.parallel import NodeGroup, launch_command  # Paddle: only a multi-node launch needs it
+
     try:
         nodes = NodeGroup(master, claim.nnodes, claim.node_rank, settings.node_address or None)
     except ValueError as e:

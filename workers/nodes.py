@@ -36,16 +36,17 @@ def hold_work_queues(app: Celery) -> list[str]:
 
 
 def reused_in_process(settings: Settings) -> dict[str, Any] | None:
-    """The node's recent passing report (`engine.doctor.runner.reused_report`), looked up in this process
-    when that is safe: on a CPU build of Paddle (which the worker has imported already) reading the node's
-    facts touches no device. A CUDA build always asks a child: reading a GPU's free memory makes a CUDA
-    context, which would stay in the worker. Saves a child that imports Paddle at each restart."""
-    import paddle
+    """The node's recent passing report (`engine.doctor.reuse.reused_report`), looked up in this process
+    when that is safe: on a CPU build of Paddle, reading the node's facts touches no device and imports no
+    Paddle (the build is read from Paddle's version file). A GPU build always asks a child: reading a GPU's
+    free memory makes a CUDA context, which would stay in the worker. Saves a child that imports Paddle at
+    each restart, and keeps Paddle out of the worker."""
+    from engine.doctor.facts import cpu_only_build
 
-    if paddle.device.is_compiled_with_cuda():
+    if not cpu_only_build():
         return None
     from engine.doctor.report import DoctorFloors
-    from engine.doctor.runner import reused_report
+    from engine.doctor.reuse import reused_report
 
     report = reused_report(DoctorFloors(), settings.doctor_reuse_s)
     return None if report is None else report.to_dict()

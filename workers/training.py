@@ -172,8 +172,6 @@ def trainer_launch(
 ) -> tuple[list[str], dict[str, str], int] | str:
     """(command, extra environment, ranks) that train a run from its queue: `ernie-studio train` for one
     device, under `paddle.distributed.launch` for several; a message when this worker cannot run it."""
-    from engine.train.parallel import launch_command
-
     entry = engine_command("train", str(config_file))
     visible = visible_gpus()
     if run_queue.startswith("gpu.") and visible:
@@ -189,7 +187,9 @@ def trainer_launch(
         )
     if entry[1:3] == ["-m", "engine"]:  # the launcher runs a program or a .py file, never `-m`
         return "a multi-device run needs the ernie-studio script in the worker's environment (pip install)"
-    import paddle
+    import paddle  # only a multi-device launch needs Paddle in the worker
+
+    from engine.train.parallel import launch_command
 
     devices = launcher_devices(visible, ranks, paddle.is_compiled_with_cuda())
     log_dir = str(runs_svc.run_dir(settings, run_id) / DIST_LOGS)

@@ -4,13 +4,16 @@ never as a doctor that crashes."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import platform
 import socket
+from functools import cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import paddle
 
 from engine.serve.fastdeploy_env import fastdeploy_importable, fastdeploy_python, fastdeploy_version
 
@@ -36,7 +39,56 @@ def _version_string(value: Any) -> str | None:
     return None if text in ("", "False", "0") else text
 
 
+def _version_file() -> ModuleType | None:
+    """Paddle's generated `paddle/version/__init__.py`, loaded by itself: the build's facts without importing
+    Paddle (1.5-2.5 s of CPU and several hundred MB a process; a worker reads them at every start)."""
+    # PathFinder directly: importlib.util.find_spec would consult sys.meta_path, where the worker's import
+    # guard (studio.processes) takes the first lookup of "paddle" for its import.
+    spec = importlib.machinery.PathFinder.find_spec("paddle")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "version" / "__init__.py"
+    file_spec = importlib.util.spec_from_file_location("_ernie_paddle_version_file", path)
+    if file_spec is None or file_spec.loader is None or not path.is_file():
+        return None
+    module = importlib.util.module_from_spec(file_spec)
+    try:
+        file_spec.loader.exec_module(module)
+    except Exception:  # a layout this code does not know: the import below answers instead
+        log.debug("paddle's version file did not load", exc_info=True)
+        return None
+    return module
+
+
+@cache
+def cpu_only_build() -> bool:
+    """True when the installed Paddle is a plain CPU build (no CUDA, ROCm or XPU), read without importing it.
+    False also when the version file cannot be read: callers then import Paddle and ask it."""
+    v = _version_file()
+    if v is None:
+        return False
+    accelerators = (v.cuda_version, v.cudnn_version, v.hip_version, v.xpu_xre_version)
+    return all(_version_string(a) is None for a in accelerators)
+
+
 def paddle_build() -> dict[str, Any]:
+    if cpu_only_build():  # the same facts Paddle's API gives on such a build (a test compares them)
+        v = _version_file()
+        return {
+            "version": v.full_version,
+            "commit": v.commit,
+            "compiled_with_cuda": False,
+            "cuda": None,
+            "cudnn": None,
+            "device": "cpu",
+        }
+    return imported_paddle_build()
+
+
+def imported_paddle_build() -> dict[str, Any]:
+    """The build's facts as the imported Paddle answers them."""
+    import paddle
+
     version = paddle.version
     return {
         "version": paddle.__version__,
@@ -50,6 +102,10 @@ def paddle_build() -> dict[str, Any]:
 
 def gpu_devices() -> list[dict[str, Any]]:
     """Every visible GPU: name, compute capability, total and free memory (bytes)."""
+    if cpu_only_build():
+        return []
+    import paddle
+
     if not paddle.device.is_compiled_with_cuda():
         return []
     try:
@@ -61,6 +117,8 @@ def gpu_devices() -> list[dict[str, Any]]:
 
 
 def _gpu(index: int) -> dict[str, Any]:
+    import paddle
+
     device: dict[str, Any] = {"index": index}
     try:
         props = paddle.device.cuda.get_device_properties(index)

@@ -10,10 +10,13 @@ import hashlib
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import engine
+from engine.doctor.facts import node_facts
+from engine.doctor.report import Check, DoctorFloors, DoctorReport
 from engine.llamacpp import find_tool
 
 # Facts that move while nothing about the node changes; they are not part of the key.
@@ -91,3 +94,36 @@ def save(cache_dir: Path, key: str, report: dict[str, Any]) -> None:
         tmp.replace(cache_dir / f"{key}.json")
     except OSError:
         pass  # a read-only cache only costs the next start its self-tests
+
+
+def reused_report(
+    floors: DoctorFloors | None = None,
+    reuse_s: float = 0.0,
+    cache_dir: Path | None = None,
+    full: bool = False,
+) -> DoctorReport | None:
+    """The passing report `run_doctor` would reuse now (same node facts, floors, form and engine, at most
+    ``reuse_s`` old), or None: the lookup alone, no self-test."""
+    if reuse_s <= 0:
+        return None
+    start = time.perf_counter()
+    floors = floors or DoctorFloors()
+    facts = node_facts()
+    key = report_key(facts, floors.model_dump(), full)
+    return reused(key, facts, floors, full, reuse_s, cache_dir or default_cache_dir(), start)
+
+
+def reused(
+    key: str, facts: dict, floors: DoctorFloors, full: bool, reuse_s: float, cache_dir: Path, start: float
+) -> DoctorReport | None:
+    saved = load_recent(cache_dir, key, reuse_s)
+    if saved is None:
+        return None
+    return DoctorReport(
+        full=full,
+        facts=facts,
+        checks=[Check(**c) for c in saved["report"]["checks"]],
+        floors=floors.model_dump(),
+        duration_s=time.perf_counter() - start,
+        reused_from=datetime.fromtimestamp(saved["saved_at"], UTC).isoformat(timespec="seconds"),
+    )

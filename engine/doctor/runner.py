@@ -7,7 +7,6 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.doctor import reuse
@@ -74,39 +73,6 @@ CHECKS: list[tuple[str, Callable[[Probe], list[Check]]]] = [
 ]
 
 
-def reused_report(
-    floors: DoctorFloors | None = None,
-    reuse_s: float = 0.0,
-    cache_dir: Path | None = None,
-    full: bool = False,
-) -> DoctorReport | None:
-    """The passing report `run_doctor` would reuse now (same node facts, floors, form and engine, at most
-    ``reuse_s`` old), or None: the lookup alone, no self-test."""
-    if reuse_s <= 0:
-        return None
-    start = time.perf_counter()
-    floors = floors or DoctorFloors()
-    facts = node_facts()
-    key = reuse.report_key(facts, floors.model_dump(), full)
-    return _reused(key, facts, floors, full, reuse_s, cache_dir or reuse.default_cache_dir(), start)
-
-
-def _reused(
-    key: str, facts: dict, floors: DoctorFloors, full: bool, reuse_s: float, cache_dir: Path, start: float
-) -> DoctorReport | None:
-    saved = reuse.load_recent(cache_dir, key, reuse_s)
-    if saved is None:
-        return None
-    return DoctorReport(
-        full=full,
-        facts=facts,
-        checks=[Check(**c) for c in saved["report"]["checks"]],
-        floors=floors.model_dump(),
-        duration_s=time.perf_counter() - start,
-        reused_from=datetime.fromtimestamp(saved["saved_at"], UTC).isoformat(timespec="seconds"),
-    )
-
-
 def run_doctor(
     full: bool = False,
     floors: DoctorFloors | None = None,
@@ -121,7 +87,10 @@ def run_doctor(
     facts = node_facts()
     cache_dir = cache_dir or reuse.default_cache_dir()
     key = reuse.report_key(facts, floors.model_dump(), full)
-    if reuse_s > 0 and (reused := _reused(key, facts, floors, full, reuse_s, cache_dir, start)) is not None:
+    if (
+        reuse_s > 0
+        and (reused := reuse.reused(key, facts, floors, full, reuse_s, cache_dir, start)) is not None
+    ):
         return reused
     checks: list[Check] = []
     with tempfile.TemporaryDirectory(prefix="ernie-doctor-") as tmp:

@@ -6,8 +6,11 @@ queued; ``engine.models.elastic`` runs and cuts out the members.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,3 +144,18 @@ def family(
                     members.add(SubModel(d, e, k, pattern))
     rest = sorted(members - {full}, key=lambda m: (-m.depth, -m.experts, -m.k))
     return [full, *rest]
+
+
+ELASTIC_FAMILY_FILE = "elastic_family.json"
+
+
+def read_family(output_dir: str | Path) -> dict[str, Any] | None:
+    """The family an elastic run wrote (None for a run without one, or one still training)."""
+    path = Path(output_dir) / ELASTIC_FAMILY_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def member_export_keys(name: str) -> dict[str, int]:
+    """``ernie-studio export``'s keys for the member ``d<depth>-e<experts>-k<topk>``."""
+    m = SubModel.parse(name)
+    return {"elastic_depth": m.depth, "elastic_experts": m.experts, "elastic_topk": m.k}

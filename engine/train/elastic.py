@@ -16,8 +16,6 @@ experts the member used (an expert a member drops is not under-loaded, it is abs
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,22 +31,8 @@ from engine.train.config import TrainConfig
 from engine.train.options import ConfigError
 from engine.train.run_checks import elastic_model_problems
 
+
 # An elastic run's family at the end of the run (``ElasticTraining.summary``), in its output_dir.
-ELASTIC_FAMILY_FILE = "elastic_family.json"
-
-
-def read_family(output_dir: str | Path) -> dict[str, Any] | None:
-    """The family an elastic run wrote (None for a run without one, or one still training)."""
-    path = Path(output_dir) / ELASTIC_FAMILY_FILE
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def member_export_keys(name: str) -> dict[str, int]:
-    """``ernie-studio export``'s keys for the member ``d<depth>-e<experts>-k<topk>``."""
-    m = SubModel.parse(name)
-    return {"elastic_depth": m.depth, "elastic_experts": m.experts, "elastic_topk": m.k}
-
-
 class ElasticTraining:
     """The family of one elastic run, the per-step sampler and its checkpointed state."""
 

@@ -14,10 +14,12 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import paddle
+
+if TYPE_CHECKING:
+    import paddle
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +199,8 @@ def save_checkpoint(
     optimizer state when the caller gathered them (expert parallelism: every rank's experts);
     ``optimizer_state``: the whole state by parameter name when ``optimizer`` holds a shard of it
     (``engine.train.sharding``)."""
+    import paddle  # the run directory's other helpers (a worker's) need no Paddle
+
     tmp = begin_checkpoint(out_dir, step)
     weights, optim = states or checkpoint_states(model, optimizer, trainable)
     if optimizer_state is not None:
@@ -225,6 +229,8 @@ def load_checkpoint(
     """Restore everything ``save_checkpoint`` wrote; returns (step, elapsed seconds). ``held(name)`` says
     whether a weight of the un-split layout lives in this process (expert parallelism: others' experts
     are skipped)."""
+    import paddle  # the run directory's other helpers (a worker's) need no Paddle
+
     state = json.loads((ckpt / "trainer_state.json").read_text())
     weights = paddle.load(str(ckpt / "model.pdparams"))
     current = model.state_dict()

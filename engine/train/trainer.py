@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from engine.models.elastic_family import ELASTIC_FAMILY_FILE
 from engine.models.expert_parallel import (
     gather_named,
     unsplit_experts,
@@ -40,7 +41,7 @@ from engine.train.build import (
 from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import TrainConfig
 from engine.train.dpo import DPOLoss, evaluate_dpo
-from engine.train.elastic import ELASTIC_FAMILY_FILE, ElasticTraining
+from engine.train.elastic import ElasticTraining
 from engine.train.notices import announce, runtime_notices
 from engine.train.options import ConfigError
 from engine.train.parallel import DataParallel

@@ -155,7 +155,7 @@ def _queue(session: Session, settings: Settings, export: Export, message: str) -
 def family_of(session: Session, run_id: int) -> dict[str, Any] | None:
     """The family an elastic run wrote when it finished (engine.train.elastic.read_family), else None."""
     run = get_or_404(session, Run, run_id, "run")
-    from engine.train.elastic import read_family  # Paddle loads with it: not at the API's start
+    from engine.models.elastic_family import read_family
 
     family = read_family(run.output_dir)
     return None if family is None else {"run_id": run.id, **family}
@@ -174,7 +174,7 @@ def elastic_family(session: Session, run_id: int) -> dict[str, Any]:
 def check_member(run: Run, member: str, field: str = "elastic_member") -> None:
     """``member`` must be one of the run's family (the members it trained and evaluated); errors name
     ``field``."""
-    from engine.train.elastic import read_family  # Paddle loads with it: not at the API's start
+    from engine.models.elastic_family import read_family
 
     family = read_family(run.output_dir)
     if family is None:
@@ -283,7 +283,7 @@ def export_config(run: Run, export: Export) -> dict[str, Any]:
         "export_dir": export.export_dir,
     }
     if export.elastic_member:
-        from engine.train.elastic import member_export_keys, read_family
+        from engine.models.elastic_family import member_export_keys, read_family
 
         family = read_family(run.output_dir) or {}
         cfg.update(member_export_keys(export.elastic_member))

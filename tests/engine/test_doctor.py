@@ -44,6 +44,17 @@ def test_quick_doctor_reports_facts_and_passes_on_a_healthy_node(quick_report):
     json.dumps(report)  # one JSON object, nothing unserialisable
 
 
+def test_the_build_read_from_paddles_version_file_is_what_the_imported_paddle_says():
+    """Workers read the node's facts without importing Paddle (`facts.cpu_only_build`), and a doctor that
+    imported it must compute the same reuse key: the two readings agree field by field."""
+    import paddle
+
+    from engine.doctor.facts import cpu_only_build, imported_paddle_build, paddle_build
+
+    assert cpu_only_build() is (not paddle.device.is_compiled_with_cuda())
+    assert paddle_build() == imported_paddle_build()
+
+
 def test_a_throughput_floor_above_the_node_fails_its_doctor(monkeypatch, capsys):
     monkeypatch.setenv("ERNIE_STUDIO_DOCTOR_MIN_TOKENS_PER_S", "1e12")
     assert main(["doctor", "--json"]) == 1

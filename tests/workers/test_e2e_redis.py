@@ -1,7 +1,8 @@
 """End to end through the REST API on Redis + PostgreSQL with real Celery worker processes: upload the demo
 data, a LoRA SFT run on the tiny preset goes queued -> running -> succeeded, its metrics and checkpoints
 are listed, and a deployment of it answers chat (plain and streamed) until it is stopped; one request
-exports a member of an elastic run and deploys it, and the member answers the `openai` client."""
+exports a member of an elastic run and deploys it, and the member answers the `openai` client. Through all
+of it, neither worker process loads Paddle: the trainers, exports and servers it starts do."""
 
 from __future__ import annotations
 
@@ -149,3 +150,8 @@ def test_upload_train_deploy_chat(studio_factory, pg_url, shared_redis_url):
     )
     assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens >= 1
     assert api.post(f"/deployments/{member_dep['id']}/stop").json()["status"] in ("stopping", "stopped")
+
+    # A worker that loaded Paddle costs 1.5-2.5 s of CPU at each start and several hundred MB for its life.
+    for name in ("train@testnode", "serve@testnode"):
+        maps = Path(f"/proc/{studio.procs[name].pid}/maps").read_text()
+        assert "libpaddle" not in maps, f"worker {name} loaded Paddle"
