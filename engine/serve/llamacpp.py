@@ -10,6 +10,7 @@ its output in the log file, waits for /health and stops it: SIGTERM to its group
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -22,6 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +75,8 @@ def gguf_for_serving(model: str | Path, out_dir: str | Path, gguf_type: str = SE
 
 def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
     """Write ``model_dir`` as ``out`` through a private folder beside it, moved into place when whole: a
-    deployment killed while writing leaves no half file for the next one to serve, and two deployments of
-    the same model writing at once each move a whole file."""
+    deployment killed while writing leaves no half file for the next one to serve (its folder is removed by
+    the next write), and two deployments of the same model writing at once each move a whole file."""
     import engine
     from engine.models.paths import tokenizer_dir
     from engine.train import gguf_export
@@ -85,8 +87,8 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
     if problems:
         raise ValueError(f"llama.cpp cannot serve {model_dir}: " + "; ".join(problems))
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".writing-", dir=out.parent))
-    try:
+    remove_abandoned_writes(out.parent)
+    with writing_folder(out.parent) as work:
         written = work / out.name
         if gguf_type in gguf_export.QUANTIZE_NAMES:
             f16 = gguf_export.write_gguf(loaded, tokenizer, work / "model-f16.gguf", "f16")
@@ -94,9 +96,55 @@ def _write_gguf(model_dir: Path, out: Path, gguf_type: str) -> Path:
         else:
             gguf_export.write_gguf(loaded, tokenizer, written, gguf_type)
         os.replace(written, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+WRITING_PREFIX = ".writing-"
+WRITING_LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def writing_folder(parent: Path) -> Iterator[Path]:
+    """A private folder in ``parent`` for one write, deleted after. Its writer holds a lock in it for as long
+    as it lives (the kernel drops the lock when the process dies, SIGKILL included), so a folder whose lock
+    can be taken was abandoned. It takes its `.writing-` name only once locked: a cleaner never finds it
+    unlocked while its writer lives."""
+    made = Path(tempfile.mkdtemp(prefix=".new-", dir=parent))
+    held = os.open(made / WRITING_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        work = made.with_name(WRITING_PREFIX + made.name.removeprefix(".new-"))
+        os.rename(made, work)
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        os.close(held)
+        shutil.rmtree(made, ignore_errors=True)  # only when the rename did not happen
+
+
+def remove_abandoned_writes(directory: Path) -> list[Path]:
+    """Delete the private folders of GGUF writes whose writer died (a deployment killed mid-write): their lock
+    is free. A folder another live writer holds is left alone. Returns the folders removed."""
+    removed = []
+    for work in Path(directory).glob(f"{WRITING_PREFIX}*"):
+        try:
+            fd = os.open(work / WRITING_LOCK, os.O_RDWR)
+        except FileNotFoundError:  # made, and not locked yet, or already being removed: leave it
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live writer
+        finally:
+            os.close(fd)
+        shutil.rmtree(work, ignore_errors=True)
+        log.info("removed %s, left by a GGUF write whose process died", work)
+        removed.append(work)
+    return removed
 
 
 def _tensor_source(model_dir: Path):

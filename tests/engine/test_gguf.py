@@ -15,6 +15,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -214,6 +215,40 @@ def test_serving_writes_a_checkpoints_gguf_tensor_by_tensor_and_keeps_it(moe_pad
     np.testing.assert_array_equal(got["blk.2.ffn_down_exps.weight"][3], e3.T.astype(np.float16))
     written = out.stat().st_mtime_ns
     assert llamacpp.gguf_for_serving(moe_padded, tmp_path, "f16") == out and out.stat().st_mtime_ns == written
+
+
+_HOLD_A_WRITE = """
+import sys, time
+from pathlib import Path
+from engine.serve.llamacpp import writing_folder
+with writing_folder(Path(sys.argv[1])) as work:
+    (work / "model-f16.gguf").write_bytes(b"half a file")
+    print(work, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_write_killed_midway_leaves_a_folder_the_next_write_removes(moe_padded, tmp_path):
+    """A deployment SIGKILLed while it wrote its GGUF left its `.writing-*` folder for good. The next write
+    in that folder removes it (its writer's lock is gone with the process) and keeps one a live writer
+    holds."""
+    from engine.serve import llamacpp
+
+    def writer() -> tuple[subprocess.Popen, Path]:
+        cmd = [sys.executable, "-c", _HOLD_A_WRITE, str(tmp_path)]
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        return proc, Path(proc.stdout.readline().strip())
+
+    (killed, abandoned), (live, held) = writer(), writer()
+    killed.kill()
+    killed.wait()
+    assert abandoned.name.startswith(".writing-") and abandoned.is_dir() and held.is_dir()
+    out = llamacpp.gguf_for_serving(moe_padded, tmp_path, "f16")
+    assert not abandoned.exists() and held.is_dir()
+    live.kill()
+    live.wait()
+    assert llamacpp.remove_abandoned_writes(tmp_path) == [held]
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
 
 
 def test_vl_model_is_refused_naming_what_is_left_out(tiny_vl_model_dir, tmp_path):
