@@ -49,7 +49,7 @@ def reconcile(
     heartbeats. `lost` remembers, from one pass to the next, which messages the broker was missing (a fresh
     one resends nothing in its first pass)."""
     with session_factory(settings)() as session:
-        requeued = requeue_orphaned_runs(session, settings, worker)
+        requeued = requeue_orphaned_runs(session, settings, worker, worker_started)
         dispatched = dispatch_lost_runs(session, settings)
         stopped = stop_orphaned_deployments(session, settings, worker)
         for kind in jobs_svc.KINDS:  # exports, downloads, evaluations
@@ -61,10 +61,12 @@ def reconcile(
     return {"requeued": requeued, "dispatched": dispatched, "deployments_stopped": stopped, "resent": resent}
 
 
-def requeue_orphaned_runs(session: Session, settings: Settings, worker: str | None) -> int:
+def requeue_orphaned_runs(
+    session: Session, settings: Settings, worker: str | None, worker_started: datetime | None = None
+) -> int:
     """Runs of dead workers go back to the queue (their leftover trainer on this node is killed first)."""
     requeued = 0
-    for run in orphaned_runs(session, worker, settings.stale_after_s):
+    for run in orphaned_runs(session, worker, settings.stale_after_s, worker_started):
         if run.node == settings.node_name:
             kill_stale_group(run.pid, str(runs_svc.run_dir(settings, run.id)))
         reason = f"worker {run.worker} is gone; resuming from the newest checkpoint"

@@ -264,13 +264,20 @@ def requeue_run(
     return True
 
 
-def orphaned_runs(session: Session, worker: str | None, stale_after_s: float) -> list[Run]:
+def orphaned_runs(
+    session: Session, worker: str | None, stale_after_s: float, worker_started: datetime | None = None
+) -> list[Run]:
     """Runs marked running that have not heartbeated for a while, or (at start-up) that `worker`, a
-    restarted worker of the same name, was running when it died."""
+    restarted worker of the same name, was running when it died: last heartbeated before this one started
+    (`worker_started`). A run this worker claimed since (its doctor may pass, and its queue open, before
+    this pass reads) is its own work, not a leftover."""
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     lost = Run.heartbeat_at < cutoff
     if worker is not None:
-        lost = lost | (Run.worker == worker)
+        mine = Run.worker == worker
+        if worker_started is not None:
+            mine = mine & (Run.heartbeat_at < worker_started)
+        lost = lost | mine
     return list(session.scalars(select(Run).where(Run.status == RunStatus.RUNNING, lost)).all())
 
 

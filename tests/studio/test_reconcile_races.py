@@ -101,3 +101,24 @@ def test_a_stale_run_claimed_again_meanwhile_keeps_its_new_attempt(pg_settings):
     with session_factory(pg_settings)() as s:
         run = s.get(Run, rid)
         assert (n, run.status, run.attempt, run.worker) == (0, RunStatus.RUNNING, 2, "train@c")
+
+
+def test_a_restarted_worker_requeues_its_dead_incarnations_run_not_the_one_it_just_claimed(pg_settings):
+    """At start-up a worker's reconciler takes the runs under its name as leftovers of its dead incarnation.
+    Its doctor may pass and its queue open before that pass reads: a run it claimed since is its own. Before,
+    the pass requeued it while its trainer started, and a second worker could train the same run."""
+    started = utcnow()
+    old = started - timedelta(seconds=5)  # within stale_after_s: only the name says it is a leftover
+    with session_factory(pg_settings)() as s:
+        common = dict(
+            stage="SFT", fine_tuning="LoRA", base_model="tiny", queue="train", output_dir="/x",
+            status=RunStatus.RUNNING, attempt=1, worker="train@a", node="b",
+        )  # fmt: skip
+        beats = {"leftover": old, "claimed-since": started + timedelta(seconds=1)}
+        rows = [Run(name=name, heartbeat_at=beat, started_at=beat, **common) for name, beat in beats.items()]
+        s.add_all(rows)
+        s.commit()
+        leftover, claimed = rows[0].id, rows[1].id
+        assert requeue_orphaned_runs(s, pg_settings, "train@a", started) == 1
+        assert s.get(Run, leftover).status == RunStatus.QUEUED
+        assert (s.get(Run, claimed).status, s.get(Run, claimed).worker) == (RunStatus.RUNNING, "train@a")
