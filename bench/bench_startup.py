@@ -7,6 +7,10 @@ compiled from source on every start when no ``.pyc`` files can be read: ``make``
 same run, reads its bytecode from an empty ``PYTHONPYCACHEPREFIX`` with ``PYTHONDONTWRITEBYTECODE=1``: every
 module compiled at every start, as in a venv without bytecode where writing it is disabled. Rounds alternate
 the two, and the table shows medians.
+
+``--against DIR`` adds a second table: what a worker's start costs in this tree and in another checkout
+``DIR`` (say ``git worktree add /tmp/before <commit>``), CPU seconds (user + system) and peak memory of
+``import workers.tasks``, rounds alternating, medians.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +41,40 @@ def started(code: str, env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
+def cost(code: str, cwd: Path) -> tuple[float, float]:
+    """(CPU seconds, peak MiB) of a fresh interpreter running ``code`` in ``cwd`` (its packages first)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{code}\nimport resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
+        ],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, int(out.stdout.split()[-1]) / 1024
+
+
+def compare_trees(other: Path, rounds: int) -> None:
+    """The worker's start here against ``other``'s."""
+    code = IMPORTS["worker (workers.tasks)"]
+    runs: dict[str, list[tuple[float, float]]] = {"this tree": [], str(other): []}
+    cost(code, ROOT), cost(code, other)  # page cache warm for both
+    for _ in range(rounds):
+        for name, cwd in (("this tree", ROOT), (str(other), other)):
+            runs[name].append(cost(code, cwd))
+    print(f"\n{'worker start (import workers.tasks)':40} {'CPU s':>7} {'peak MiB':>9}")
+    for name, rows in runs.items():
+        cpu = statistics.median(r[0] for r in rows)
+        mib = statistics.median(r[1] for r in rows)
+        print(f"{name:40} {cpu:>7.2f} {mib:>9.0f}")
+
+
 def pyc_share(package: str) -> str:
     """How many of the package's modules have bytecode beside them (what the venv was installed with)."""
     spec = importlib.util.find_spec(package)
@@ -50,6 +89,7 @@ def pyc_share(package: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", type=Path, help="another checkout: compare a worker's start with it")
     args = parser.parse_args()
     print(f"bytecode present: paddle {pyc_share('paddle')}, engine {pyc_share('engine')} modules")
     with tempfile.TemporaryDirectory(prefix="ernie-bench-pycache-") as empty:
@@ -67,6 +107,8 @@ def main() -> None:
         slow = statistics.median(times[(name, "source")])
         fast = statistics.median(times[(name, "bytecode")])
         print(f"{name:34} {slow:>19.2f}s {fast:>9.2f}s {slow / fast:>8.2f}x")
+    if args.against:
+        compare_trees(args.against.resolve(), args.rounds)
 
 
 if __name__ == "__main__":
