@@ -1,7 +1,8 @@
 """Process start: the imports every studio process pays, with the venv's bytecode and without it.
 
-Run with ``.venv/bin/python bench/bench_startup.py [--rounds 5]``. Each process the studio starts (the API,
-a worker, every trainer, doctor, export and built-in server) imports Paddle, whose ~1,100 modules are
+Run with ``.venv/bin/python bench/bench_startup.py [--rounds 5]``. Each process the studio starts for a job
+(every trainer, doctor, export and built-in server; no longer the API or a worker) imports Paddle, whose
+~1,100 modules are
 compiled from source on every start when no ``.pyc`` files can be read: ``make`` installs with
 ``uv sync --compile-bytecode`` and compiles the studio's own packages for that reason. The baseline, in the
 same run, reads its bytecode from an empty ``PYTHONPYCACHEPREFIX`` with ``PYTHONDONTWRITEBYTECODE=1``: every
