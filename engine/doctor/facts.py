@@ -60,20 +60,24 @@ def _version_file() -> ModuleType | None:
     return module
 
 
+def _cpu_only(v: ModuleType) -> bool:
+    accelerators = (v.cuda_version, v.cudnn_version, v.hip_version, v.xpu_xre_version)
+    return all(_version_string(a) is None for a in accelerators)
+
+
 @cache
 def cpu_only_build() -> bool:
     """True when the installed Paddle is a plain CPU build (no CUDA, ROCm or XPU), read without importing it.
     False also when the version file cannot be read: callers then import Paddle and ask it."""
     v = _version_file()
-    if v is None:
-        return False
-    accelerators = (v.cuda_version, v.cudnn_version, v.hip_version, v.xpu_xre_version)
-    return all(_version_string(a) is None for a in accelerators)
+    return v is not None and _cpu_only(v)
 
 
 def paddle_build() -> dict[str, Any]:
-    if cpu_only_build():  # the same facts Paddle's API gives on such a build (a test compares them)
-        v = _version_file()
+    # Read afresh (an upgrade in place shows in the next report). On a CPU build these are the facts
+    # Paddle's API gives (a test compares them).
+    v = _version_file()
+    if v is not None and _cpu_only(v):
         return {
             "version": v.full_version,
             "commit": v.commit,

@@ -116,6 +116,8 @@ def reused_report(
 def reused(
     key: str, facts: dict, floors: DoctorFloors, full: bool, reuse_s: float, cache_dir: Path, start: float
 ) -> DoctorReport | None:
+    """The saved passing report under ``key`` as a report of ``facts`` now, or None (`run_doctor` and
+    `reused_report` both end here)."""
     saved = load_recent(cache_dir, key, reuse_s)
     if saved is None:
         return None

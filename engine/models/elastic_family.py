@@ -146,6 +146,7 @@ def family(
     return [full, *rest]
 
 
+# An elastic run's family at the end of the run (``ElasticTraining.summary``), in its output_dir.
 ELASTIC_FAMILY_FILE = "elastic_family.json"
 
 

@@ -131,9 +131,7 @@ def remove_abandoned_writes(directory: Path) -> list[Path]:
     for work in Path(directory).glob(f"{WRITING_PREFIX}*"):
         try:
             fd = os.open(work / WRITING_LOCK, os.O_RDWR)
-        except FileNotFoundError:  # made, and not locked yet, or already being removed: leave it
-            continue
-        except OSError:
+        except OSError:  # no lock file: being removed by another cleaner, or not ours; leave it
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -32,7 +32,6 @@ from engine.train.options import ConfigError
 from engine.train.run_checks import elastic_model_problems
 
 
-# An elastic run's family at the end of the run (``ElasticTraining.summary``), in its output_dir.
 class ElasticTraining:
     """The family of one elastic run, the per-step sampler and its checkpointed state."""
 
