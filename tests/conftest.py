@@ -159,9 +159,10 @@ def pytest_xdist_make_scheduler(config, log):
 # ---- skips: only for hardware this machine lacks ---------------------------------------------------------
 # CI must fail, never pass, when a layer the suite tests (Redis, PostgreSQL, chromium, llama.cpp, the
 # reference environment) is missing. A skip is allowed only when its reason names a GPU (CUDA, FastDeploy's
-# GPU build): everything else a test needs is something CI provides. The run ends with every skip reason,
-# and one that is not allowed turns a green run red.
-ALLOWED_SKIP = ("GPU", "CUDA")
+# GPU build) or the CPU's bf16 instructions (avx512_bf16 / amx_bf16, which oneDNN's bf16 GEMM path needs):
+# everything else a test needs is something CI provides. The run ends with every skip reason, and one that
+# is not allowed turns a green run red.
+ALLOWED_SKIP = ("GPU", "CUDA", "no bf16 instructions")
 
 
 def _skip_reason(report) -> str:

@@ -14,7 +14,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from engine.models import plain_ops
+from engine.models import kernels, plain_ops
 from engine.models.config import ErnieConfig
 from engine.models.gpas import GPASGate
 from engine.models.layers import MLP, Attention, PackedKeyStarts, RMSNorm, RotaryEmbedding
@@ -28,7 +28,7 @@ from engine.models.moe import (
 )
 from engine.models.plain_ops import packed_causal_mask
 from engine.models.positions import batch_positions, vision_routed_ids
-from engine.models.quantized import upcast_matmul
+from engine.models.quantized import low_precision_matmul
 from engine.models.vision import Grid, Resampler, VisionTransformer, check_grids
 
 IGNORE_INDEX = -100
@@ -413,7 +413,7 @@ def head_logits(h: paddle.Tensor, w: paddle.Tensor, tied: bool) -> paddle.Tensor
     faster on CPU; see docs/benchmarks.md)."""
     h2 = h.reshape([-1, h.shape[-1]])
     if w.dtype != h.dtype:  # held in bf16 on a node without bf16 matmul (engine.models.quantized)
-        flat = upcast_matmul(h2, w, transpose_y=tied)
+        flat = low_precision_matmul(h2, w, transpose_y=tied)
     else:
-        flat = paddle.matmul(h2, w, transpose_y=tied)
+        flat = kernels.matmul(h2, w, transpose_w=tied)
     return flat.reshape([*h.shape[:-1], flat.shape[-1]])

@@ -19,7 +19,7 @@ from engine.models.ernie import ErnieForCausalLM
 from engine.models.initialize import init_weights
 from engine.models.moe import MoELayer, can_group
 from engine.models.presets import preset_config
-from engine.models.quantized import apply_weight_only
+from engine.models.quantized import apply_weight_only, hold_in_low_precision
 
 
 @dataclass
@@ -52,6 +52,7 @@ class _Case:
     weight_only: bool = False
     grads: bool = True  # False: forward only, under no_grad (as serving runs)
     group_size: int = -1  # weight-only cases: the scales' group size (-1 per channel)
+    held: bool = False  # dtype is the linears' storage (hold_in_low_precision), computing in fp32
 
 
 SELF_TESTS = {
@@ -63,6 +64,10 @@ SELF_TESTS = {
     "fused_rms_norm": _Case(("fused_rms_norm",), "tiny", "float32", "packed"),
     "fused_rope": _Case(("fused_rope",), "tiny", "float32", "packed"),
     "weight_only_linear": _Case(("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True),
+    "onednn_matmul": _Case(("onednn_matmul",), "tiny", "float32", "causal"),
+    "onednn_matmul_moe": _Case(("onednn_matmul",), "tiny-moe", "float32", "packed", full_only=True),
+    # against the fp32 upcast of the same bf16 weights: the GEMM also rounds activations to bf16
+    "onednn_bf16_matmul": _Case(("onednn_bf16_matmul",), "tiny", "bfloat16", "causal", held=True),
     "weight_only_linear_inference": _Case(
         ("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True, grads=False
     ),
@@ -90,7 +95,7 @@ def self_test(name: str, quick: bool = True) -> SelfTestResult:
     """Forward logits and the gradient of every parameter with ``name``'s paths on against off.
 
     Tolerances: fp32 cases ``FP32_TOLERANCE`` absolute; bf16 cases (flash attention, weight-only GEMM:
-    the kernels exist only in half precision) compare with the plain path in bf16, each tensor's
+    the kernels exist only in half precision; oneDNN's bf16 GEMM on weights held in bf16) compare with the plain path in bf16, each tensor's
     difference divided by the plain path's largest |value|, against ``HALF_TOLERANCE``. Gradients must
     exist for the same parameters in both runs (an expert without tokens has none in either).
     """
@@ -149,7 +154,10 @@ def _tiny_model_and_inputs(case: _Case, seq: int):
             bias = np.zeros(layer.moe_statics.e_score_correction_bias.shape, np.float32)
             bias[:, 0] = -10.0
             layer.moe_statics.e_score_correction_bias.set_value(paddle.to_tensor(bias))
-    cast_model(model, case.dtype)
+    if case.held:
+        hold_in_low_precision(model, case.dtype)
+    else:
+        cast_model(model, case.dtype)
     if case.weight_only:
         apply_weight_only(model, "wint8", case.group_size)
     model.train()

@@ -26,6 +26,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from engine.models import onednn
 from engine.models.plain_ops import apply_rotary_plain, attention_plain, packed_causal_mask, rms_norm_plain
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ FAST_PATHS = {
     "fused_rms_norm": "paddle.incubate fused_rms_norm",
     "fused_rope": "paddle.incubate fused_rotary_position_embedding (interleaved pairs)",
     "weight_only_linear": "paddle.nn.quant.weight_only_linear for wint8 / wint4 frozen bases",
+    "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
+    "onednn_bf16_matmul": "bf16-held linears and head as oneDNN bf16 GEMMs with fp32 accumulation instead of an "
+    "fp32 upcast of each weight",
 }
 GPU_ONLY = {
     "flash_attention": "needs a CUDA GPU (no CPU kernel in Paddle; fp16 / bf16 only)",
@@ -49,6 +53,11 @@ GPU_ONLY = {
     "fused_rms_norm": "needs a CUDA GPU (the CPU kernel is forward-only and needs AVX-512)",
     "fused_rope": "needs a CUDA GPU (fused_rotary_position_embedding has no CPU kernel)",
     "weight_only_linear": "needs a CUDA GPU (weight_quantize / weight_only_linear have no CPU kernel)",
+}
+# CPU paths: what a GPU process does instead.
+CPU_ONLY = {
+    "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
+    "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
 }
 MIN_COMPUTE_CAPABILITY = {
     "flash_attention": 80,
@@ -182,6 +191,8 @@ def capabilities() -> dict[str, FastPath]:
     for name in FAST_PATHS:
         if name in disabled:
             decided[name] = FastPath(name, False, f"switched off by {DISABLE_ENV}")
+        elif name in CPU_ONLY:
+            decided[name] = _decide_cpu_path(name, gpu)
         elif name not in GPU_ONLY:
             decided[name] = FastPath(name, True, _ALWAYS_ON[name])
         elif not gpu:
@@ -222,6 +233,29 @@ def _gpu() -> tuple[bool, int, str]:
     return True, major * 10 + minor, ""
 
 
+def cpu_bf16_features() -> list[str]:
+    """The bf16 instructions this CPU has (``avx512_bf16``, ``amx_bf16``), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return []
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
+    if gpu:
+        return FastPath(name, False, CPU_ONLY[name])
+    if name == "onednn_bf16_matmul" and not cpu_bf16_features():
+        # oneDNN would run its bf16 GEMM by converting to fp32: slower than the fp32 upcast path.
+        return FastPath(name, False, "the CPU has no bf16 instructions (avx512_bf16 / amx_bf16)")
+    why = onednn.available()
+    return FastPath(name, False, why) if why else _probe(name)
+
+
 def _probe(name: str) -> FastPath:
     """Run the kernel once on small inputs against the plain op: present in this build and agreeing."""
     try:
@@ -234,7 +268,8 @@ def _probe(name: str) -> FastPath:
         return FastPath(
             name, False, f"the kernel disagrees with the plain op on a probe ({diff:.2e} > {tol:.0e})"
         )
-    return FastPath(name, True, f"GPU kernel present and agrees with the plain op ({diff:.1e})")
+    where = "CPU" if name in CPU_ONLY else "GPU"
+    return FastPath(name, True, f"{where} kernel present and agrees with the plain op ({diff:.1e})")
 
 
 def _agreement(fast: Callable, plain: Callable, *inputs: paddle.Tensor, backward: bool = True) -> float:
@@ -305,13 +340,41 @@ def _probe_weight_only() -> tuple[float, float]:
     return _agreement(fast, lambda x: paddle.matmul(x, w), x, backward=False), 3e-2
 
 
+def _probe_onednn(compute: str) -> tuple[float, float]:
+    """Forward and both gradients of ``x @ w`` and ``x @ w^T`` against paddle.matmul; for bf16 against the
+    matmul of the bf16-rounded inputs in fp32 (the output's gradient is rounded too: 2^-8 relative)."""
+    worst = 0.0
+    for transpose in (False, True):
+        w = paddle.randn([40, 24] if transpose else [24, 40]) * 0.1
+        w = w.astype(compute)
+
+        def plain(x, w, transpose=transpose):
+            if compute == "bfloat16":
+                x = x.astype(compute).astype("float32")
+            return paddle.matmul(x, w.astype("float32"), transpose_y=transpose)
+
+        fast = functools.partial(onednn.matmul, transpose_w=transpose, compute=compute)
+        worst = max(worst, _agreement(fast, plain, paddle.randn([2, 3, 24]), w))
+    return worst, (2e-2 if compute == "bfloat16" else 1e-5)
+
+
 _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
+    "onednn_matmul": functools.partial(_probe_onednn, "float32"),
+    "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "fused_rms_norm": _probe_rms_norm,
     "fused_rope": _probe_rope,
     "flash_attention": _probe_flash,
     "flash_attention_varlen": _probe_flash_varlen,
     "weight_only_linear": _probe_weight_only,
 }
+
+
+def matmul(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool = False) -> paddle.Tensor:
+    """``x @ w`` (or ``x @ w^T``) over x's last axis for a linear or the LM head: oneDNN's sgemm where
+    ``onednn_matmul`` is on and both are fp32, else ``paddle.matmul``."""
+    if x.dtype == w.dtype == paddle.float32 and enabled("onednn_matmul"):
+        return onednn.matmul(x, w, transpose_w, "float32")
+    return paddle.matmul(x, w, transpose_y=transpose_w)
 
 
 def grouped_moe_fits(stacked_bytes: int, on_gpu: bool) -> bool:

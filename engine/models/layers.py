@@ -16,6 +16,18 @@ from engine.models.config import ErnieConfig
 from engine.models.plain_ops import apply_rotary_plain, attention_plain, rms_norm_plain
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` whose fp32 product goes through ``kernels.matmul`` (oneDNN's sgemm on a CPU, where that
+    path is on); any other dtype, and the GPU, take ``nn.Linear``'s own ``F.linear``. Same parameters, same
+    checkpoint names."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        if x.dtype != paddle.float32 or self.weight.dtype != paddle.float32:
+            return super().forward(x)
+        y = kernels.matmul(x, self.weight)
+        return y if self.bias is None else y + self.bias
+
+
 class RMSNorm(nn.Layer):
     def __init__(self, hidden_size: int, eps: float = 1e-5):
         super().__init__()
@@ -100,8 +112,8 @@ class Attention(nn.Layer):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias_attr=config.use_bias or False)
-        self.o_proj = nn.Linear(
+        self.qkv_proj = Linear(config.hidden_size, qkv_out, bias_attr=config.use_bias or False)
+        self.o_proj = Linear(
             self.num_heads * self.head_dim, config.hidden_size, bias_attr=config.use_bias or False
         )
 
@@ -185,8 +197,8 @@ class MLP(nn.Layer):
     def __init__(self, hidden_size: int, intermediate_size: int, use_bias: bool = False):
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.up_gate_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias_attr=use_bias or False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias_attr=use_bias or False)
+        self.up_gate_proj = Linear(hidden_size, 2 * intermediate_size, bias_attr=use_bias or False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias_attr=use_bias or False)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return self.down_proj(kernels.swiglu(self.up_gate_proj(x)))

@@ -16,7 +16,7 @@ from paddle import nn
 
 from engine.models import kernels
 from engine.models.config import ErnieConfig
-from engine.models.layers import MLP
+from engine.models.layers import MLP, Linear
 
 
 @dataclass
@@ -186,8 +186,7 @@ def can_group(experts: nn.LayerList) -> bool:
     on every call; ``kernels.grouped_moe_fits`` says whether a copy of that size pays off here.
     """
     plain = all(
-        type(e) is MLP and type(e.up_gate_proj) is nn.Linear and type(e.down_proj) is nn.Linear
-        for e in experts
+        type(e) is MLP and type(e.up_gate_proj) is Linear and type(e.down_proj) is Linear for e in experts
     )
     if not plain or not len(experts):
         return False

@@ -16,7 +16,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.autograd import PyLayer
 
-from engine.models import kernels
+from engine.models import kernels, onednn
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 DECODER_LINEARS = ("qkv_proj", "o_proj", "up_gate_proj", "down_proj")
@@ -112,6 +112,14 @@ def upcast_matmul(
         if int(stored.numel()) > UPCAST_BLOCK_ELEMENTS:
             block = max(1, UPCAST_BLOCK_ELEMENTS // n_in)
     return UpcastMatmul.apply(x, stored, upcast, transpose_y, block)
+
+
+def low_precision_matmul(x: paddle.Tensor, stored: paddle.Tensor, transpose_y: bool = False) -> paddle.Tensor:
+    """``x @ stored`` for an fp32 ``x`` and a weight held in bf16: oneDNN's bf16 GEMM where the CPU has bf16
+    instructions (``onednn_bf16_matmul``), else the fp32 upcast (``upcast_matmul``)."""
+    if stored.dtype == paddle.bfloat16 and kernels.enabled("onednn_bf16_matmul"):
+        return onednn.matmul(x, stored, transpose_y, "bfloat16")
+    return upcast_matmul(x, stored, transpose_y=transpose_y)
 
 
 class WeightOnlyLinear(nn.Layer):
@@ -232,7 +240,7 @@ class LowPrecisionLinear(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         if x.dtype == self.weight.dtype:  # a device with low-precision kernels: nothing to emulate
             return F.linear(x, self.weight, self.bias)
-        y = upcast_matmul(x, self.weight)
+        y = low_precision_matmul(x, self.weight)
         if self.bias is not None:
             y = y + self.bias.astype(x.dtype)
         return y.astype(self.weight.dtype).astype(x.dtype)

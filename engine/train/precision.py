@@ -12,7 +12,9 @@
   embedding but no matmul, add or softmax): the weights are held in bf16
   (``engine.models.quantized.hold_in_low_precision``), every linear upcasts its weight to fp32 and rounds
   its output to bf16, gradients come back in bf16, and ``MasterWeights`` keeps the fp32 copies AdamW
-  updates (Paddle's ``multi_precision`` AdamW has no bf16 CPU kernel).
+  updates (Paddle's ``multi_precision`` AdamW has no bf16 CPU kernel). On a CPU with ``avx512_bf16`` /
+  ``amx_bf16`` the linears and the head skip the upcast: they run oneDNN's bf16 GEMM (fp32 accumulation,
+  the ``onednn_bf16_matmul`` fast path of ``engine.models.kernels``), so ``matmuls`` says bfloat16.
 - fp16 without fp16 kernels is refused: the loss scaling fp16 gradients need (``GradScaler``) works on
   GPUs only, and training unscaled fp16 gradients would silently lose the small ones.
 """
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from pathlib import Path
 
 import paddle
 from paddle import nn
 from paddle.amp.auto_cast import amp_global_state
+
+from engine.models import kernels
 
 LOW_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # compute types that keep fp32 arithmetic: (what the linears hold, how)
@@ -90,6 +93,17 @@ def resolve_precision(compute_type: str) -> Precision:
         return Precision(
             compute_type, PrecisionMode.AMP, dtype, dtype, dtype == "float16", f"paddle.amp O2 on {device}"
         )
+    if dtype == "bfloat16" and paddle.get_device() == "cpu" and kernels.enabled("onednn_bf16_matmul"):
+        return Precision(
+            compute_type,
+            PrecisionMode.EMULATED,
+            dtype,
+            dtype,
+            False,
+            f"no bfloat16 matmul in Paddle's CPU build; the linears and head run oneDNN's bf16 GEMM on the "
+            f"CPU's {' / '.join(kernels.cpu_bf16_features())} (fp32 accumulation, "
+            "engine.models.onednn), the other ops in float32 on bfloat16-rounded outputs",
+        )
     if dtype == "bfloat16":
         return Precision(
             compute_type,
@@ -107,18 +121,6 @@ def resolve_precision(compute_type: str) -> Precision:
     )
 
 
-def cpu_bf16_features() -> list[str]:
-    """The bf16 instructions this CPU has (``avx512_bf16``, ``amx_bf16``), from /proc/cpuinfo."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
-    )
-    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-
-
 def cpu_bf16_matmul() -> bool:
     """Whether Paddle runs a bfloat16 matmul on the CPU. Paddle 3.3.1 does not: its oneDNN bf16 matmul
     serves Paddle Inference only, the eager kernel is fp32 / fp64 (also under ``paddle.amp.auto_cast``
@@ -132,10 +134,15 @@ def cpu_bf16_matmul() -> bool:
 
 
 def _cpu_bf16_note() -> str:
-    features = cpu_bf16_features() if paddle.get_device() == "cpu" else []
+    features = kernels.cpu_bf16_features() if paddle.get_device() == "cpu" else []
     if not features or cpu_bf16_matmul():
         return ""
-    return f" (the CPU has {' / '.join(features)}, but Paddle's CPU build has no bfloat16 matmul kernel)"
+    path = kernels.capabilities()["onednn_bf16_matmul"]
+    why = path.reason if not path.on else "forced off here"
+    return (
+        f" (the CPU has {' / '.join(features)}, but Paddle's CPU build has no bfloat16 matmul kernel and "
+        f"oneDNN's bf16 GEMM is off: {why})"
+    )
 
 
 def _gpu_with_kernels(dtype: str) -> str | None:

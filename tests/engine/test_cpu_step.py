@@ -12,7 +12,7 @@ import paddle
 import pytest
 
 from engine.models import kernels
-from engine.train.precision import cpu_bf16_features, cpu_bf16_matmul, resolve_precision
+from engine.train.precision import cpu_bf16_matmul, resolve_precision
 from engine.train.step import clip_grad_norm
 
 HAS_GPU = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
@@ -62,14 +62,24 @@ def test_cpu_threads_come_from_the_setting_or_the_cores(monkeypatch):
     assert kernels.cpu_threads() == max(cores // 2, 1)
 
 
-@pytest.mark.skipif(HAS_GPU, reason="the CPU's bf16 path")
-def test_bf16_on_this_cpu_stays_emulated_and_says_why():
+@pytest.mark.skipif(HAS_GPU, reason="the CPU's bf16 path (a GPU trains bf16 through paddle.amp)")
+def test_bf16_on_this_cpu_runs_onednn_gemms_where_it_has_bf16_instructions_and_says_which():
     # Paddle 3.3.1's CPU build has no bf16 matmul; when a Paddle upgrade brings one, this fails and the
     # CPU bf16 path (engine/train/precision.py) should be revisited.
     assert cpu_bf16_matmul() is False
-    reason = resolve_precision("bf16").reason
-    for feature in cpu_bf16_features():
-        assert feature in reason and "no bfloat16 matmul kernel" in reason
+    features = kernels.cpu_bf16_features()
+    precision = resolve_precision("bf16")
+    if features:  # this CPU: oneDNN's bf16 GEMM, and the line names the instructions
+        assert precision.matmuls == "bfloat16", precision
+        assert "oneDNN's bf16 GEMM" in precision.reason
+        assert all(f in precision.reason for f in features)
+    else:
+        assert precision.matmuls == "float32" and "upcast" in precision.reason, precision
+    with kernels.forced(onednn_bf16_matmul=False):
+        precision = resolve_precision("bf16")
+    assert precision.matmuls == "float32" and "upcast" in precision.reason
+    for feature in features:
+        assert feature in precision.reason and "no bfloat16 matmul kernel" in precision.reason
 
 
 def _faults_of_elementwise_ops(malloc: str) -> int:

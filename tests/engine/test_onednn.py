@@ -1,0 +1,149 @@
+"""oneDNN's GEMMs through Paddle's bundled libdnnl (``engine.models.onednn``): results against numpy in float64,
+the backward against the plain path, bad input refused, and the decision that takes them."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import paddle
+import pytest
+
+from engine.models import kernels, onednn
+
+HAS_GPU = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+BF16 = kernels.cpu_bf16_features()
+
+
+def _bf16_values(a: np.ndarray) -> np.ndarray:
+    """The float32 values of ``a`` rounded to bfloat16, as Paddle rounds them."""
+    return paddle.to_tensor(a).astype("bfloat16").astype("float32").numpy()
+
+
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product((False, True), repeat=2)))
+def test_sgemm_equals_float64_products_for_every_transpose(trans_a: bool, trans_b: bool) -> None:
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(37, 19) if trans_a else (19, 37)).astype(np.float32)
+    b = rng.normal(size=(23, 37) if trans_b else (37, 23)).astype(np.float32)
+    out = onednn.gemm(paddle.to_tensor(a), paddle.to_tensor(b), trans_a, trans_b).numpy()
+    want = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+    assert out.shape == (19, 23) and out.dtype == np.float32
+    # measured 9.5e-7 of the largest |value| (fp32 rounding of 37-term sums)
+    assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.skipif(not BF16, reason="oneDNN's bf16 GEMM: the CPU has no bf16 instructions")
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product((False, True), repeat=2)))
+def test_bf16_gemm_accumulates_the_bf16_inputs_in_fp32(trans_a: bool, trans_b: bool) -> None:
+    """The inputs are bf16, the sums are fp32: the result equals the float64 product of the bf16 values to
+    fp32 rounding, not to bf16's 2^-8 (an output rounded to bf16 would be ~100x further off)."""
+    rng = np.random.default_rng(1)
+    a = _bf16_values(rng.normal(size=(300, 64) if trans_a else (64, 300)).astype(np.float32))
+    b = _bf16_values(rng.normal(size=(48, 300) if trans_b else (300, 48)).astype(np.float32))
+    ta = paddle.to_tensor(a).astype("bfloat16")
+    tb = paddle.to_tensor(b).astype("bfloat16")
+    out = onednn.gemm(ta, tb, trans_a, trans_b).numpy()
+    want = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+    # measured 3e-7 of the largest |value|; a bf16 output would be off by up to 2^-9 = 2e-3
+    assert np.abs(out - want).max() <= 3e-6 * np.abs(want).max()
+
+
+def test_a_strided_view_is_made_contiguous_before_the_call() -> None:
+    """A column slice is not contiguous in memory: gemm must copy it, not read past its rows."""
+    x = paddle.randn([8, 32])
+    w = paddle.randn([32, 40])[:, 5:17]
+    out = onednn.gemm(x, w).numpy()
+    assert np.abs(out - (x.numpy() @ w.numpy())).max() < 1e-5
+
+
+def test_bad_operands_are_refused_with_their_shapes_and_dtypes() -> None:
+    with pytest.raises(ValueError, match=r"inner sizes differ \(3x4 @ 5x2"):
+        onednn.gemm(paddle.ones([3, 4]), paddle.ones([5, 2]))
+    with pytest.raises(TypeError, match=r"float32 or two bfloat16.*float64"):
+        onednn.gemm(paddle.ones([3, 4]), paddle.ones([4, 2], dtype="float64"))
+    with pytest.raises(ValueError, match="2-D matrices"):
+        onednn.gemm(paddle.ones([2, 3, 4]), paddle.ones([4, 2]))
+    assert onednn.gemm(paddle.ones([0, 4]), paddle.ones([4, 2])).shape == [0, 2]
+    assert float(onednn.gemm(paddle.ones([3, 0]), paddle.ones([0, 2])).abs().sum()) == 0.0
+
+
+def _grads(fn, x: np.ndarray, w: paddle.Tensor, frozen: bool = False):
+    xt = paddle.to_tensor(x)
+    xt.stop_gradient = False
+    wt = w.detach()
+    wt.stop_gradient = frozen
+    y = fn(xt, wt)
+    (y * y).sum().backward()
+    return y.numpy(), xt.grad.numpy(), None if frozen else wt.grad.astype("float32").numpy()
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_the_fp32_layer_matches_paddle_matmul_forward_and_backward(transpose: bool) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 5, 24)).astype(np.float32)
+    w = paddle.to_tensor(rng.normal(size=(40, 24) if transpose else (24, 40)).astype(np.float32))
+    fast = _grads(lambda x, w: onednn.matmul(x, w, transpose), x, w)
+    plain = _grads(lambda x, w: paddle.matmul(x, w, transpose_y=transpose), x, w)
+    for f, p in zip(fast, plain, strict=True):
+        assert f.shape == p.shape and np.abs(f - p).max() <= 1e-5 * np.abs(p).max()  # measured 2e-7
+
+
+@pytest.mark.skipif(not BF16, reason="oneDNN's bf16 GEMM: the CPU has no bf16 instructions")
+@pytest.mark.parametrize("transpose", [False, True])
+def test_the_bf16_layer_computes_what_a_bf16_matmul_computes(transpose: bool) -> None:
+    """Forward: the fp32 product of the bf16-rounded activation and weight. Backward: the output's gradient
+    rounded to bf16 too, so gradients sit within bf16's relative step of the plain path's; the weight's
+    comes back in bf16, a frozen weight's not at all."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 7, 64)).astype(np.float32)
+    w = paddle.to_tensor(rng.normal(size=(96, 64) if transpose else (64, 96)).astype(np.float32) * 0.1)
+    w = w.astype("bfloat16")
+
+    def plain(x, w):
+        return paddle.matmul(
+            x.astype("bfloat16").astype("float32"), w.astype("float32"), transpose_y=transpose
+        )
+
+    fast = _grads(lambda x, w: onednn.matmul(x, w, transpose, "bfloat16"), x, w)
+    want = _grads(plain, x, w)
+    assert np.abs(fast[0] - want[0]).max() <= 1e-5 * np.abs(want[0]).max()  # measured 1.6e-7
+    for f, p in zip(fast[1:], want[1:], strict=True):  # measured 2.3e-3 and 4.2e-3
+        assert np.abs(f - p).max() <= 1e-2 * np.abs(p).max()
+    frozen = _grads(lambda x, w: onednn.matmul(x, w, transpose, "bfloat16"), x, w, frozen=True)
+    assert frozen[2] is None and np.array_equal(frozen[1], fast[1])
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU paths' decision (a GPU process keeps them off)")
+def test_the_cpu_paths_are_on_here_and_off_by_environment(monkeypatch) -> None:
+    caps = kernels.capabilities()
+    assert caps["onednn_matmul"].on, caps["onednn_matmul"]
+    if BF16:
+        assert caps["onednn_bf16_matmul"].on, caps["onednn_bf16_matmul"]
+    else:
+        assert not caps["onednn_bf16_matmul"].on
+        assert "no bf16 instructions" in caps["onednn_bf16_matmul"].reason
+    monkeypatch.setenv(kernels.DISABLE_ENV, "onednn_matmul,onednn_bf16_matmul")
+    kernels.capabilities.cache_clear()
+    try:
+        caps = kernels.capabilities()
+        assert not caps["onednn_matmul"].on and not caps["onednn_bf16_matmul"].on
+    finally:
+        monkeypatch.delenv(kernels.DISABLE_ENV)
+        kernels.capabilities.cache_clear()
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU paths' decision (a GPU process keeps them off)")
+def test_a_library_without_the_gemms_keeps_the_paths_off_with_the_error(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(onednn, "library_path", lambda: tmp_path / "libdnnl.so.3")
+    onednn._functions.cache_clear()
+    kernels.capabilities.cache_clear()
+    try:
+        caps = kernels.capabilities()
+        for name in ("onednn_matmul", "onednn_bf16_matmul"):
+            if name == "onednn_bf16_matmul" and not BF16:
+                continue
+            assert not caps[name].on and "not callable" in caps[name].reason, caps[name]
+    finally:
+        monkeypatch.undo()
+        onednn._functions.cache_clear()
+        kernels.capabilities.cache_clear()
