@@ -89,6 +89,7 @@ def set_cpu_threads() -> int:
     n = cpu_threads()
     if not paddle.is_compiled_with_cuda():
         paddle.base.core.set_num_threads(n)
+    onednn.set_threads(n)
     return n
 
 

@@ -10,14 +10,17 @@ tensors' memory, and ``kernels`` decides once per process whether each path is o
 ``onednn_bf16_matmul``) after a probe against the plain op.
 
 Both GEMMs are row-major, ``C = op(A) @ op(B)``, on 2-D contiguous tensors; ``OneDnnMatmul`` gives them a
-backward. ``ctypes`` releases the GIL for the call; oneDNN runs on the calling thread's OpenMP team, whose size
-``kernels.set_cpu_threads`` sets.
+backward. ``ctypes`` releases the GIL for the call. oneDNN runs on the calling thread's OpenMP team, and in
+this process its OpenMP calls resolve to Paddle's ``libiomp5``: a thread that Paddle did not set up (a
+server's worker thread) has a team of ``OMP_NUM_THREADS``, which importing Paddle sets to 1. So each calling
+thread's team is set once to ``kernels.CPU_THREADS`` (``set_threads``) before its first GEMM.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from pathlib import Path
 
 import paddle
@@ -40,6 +43,41 @@ _GEMM_ARGS = [
     ctypes.c_int64,  # ldc
 ]
 FUNCTIONS = {"float32": "dnnl_sgemm", "bfloat16": "dnnl_gemm_bf16bf16f32"}
+# The OpenMP runtimes oneDNN may resolve to here: Paddle's Intel runtime (loaded first, it provides the GNU
+# entry points too) and the GNU one libdnnl names.
+OPENMP_RUNTIMES = ("libiomp5.so", "libgomp.so.1")
+_threads = 1
+_team = threading.local()
+
+
+def set_threads(n: int) -> None:
+    """The OpenMP team size every thread's GEMMs run on (``kernels.set_cpu_threads`` calls this)."""
+    global _threads
+    _threads = n
+
+
+@functools.cache
+def _openmp() -> list[ctypes.CDLL]:
+    found = []
+    for name in OPENMP_RUNTIMES:
+        bundled = Path(paddle.__file__).parent / "libs" / name
+        try:
+            found.append(ctypes.CDLL(str(bundled) if bundled.exists() else name))
+        except OSError:
+            continue
+    return found
+
+
+def team_size() -> list[int]:
+    """This thread's OpenMP team size in each runtime (what its next GEMM runs on)."""
+    return [lib.omp_get_max_threads() for lib in _openmp()]
+
+
+def _set_team() -> None:
+    if getattr(_team, "threads", None) != _threads:
+        for lib in _openmp():
+            lib.omp_set_num_threads(_threads)
+        _team.threads = _threads
 
 
 def library_path() -> Path:
@@ -91,6 +129,7 @@ def gemm(a: paddle.Tensor, b: paddle.Tensor, trans_a: bool = False, trans_b: boo
     if m * n == 0 or k == 0:
         return paddle.zeros([m, n], dtype="float32")
     out = paddle.empty([m, n], dtype="float32")
+    _set_team()
     fn = _functions()[str(a.dtype).split(".")[-1]]
     status = fn(
         b"T" if trans_a else b"N",

@@ -4,6 +4,7 @@ the backward against the plain path, bad input refused, and the decision that ta
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import paddle
@@ -147,3 +148,18 @@ def test_a_library_without_the_gemms_keeps_the_paths_off_with_the_error(monkeypa
         monkeypatch.undo()
         onednn._functions.cache_clear()
         kernels.capabilities.cache_clear()
+
+
+def test_a_thread_paddle_did_not_set_up_runs_its_gemms_on_the_set_team() -> None:
+    """A server's worker thread starts with a team of OMP_NUM_THREADS (1 after importing Paddle); its first
+    GEMM sets the team to ``kernels.CPU_THREADS`` in every OpenMP runtime oneDNN may call."""
+    seen = {}
+
+    def work() -> None:
+        onednn.gemm(paddle.ones([4, 4]), paddle.ones([4, 4]))
+        seen["team"] = onednn.team_size()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen["team"] and set(seen["team"]) == {kernels.CPU_THREADS}
