@@ -43,6 +43,8 @@ FAST_PATHS = {
     "fused_rope": "paddle.incubate fused_rotary_position_embedding (interleaved pairs)",
     "weight_only_linear": "paddle.nn.quant.weight_only_linear for wint8 / wint4 frozen bases",
     "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
+    "onednn_cast": "float32 <-> bfloat16 conversions of the bf16 path as oneDNN reorders (threaded, vectorised) "
+    "instead of Paddle's scalar cast",
     "onednn_bf16_matmul": "bf16-held linears and head as oneDNN bf16 GEMMs with fp32 accumulation instead of an "
     "fp32 upcast of each weight",
 }
@@ -58,6 +60,7 @@ GPU_ONLY = {
 CPU_ONLY = {
     "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
     "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
+    "onednn_cast": "a CPU path (a GPU's cast kernel is already parallel)",
 }
 MIN_COMPUTE_CAPABILITY = {
     "flash_attention": 80,
@@ -341,6 +344,27 @@ def _probe_weight_only() -> tuple[float, float]:
     return _agreement(fast, lambda x: paddle.matmul(x, w), x, backward=False), 3e-2
 
 
+def _probe_onednn_cast() -> tuple[float, float]:
+    """Both directions against Paddle's cast, bit for bit (as fp32 values), on normal, huge, infinite, zero
+    and halfway values. fp32 subnormals (below 1.2e-38) may become zero on the way down (AVX512_BF16's
+    conversion treats them as zero; Paddle keeps bf16's subnormals): a difference no training step sees."""
+    x = paddle.concat([paddle.randn([1000]) * 3, paddle.to_tensor(CAST_PROBE_VALUES)])
+    x = x.astype("float32")
+    want = x.astype("bfloat16").astype("float32").numpy()
+    down = onednn.convert(x, "bfloat16").astype("float32").numpy()
+    tiny = np.abs(x.numpy()) < np.finfo(np.float32).tiny
+    same = np.array_equal(down[~tiny], want[~tiny]) and bool(
+        np.all((down[tiny] == 0) | (down[tiny] == want[tiny]))
+    )
+    up = onednn.convert(x.astype("bfloat16"), "float32").numpy()
+    same = same and np.array_equal(up, want)
+    return (0.0 if same else 1.0), 0.0
+
+
+CAST_PROBE_VALUES = [1e38, -3e38, 3.4e38, 1e-40, -1e-41, float("inf"), -float("inf"), 0.0, -0.0]
+CAST_PROBE_VALUES += [1.00390625, 1.01171875, 3.0000002]  # halfway (ties to even) and near-halfway
+
+
 def _probe_onednn(compute: str) -> tuple[float, float]:
     """Forward and both gradients of ``x @ w`` and ``x @ w^T`` against paddle.matmul; for bf16 against the
     matmul of the bf16-rounded inputs in fp32 (the output's gradient is rounded too: 2^-8 relative)."""
@@ -362,12 +386,35 @@ def _probe_onednn(compute: str) -> tuple[float, float]:
 _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
+    "onednn_cast": _probe_onednn_cast,
     "fused_rms_norm": _probe_rms_norm,
     "fused_rope": _probe_rope,
     "flash_attention": _probe_flash,
     "flash_attention_varlen": _probe_flash_varlen,
     "weight_only_linear": _probe_weight_only,
 }
+
+
+def cast(x: paddle.Tensor, dtype: str) -> paddle.Tensor:
+    """``x.astype(dtype)`` (``x`` itself if already ``dtype``); between float32 and bfloat16 through oneDNN's
+    reorder where ``onednn_cast`` is on. Not differentiable on that path: for PyLayers and optimizer code."""
+    src = onednn.dtype_name(x)
+    if src == dtype:
+        return x
+    if {src, dtype} == {"float32", "bfloat16"} and enabled("onednn_cast"):
+        return onednn.convert(x, dtype)
+    return x.astype(dtype)
+
+
+@paddle.no_grad()
+def cast_into(src: paddle.Tensor, dst: paddle.Tensor) -> None:
+    """Write ``src``'s values into ``dst`` in ``dst``'s dtype (a master weight into its bf16 parameter):
+    straight into ``dst``'s memory through oneDNN where ``onednn_cast`` is on, else ``set_value``."""
+    pair = {onednn.dtype_name(src), onednn.dtype_name(dst)}
+    if pair == {"float32", "bfloat16"} and dst.is_contiguous() and enabled("onednn_cast"):
+        onednn.convert(src, onednn.dtype_name(dst), out=dst)
+    else:
+        dst.set_value(src.astype(dst.dtype))
 
 
 def matmul(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool = False) -> paddle.Tensor:

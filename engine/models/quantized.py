@@ -118,7 +118,7 @@ def low_precision_matmul(x: paddle.Tensor, stored: paddle.Tensor, transpose_y: b
     """``x @ stored`` for an fp32 ``x`` and a weight held in bf16: oneDNN's bf16 GEMM where the CPU has bf16
     instructions (``onednn_bf16_matmul``), else the fp32 upcast (``upcast_matmul``)."""
     if stored.dtype == paddle.bfloat16 and kernels.enabled("onednn_bf16_matmul"):
-        return onednn.matmul(x, stored, transpose_y, "bfloat16")
+        return onednn.matmul(x, stored, transpose_y, "bfloat16", cast=kernels.cast)
     return upcast_matmul(x, stored, transpose_y=transpose_y)
 
 
@@ -243,7 +243,28 @@ class LowPrecisionLinear(nn.Layer):
         y = low_precision_matmul(x, self.weight)
         if self.bias is not None:
             y = y + self.bias.astype(x.dtype)
-        return y.astype(self.weight.dtype).astype(x.dtype)
+        return round_through(y, onednn.dtype_name(self.weight))
+
+
+class RoundThrough(PyLayer):
+    """``y`` rounded to ``dtype`` and back, its gradient rounded the same way: what ``y.astype(dtype).astype(
+    y.dtype)`` computes, forward and backward, with both conversions through ``kernels.cast``."""
+
+    @staticmethod
+    def forward(ctx, y, dtype):
+        ctx.dtype, ctx.y_dtype = dtype, onednn.dtype_name(y)
+        return kernels.cast(kernels.cast(y, dtype), ctx.y_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return kernels.cast(kernels.cast(dy, ctx.dtype), ctx.y_dtype)
+
+
+def round_through(y: paddle.Tensor, dtype: str) -> paddle.Tensor:
+    """``y`` rounded to ``dtype`` (a low-precision matmul's output) and back to its own dtype."""
+    if kernels.enabled("onednn_cast") and {onednn.dtype_name(y), dtype} == {"float32", "bfloat16"}:
+        return RoundThrough.apply(y, dtype)
+    return y.astype(dtype).astype(y.dtype)
 
 
 class LowPrecisionEmbedding(nn.Layer):

@@ -173,14 +173,16 @@ class MasterWeights:
         """Move each low-precision gradient, upcast, onto its master (zero for a weight that got none)."""
         for n, p in self.low.items():
             m = self.master[n]
-            m._copy_gradient_from(p.grad.astype("float32") if p.grad is not None else paddle.zeros_like(m))
+            m._copy_gradient_from(
+                kernels.cast(p.grad, "float32") if p.grad is not None else paddle.zeros_like(m)
+            )
             p.clear_gradient(False)
 
     @paddle.no_grad()
     def write_back(self) -> None:
         """Round the masters into the model's weights (after a step, a checkpoint load, an EMA copy)."""
         for n, p in self.low.items():
-            p.set_value(self.master[n].astype(p.dtype))
+            kernels.cast_into(self.master[n], p)
 
 
 def _fp32_copy(p: paddle.Tensor) -> paddle.Tensor:

@@ -163,3 +163,33 @@ def test_a_thread_paddle_did_not_set_up_runs_its_gemms_on_the_set_team() -> None
     thread.start()
     thread.join()
     assert seen["team"] and set(seen["team"]) == {kernels.CPU_THREADS}
+
+
+def test_convert_gives_paddles_cast_values_both_ways_and_writes_in_place() -> None:
+    rng = np.random.default_rng(4)
+    x = paddle.to_tensor((rng.normal(size=(333, 77)) * 10).astype(np.float32))
+    want = x.astype("bfloat16")
+    down = onednn.convert(x, "bfloat16")
+    assert down.dtype == paddle.bfloat16 and down.shape == x.shape
+    assert np.array_equal(down.astype("float32").numpy(), want.astype("float32").numpy())
+    assert np.array_equal(onednn.convert(want, "float32").numpy(), want.astype("float32").numpy())
+    target = paddle.zeros([333 * 77], dtype="bfloat16")
+    assert onednn.convert(x, "bfloat16", out=target) is target
+    assert np.array_equal(target.astype("float32").numpy().reshape(333, 77), want.astype("float32").numpy())
+    with pytest.raises(ValueError, match="contiguous bfloat16 tensor of 25641 values"):
+        onednn.convert(x, "bfloat16", out=paddle.zeros([5], dtype="bfloat16"))
+    with pytest.raises(TypeError, match="float32 and bfloat16, not float64 -> bfloat16"):
+        onednn.convert(x.astype("float64"), "bfloat16")
+
+
+def test_cast_into_writes_a_master_weight_into_its_bf16_parameter() -> None:
+    master = paddle.randn([64, 48])
+    param = paddle.zeros([64, 48], dtype="bfloat16")
+    kernels.cast_into(master, param)
+    assert np.array_equal(
+        param.astype("float32").numpy(), master.astype("bfloat16").astype("float32").numpy()
+    )
+    with kernels.forced(onednn_cast=False):  # the plain path writes the same values
+        other = paddle.zeros([64, 48], dtype="bfloat16")
+        kernels.cast_into(master, other)
+    assert np.array_equal(other.astype("float32").numpy(), param.astype("float32").numpy())
