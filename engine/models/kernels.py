@@ -417,11 +417,20 @@ def cast_into(src: paddle.Tensor, dst: paddle.Tensor) -> None:
         dst.set_value(src.astype(dst.dtype))
 
 
+# oneDNN's sgemm with a transposed weight (the tied [V, H] head) ran slower than paddle.matmul for 4 to 128
+# rows (0.4-0.9x: decoding a few streams, short prompts) and faster for one row (1.3x) and from 256 rows
+# (1.2-1.5x; a training step has 512+): bench in docs/benchmarks.md, "oneDNN's GEMMs".
+TRANSPOSED_SGEMM_MIN_ROWS = 256
+
+
 def matmul(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool = False) -> paddle.Tensor:
     """``x @ w`` (or ``x @ w^T``) over x's last axis for a linear or the LM head: oneDNN's sgemm where
-    ``onednn_matmul`` is on and both are fp32, else ``paddle.matmul``."""
+    ``onednn_matmul`` is on and both are fp32 (a transposed weight only for 1 or ``TRANSPOSED_SGEMM_MIN_ROWS``+
+    rows), else ``paddle.matmul``."""
     if x.dtype == w.dtype == paddle.float32 and enabled("onednn_matmul"):
-        return onednn.matmul(x, w, transpose_w, "float32")
+        rows = math.prod(x.shape[:-1])
+        if not transpose_w or rows == 1 or rows >= TRANSPOSED_SGEMM_MIN_ROWS:
+            return onednn.matmul(x, w, transpose_w, "float32")
     return paddle.matmul(x, w, transpose_y=transpose_w)
 
 
