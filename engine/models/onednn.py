@@ -306,7 +306,9 @@ class OneDnnMatmul(PyLayer):
         x2 = cast(x.reshape([-1, x.shape[-1]]), compute)
         y = gemm(x2, cast(w, compute), trans_b=transpose_w)
         ctx.transpose_w, ctx.compute, ctx.cast, ctx.x_shape = transpose_w, compute, cast, x.shape
-        ctx.x_dtype = dtype_name(x)
+        # decided here: under non-reentrant recompute the saved ``w`` comes back as a copy that has
+        # stop_gradient set, and reading the flag off it in backward dropped every weight's gradient
+        ctx.x_dtype, ctx.weight_trains = dtype_name(x), not w.stop_gradient
         ctx.save_for_backward(x2, w)
         return y.reshape([*x.shape[:-1], y.shape[-1]])
 
@@ -319,7 +321,7 @@ class OneDnnMatmul(PyLayer):
         dx = cast(gemm(dy2, cast(w, ctx.compute), trans_b=not ctx.transpose_w), ctx.x_dtype).reshape(
             ctx.x_shape
         )
-        if w.stop_gradient:
+        if not ctx.weight_trains:
             return dx, None
         dw = gemm(dy2, x2, trans_a=True) if ctx.transpose_w else gemm(x2, dy2, trans_a=True)
         return dx, cast(dw, dtype_name(w))

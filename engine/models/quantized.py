@@ -62,6 +62,9 @@ class UpcastMatmul(PyLayer):
     @staticmethod
     def forward(ctx, x, stored, upcast, transpose_y, block):
         ctx.upcast, ctx.transpose_y, ctx.block = upcast, transpose_y, block
+        # decided here: under non-reentrant recompute the saved ``stored`` comes back as a copy with
+        # stop_gradient set (see onednn.OneDnnMatmul)
+        ctx.weight_trains = not stored.stop_gradient
         ctx.save_for_backward(x, stored)
         outs = [
             paddle.matmul(x, upcast(w), transpose_y=transpose_y) for w in _blocks(stored, transpose_y, block)
@@ -79,7 +82,7 @@ class UpcastMatmul(PyLayer):
             start += n
             part = paddle.matmul(g, ctx.upcast(w), transpose_y=not ctx.transpose_y)
             dx = part if dx is None else dx + part
-            if not stored.stop_gradient:
+            if ctx.weight_trains:
                 g2 = g.reshape([-1, n])
                 dw = (
                     paddle.matmul(g2, x2, transpose_x=True)
@@ -87,7 +90,7 @@ class UpcastMatmul(PyLayer):
                     else paddle.matmul(x2, g2, transpose_x=True)
                 )
                 dws.append(dw.astype(stored.dtype))
-        if stored.stop_gradient:
+        if not ctx.weight_trains:
             return dx, None
         return dx, dws[0] if len(dws) == 1 else paddle.concat(dws, axis=0 if ctx.transpose_y else 1)
 

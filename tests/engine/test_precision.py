@@ -329,3 +329,33 @@ def test_the_doctors_rotary_check_runs_amp_and_casts_for_real(tiny_vl_model_dir,
     # `doctor --full` runs this on GPU nodes; with paddle.amp answering as on a GPU it runs here too.
     check = rotary_fp32_check(tiny_vl_model_dir)
     assert check.passed and check.values["max_abs_diff"] <= 1e-6, check
+
+
+def _held_grads(model_dir: Path, recompute: bool) -> tuple[float, dict[str, np.ndarray]]:
+    model = load_plain_model(model_dir)
+    quantized.hold_in_low_precision(model, "bfloat16")
+    model.ernie.gradient_checkpointing = recompute
+    model.ernie.recompute_granularity = "full"
+    model.train()
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(3, model.config.vocab_size, size=(2, 32)))
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    grads = {n: p.grad.astype("float32").numpy() for n, p in model.named_parameters() if p.grad is not None}
+    return float(out.loss), grads
+
+
+@cpu_only
+@pytest.mark.parametrize("bf16_gemm", [False, True], ids=["upcast", "onednn"])
+def test_bf16_held_weights_get_their_gradients_under_recompute(bf16_gemm, tiny_model_dir):
+    """Non-reentrant recompute hands a PyLayer its saved weight back as a copy with stop_gradient set; both
+    low-precision matmuls read "does the weight train" off that copy in backward and returned no gradient,
+    so every bf16 linear and the tied embedding stopped learning under recompute."""
+    if bf16_gemm and not kernels.cpu_bf16_features():
+        pytest.skip("oneDNN's bf16 GEMM: the CPU has no bf16 instructions")
+    with kernels.forced(onednn_bf16_matmul=bf16_gemm):
+        loss, plain = _held_grads(tiny_model_dir, recompute=False)
+        loss_again, again = _held_grads(tiny_model_dir, recompute=True)
+    assert loss_again == loss
+    assert again.keys() == plain.keys() and "ernie.layers.0.self_attn.qkv_proj.weight" in plain
+    for name, grad in plain.items():
+        np.testing.assert_array_equal(again[name], grad, err_msg=name)
