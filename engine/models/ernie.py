@@ -161,6 +161,10 @@ class DecoderLayer(nn.Layer):
 class ErnieModel(nn.Layer):
     def __init__(self, config: ErnieConfig):
         super().__init__()
+        # The fast paths are decided (their probes run forward and backward) when the model is built, never
+        # inside its first forward: under non-reentrant recompute that forward runs within saved-tensor
+        # hooks, which would take the probes' saved tensors as the block's and misalign its replay.
+        kernels.capabilities()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.LayerList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])

@@ -84,7 +84,7 @@ def build_model(cfg: TrainConfig, precision: Precision | None = None, world: int
         log.info("weight-only base: %d int8 and %d int4 linears", counts[8], counts[4])
     elif precision.mode is PrecisionMode.EMULATED:
         # the weights are bf16 already: this swaps in the layers that upcast them per call
-        counts = hold_in_low_precision(model, precision.weights, precision.matmuls)
+        counts = hold_in_low_precision(model, precision.weights, precision.activations)
         log.info("held in %s: %s", precision.weights, counts)
     if cfg.lora:
         wrapped = apply_lora(
@@ -313,7 +313,7 @@ def build_reference(cfg: TrainConfig, precision: Precision):
     )
     reference = load_base(plain, storage)
     if storage.scope == "decoder" and storage.dtype != "float32":
-        hold_in_low_precision(reference, storage.dtype, precision.matmuls)
+        hold_in_low_precision(reference, storage.dtype, precision.activations)
     if storage.scope == "all" and storage.dtype != "float32":
         reference = paddle.amp.decorate(
             models=reference,

@@ -62,6 +62,12 @@ class Precision:
     reason: str
 
     @property
+    def activations(self) -> str:
+        """The dtype between the layers: float32 wherever bf16 is emulated (oneDNN's bf16 GEMMs take bf16
+        inputs but hand back fp32), the weights' dtype under AMP."""
+        return self.weights if self.mode is PrecisionMode.AMP else "float32"
+
+    @property
     def low_precision(self) -> bool:
         return self.mode is not PrecisionMode.FP32
 

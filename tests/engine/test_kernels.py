@@ -159,3 +159,13 @@ def test_a_group_wise_weight_only_layer_never_reaches_paddles_gemm() -> None:
                 kernels.weight_only_linear(per_channel, x.astype("float16"))
         want = x.numpy() @ grouped.dequantized().numpy() + base.bias.numpy()
         np.testing.assert_allclose(grouped(x).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_paths_are_decided_when_the_model_is_built(tiny_model_dir) -> None:
+    """Not in the first forward: under non-reentrant recompute that forward runs inside saved-tensor hooks,
+    which took the probes' saved tensors as the block's (a VL LoRA run with recompute failed its backward)."""
+    from engine.models.loading import load_plain_model
+
+    kernels.capabilities.cache_clear()
+    load_plain_model(tiny_model_dir)
+    assert kernels.capabilities.cache_info().currsize == 1
