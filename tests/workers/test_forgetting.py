@@ -47,7 +47,7 @@ LETTERS = "ABCD"
 HOLDOUT = 16
 MARGIN = 0.1
 PRETRAIN_ITEMS = 64
-PRETRAIN_STEPS = 80
+PRETRAIN_STEPS = 120
 
 
 def general_items(n: int, seed: int) -> list[dict]:
