@@ -62,9 +62,11 @@ def test_two_nodes_train_resume_after_a_lost_rank_and_cancel(studio_factory, pg_
         return {"ERNIE_STUDIO_NODE_NAME": name, "ERNIE_STUDIO_NODE_ADDRESS": "127.0.0.1",
                 "ERNIE_STUDIO_GANG_TIMEOUT_S": "8"}  # fmt: skip
 
-    # Only node A's worker at first: it claims node rank 0 and waits; nothing starts without node B.
-    studio.start_worker("train@nodeA", env=node("nodeA"))
+    # The run is queued before any node has reported (once node A alone has, the studio refuses 2 devices
+    # as more than its nodes hold: check_known_devices). Only node A's worker at first: it claims node
+    # rank 0 and waits; nothing starts without node B. (Posting after node A's start raced its doctor.)
     run = api.post("/runs", json={**body, "num_devices": 2, "num_nodes": 2}).json()
+    studio.start_worker("train@nodeA", env=node("nodeA"))
     rid = run["id"]
     assert (run["queue"], run["num_nodes"], run["num_devices"]) == ("train", 2, 2), run
     marker = str(studio.home / "runs" / str(rid) / "config.yaml")
