@@ -262,9 +262,9 @@ def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
 
 @contextlib.contextmanager
 def _random_state_kept() -> Iterator[None]:
-    """Paddle's random generators as they were before the block: the first ``enabled`` call, and so the
-    probes, happen inside a run's first forward, and a probe's random inputs must not shift what the run
-    draws next (two runs of one seed must stay equal, a recomputed block must replay the same numbers)."""
+    """Paddle's random generators as they were before the block: the probes run when the first model is built,
+    after a run has seeded Paddle, and their random inputs must not shift what the run draws next (two runs
+    of one seed must stay equal whichever of them decided the paths)."""
     cpu = paddle.get_rng_state()
     gpu = paddle.get_cuda_rng_state() if paddle.is_compiled_with_cuda() else None
     try:
@@ -278,7 +278,7 @@ def _random_state_kept() -> Iterator[None]:
 def _probe(name: str) -> FastPath:
     """Run the kernel once on small inputs against the plain op: present in this build and agreeing."""
     try:
-        with paddle.enable_grad(), _random_state_kept():  # the first forward may be generation's (no_grad)
+        with paddle.enable_grad(), _random_state_kept():  # a model may be built under no_grad (serving)
             diff, tol = _PROBES[name]()
     except Exception as exc:  # a missing kernel raises NotFound / RuntimeError, an unsupported shape others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
