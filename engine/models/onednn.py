@@ -7,7 +7,9 @@ library has ``dnnl_gemm_bf16bf16f32``: bf16 inputs, fp32 accumulation and output
 on an AMD EPYC with AVX-512 ran 1.6-2x the GFLOP/s of Paddle's ``matmul`` (MKL) on the model's shapes
 (docs/benchmarks.md, CPU training step). Nothing is compiled: the functions are called with ``ctypes`` on the
 tensors' memory, and ``kernels`` decides once per process whether each path is on (``onednn_matmul``,
-``onednn_bf16_matmul``) after a probe against the plain op.
+``onednn_bf16_matmul``, and ``onednn_cast`` for the reorders between fp32 and bf16, ``convert``) after a
+probe against the plain op. Every pointer handed over is a contiguous tensor whose size and dtype were
+checked against the call.
 
 Both GEMMs are row-major, ``C = op(A) @ op(B)``, on 2-D contiguous tensors; ``OneDnnMatmul`` gives them a
 backward. ``ctypes`` releases the GIL for the call. oneDNN runs on the calling thread's OpenMP team, and in
