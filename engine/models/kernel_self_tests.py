@@ -63,6 +63,7 @@ SELF_TESTS = {
     "flash_attention": _Case(("flash_attention",), "tiny", "bfloat16", "causal"),
     "flash_attention_varlen": _Case(("flash_attention_varlen",), "tiny", "bfloat16", "packed"),
     "fused_rms_norm": _Case(("fused_rms_norm",), "tiny", "float32", "packed"),
+    "rms_norm_backward": _Case(("rms_norm_backward",), "tiny", "float32", "packed"),
     "fused_rope": _Case(("fused_rope",), "tiny", "float32", "packed"),
     "weight_only_linear": _Case(("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True),
     "onednn_matmul": _Case(("onednn_matmul",), "tiny", "float32", "causal"),

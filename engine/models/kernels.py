@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+from paddle.autograd import PyLayer
 
 from engine.models import onednn
 from engine.models.plain_ops import apply_rotary_plain, attention_plain, packed_causal_mask, rms_norm_plain
@@ -42,6 +43,8 @@ FAST_PATHS = {
     "fused_rms_norm": "paddle.incubate fused_rms_norm",
     "fused_rope": "paddle.incubate fused_rotary_position_embedding (interleaved pairs)",
     "weight_only_linear": "paddle.nn.quant.weight_only_linear for wint8 / wint4 frozen bases",
+    "rms_norm_backward": "fp32 RMSNorm as one PyLayer with its backward written out (the weight's gradient as "
+    "one GEMV) instead of autograd over its five ops",
     "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
     "onednn_cast": "float32 <-> bfloat16 conversions of the bf16 path as oneDNN reorders (threaded, vectorised) "
     "instead of Paddle's scalar cast",
@@ -58,6 +61,7 @@ GPU_ONLY = {
 }
 # CPU paths: what a GPU process does instead.
 CPU_ONLY = {
+    "rms_norm_backward": "a CPU path (a GPU takes fused_rms_norm)",
     "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
     "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
     "onednn_cast": "a CPU path (a GPU's cast kernel is already parallel)",
@@ -253,6 +257,8 @@ def cpu_bf16_features() -> list[str]:
 def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
     if gpu:
         return FastPath(name, False, CPU_ONLY[name])
+    if name == "rms_norm_backward":
+        return _probe(name)
     if name == "onednn_bf16_matmul" and not cpu_bf16_features():
         # oneDNN would run its bf16 GEMM by converting to fp32: slower than the fp32 upcast path.
         return FastPath(name, False, "the CPU has no bf16 instructions (avx512_bf16 / amx_bf16)")
@@ -315,6 +321,16 @@ def _probe_rms_norm() -> tuple[float, float]:
     return _agreement(
         lambda x: rms_norm_fused(x, w, 1e-5), lambda x: rms_norm_plain(x, w, 1e-5), paddle.randn([4, 64])
     ), 1e-4
+
+
+def _probe_rms_norm_backward() -> tuple[float, float]:
+    w = paddle.rand([64]) + 0.5
+    return _agreement(
+        lambda x, w: rms_norm_written(x, w, 1e-5),
+        lambda x, w: rms_norm_plain(x, w, 1e-5),
+        paddle.randn([3, 5, 64]),
+        w,
+    ), 1e-5
 
 
 def _probe_rope() -> tuple[float, float]:
@@ -399,6 +415,7 @@ def _probe_onednn(compute: str) -> tuple[float, float]:
 
 
 _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
+    "rms_norm_backward": _probe_rms_norm_backward,
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "onednn_cast": _probe_onednn_cast,
@@ -455,6 +472,42 @@ def grouped_moe_fits(stacked_bytes: int, on_gpu: bool) -> bool:
 
 
 # ---- the kernels, as the model calls them ------------------------------------------------------------
+
+
+class RMSNormWritten(PyLayer):
+    """fp32 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * w``, with its backward written out. Autograd over the
+    plain form runs five ops and a broadcast multiply's gradient whose reduction over the rows of the
+    weight's gradient is one slow loop on the CPU (``multiply_grad``, 0.5 s of the 0.3B step); here the
+    weight's gradient is one GEMV and dx is ``r * (g - n * mean(g * n))`` with g = dy * w.
+    fp32 only (the plain form upcasts other dtypes)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        r = paddle.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+        n = x * r
+        # which inputs want a gradient, decided here (a frozen norm of a LoRA run, an input that needs none;
+        # under recompute the saved copies all say stop_gradient): Paddle wants None for those
+        ctx.wants = (not x.stop_gradient, not w.stop_gradient)
+        ctx.save_for_backward(n, r, w)
+        return n * w
+
+    @staticmethod
+    def backward(ctx, dy):
+        n, r, w = ctx.saved_tensor()
+        dx = dw = None
+        if ctx.wants[0]:
+            g = dy * w
+            dx = r * (g - n * (g * n).mean(-1, keepdim=True))
+        if ctx.wants[1]:
+            rows = (dy * n).reshape([-1, n.shape[-1]])
+            # paddle.matmul, not ``matmul``: this runs in a probe, while the paths are being decided
+            dw = paddle.matmul(paddle.ones([1, rows.shape[0]], dtype=rows.dtype), rows).reshape(w.shape)
+        return dx, dw
+
+
+def rms_norm_written(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """RMSNorm through ``RMSNormWritten`` (fp32 ``x`` and weight)."""
+    return RMSNormWritten.apply(x, weight, eps)
 
 
 def rms_norm_fused(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:

@@ -9,6 +9,7 @@ import pytest
 
 from engine.models import kernel_self_tests, kernels
 from engine.models.ernie import packed_key_starts
+from engine.models.plain_ops import rms_norm_plain
 
 
 @pytest.mark.parametrize("name", list(kernel_self_tests.SELF_TESTS))
@@ -169,3 +170,19 @@ def test_fast_paths_are_decided_when_the_model_is_built(tiny_model_dir) -> None:
     kernels.capabilities.cache_clear()
     load_plain_model(tiny_model_dir)
     assert kernels.capabilities.cache_info().currsize == 1
+
+
+@pytest.mark.parametrize("frozen", ["weight", "input"])
+def test_the_written_rms_norm_gives_no_gradient_to_what_does_not_train(frozen: str) -> None:
+    """A LoRA run's norms are frozen, and the first norm's input (a frozen embedding's rows) needs none:
+    Paddle refuses a PyLayer that returns a gradient there. What trains gets the plain form's gradient."""
+    grads = []
+    for norm in (kernels.rms_norm_written, rms_norm_plain):
+        x = paddle.to_tensor(np.random.default_rng(0).normal(size=(2, 3, 16)).astype(np.float32))
+        w = paddle.to_tensor(np.linspace(0.5, 1.5, 16).astype(np.float32))
+        x.stop_gradient, w.stop_gradient = frozen == "input", frozen == "weight"
+        y = norm(x * 1.0, w, 1e-5)
+        (y * y).sum().backward()
+        assert (x.grad is None) == (frozen == "input") and (w.grad is None) == (frozen == "weight")
+        grads.append((x.grad if frozen == "weight" else w.grad).numpy())
+    assert np.abs(grads[0] - grads[1]).max() <= 1e-5 * np.abs(grads[1]).max()
