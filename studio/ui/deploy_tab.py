@@ -348,6 +348,8 @@ class DeployHandlers:
                 if now - shown_at >= update_pause(len(history[-1]["content"])):
                     shown_at = now
                     yield history
+            if not history[-1]["content"] and not reply.closed:  # ended at once (EOS first), not stopped
+                history[-1]["content"] = text("dep.msg.empty_reply", lang)
         except (gr.Error, ServiceError, OSError) as e:
             message = getattr(e, "message", None) or str(e)
             notice = text("dep.err.reply_failed", lang, message=localize_message(message, lang))

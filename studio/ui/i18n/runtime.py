@@ -253,6 +253,11 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
     ),
     "dep.msg.starting": ("Deployment #{id} is starting.", "部署 #{id} 正在启动。"),
     "dep.msg.stopped_stream": ("⏹️ stopped", "⏹️ 已停止"),
+    "dep.msg.empty_reply": (
+        "_(The model ended its reply at once, with no text. A briefly trained model can; ignore_eos makes it "
+        "write up to max_tokens.)_",
+        "_（模型立即结束了回复，没有生成文字。训练步数很少的模型可能如此；勾选 ignore_eos 可让它一直写到 max_tokens。）_",
+    ),
     "dep.err.no_run": ("Pick a finished run to deploy.", "请选择要部署的已完成任务。"),
     "dep.err.no_stop": ("Pick a deployment to stop.", "请选择要停止的部署。"),
     "dep.err.reply_failed": (
