@@ -62,7 +62,7 @@ def set_threads(n: int) -> None:
 def _openmp() -> list[ctypes.CDLL]:
     found = []
     for name in OPENMP_RUNTIMES:
-        bundled = Path(paddle.__file__).parent / "libs" / name
+        bundled = _libs_dir() / name
         try:
             found.append(ctypes.CDLL(str(bundled) if bundled.exists() else name))
         except OSError:
@@ -82,15 +82,25 @@ def _set_team() -> None:
         _team.threads = _threads
 
 
+def _libs_dir() -> Path:
+    """Where Paddle's wheel keeps the native libraries it bundles (oneDNN, Intel's OpenMP, MKL)."""
+    return Path(paddle.__file__).parent / "libs"
+
+
 def library_path() -> Path:
-    return Path(paddle.__file__).parent / "libs" / LIBRARY
+    return _libs_dir() / LIBRARY
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    return ctypes.CDLL(str(library_path()))
 
 
 @functools.cache
 def _functions() -> dict[str, ctypes._CFuncPtr]:
     """The two GEMMs, by input dtype; raises ``OSError`` / ``AttributeError`` when the library or a symbol
     is missing (a Paddle build without oneDNN)."""
-    lib = ctypes.CDLL(str(library_path()))
+    lib = _lib()
     found = {}
     for dtype, name in FUNCTIONS.items():
         fn = getattr(lib, name)
@@ -151,11 +161,6 @@ def _engine() -> ctypes.c_void_p:
     engine = ctypes.c_void_p()
     _check(_lib().dnnl_engine_create(ctypes.byref(engine), _CPU_ENGINE, ctypes.c_size_t(0)), "engine_create")
     return engine
-
-
-@functools.cache
-def _lib() -> ctypes.CDLL:
-    return ctypes.CDLL(str(library_path()))
 
 
 def _reorder(n: int, src: str, dst: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]:

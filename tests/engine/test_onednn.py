@@ -137,6 +137,7 @@ def test_the_cpu_paths_are_on_here_and_off_by_environment(monkeypatch) -> None:
 def test_a_library_without_the_gemms_keeps_the_paths_off_with_the_error(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(onednn, "library_path", lambda: tmp_path / "libdnnl.so.3")
     onednn._functions.cache_clear()
+    onednn._lib.cache_clear()
     kernels.capabilities.cache_clear()
     try:
         caps = kernels.capabilities()
@@ -147,6 +148,7 @@ def test_a_library_without_the_gemms_keeps_the_paths_off_with_the_error(monkeypa
     finally:
         monkeypatch.undo()
         onednn._functions.cache_clear()
+        onednn._lib.cache_clear()
         kernels.capabilities.cache_clear()
 
 
