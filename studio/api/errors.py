@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.messages import Message
+from studio.messages import accepted_language, localize, localize_all
 from studio.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -19,10 +22,22 @@ def _where(loc: tuple) -> str:
     return ".".join(parts)
 
 
+def service_error_body(e: ServiceError, accept_language: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """A refusal's JSON body in the language ``Accept-Language`` asks for (English by default), with the
+    message's key and fields when it has them (a client may show it in its own words), and its headers."""
+    lang = accepted_language(accept_language)
+    body: dict[str, Any] = {"message": localize(e.message, lang), "details": localize_all(e.details, lang)}
+    if isinstance(e.message, Message):
+        body.update(e.message.to_json())
+    return body, {"Content-Language": lang, "Vary": "Accept-Language"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
-    async def service_error(_: Request, e: ServiceError) -> JSONResponse:
-        return JSONResponse({"message": e.message, "details": e.details}, status_code=e.status_code)
+    async def service_error(request: Request, e: ServiceError) -> JSONResponse:
+        return JSONResponse(
+            *service_error_body(e, request.headers.get("accept-language")), status_code=e.status_code
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:

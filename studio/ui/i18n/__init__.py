@@ -26,9 +26,11 @@ from gradio.context import LocalContext
 from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.data.record_types import FORMATS, KINDS
 from engine.eval.config import BENCHMARK_TYPES
+from engine.messages import Message
 from engine.train.config import TrainConfig
 from engine.train.options import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS
 from engine.train.stages import STAGES
+from studio.messages import localize
 from studio.ui.i18n.config_help import CONFIG_HELP_ZH
 from studio.ui.i18n.forms import FORM_LABELS
 from studio.ui.i18n.patterns import _MESSAGE_PATTERNS, _MESSAGE_WORDS, MESSAGE_PATTERNS
@@ -76,8 +78,11 @@ def text(key: str, lang: str = DEFAULT_LANGUAGE, **fields: Any) -> str:
 
 
 def localize_message(message: str, lang: str = DEFAULT_LANGUAGE) -> str:
-    """A message a service or the engine wrote (in English) as the UI shows it in ``lang``: translated by the
-    first of ``MESSAGE_PATTERNS`` that matches it whole, else as it is. The REST API never translates."""
+    """A message a service or the engine wrote as the UI shows it in ``lang``: a keyed message
+    (``engine.messages.Message``) by its key (``studio.messages``), else as it is. The REST API translates
+    by ``Accept-Language`` with the same tables."""
+    if isinstance(message, Message):
+        return localize(message, lang)
     if lang != "zh":
         return message
     for pattern, zh in _MESSAGE_PATTERNS:

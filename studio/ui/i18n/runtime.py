@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
+from studio.messages import STATUS_ZH
+
 # Text made while the studio runs: statuses, summaries, notices and errors that handlers format (keys are
 # "<area>.<name>"; fields in braces are filled by str.format). Kept apart from the component labels above.
 RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
-    # statuses of runs, exports and deployments
-    "status.queued": ("queued", "排队中"),
-    "status.running": ("running", "运行中"),
-    "status.succeeded": ("succeeded", "已完成"),
-    "status.failed": ("failed", "失败"),
-    "status.cancelled": ("cancelled", "已取消"),
-    "status.starting": ("starting", "启动中"),
-    "status.stopping": ("stopping", "停止中"),
-    "status.stopped": ("stopped", "已停止"),
-    # a sweep trial's Optuna state
-    "status.complete": ("complete", "已完成"),
-    "status.pruned": ("pruned", "已剪枝"),
-    "status.fail": ("fail", "失败"),
-    "status.waiting": ("waiting", "等待中"),
+    # statuses of runs, exports and deployments, and a sweep trial's Optuna state (studio.messages)
+    **{f"status.{status}": (status, zh) for status, zh in STATUS_ZH.items()},
     "sw.refused": ("**The sweep was not queued:**", "**搜索未排队：**"),
     "sw.estimate": (
         "**{trials} trials**, {parallel} at a time: at most {steps} steps ({run_steps} a trial), about "
