@@ -97,9 +97,9 @@ def ours_step(args):
     from engine.train.build import build_model, build_optimizer
     from engine.train.config import TrainConfig
     from engine.train.config_load import config_from_dict
+    from engine.train.objectives import LanguageModel
     from engine.train.parallel import DataParallel
     from engine.train.precision import MasterWeights, PrecisionMode, resolve_precision
-    from engine.train.run_state import Objective
     from engine.train.step import accumulate_gradients, optimizer_step
 
     values = dict(
@@ -136,7 +136,7 @@ def ours_step(args):
     _mark_regions(marks, model.ernie, layers, "attention")
 
     def fwd_bwd() -> float:
-        sums, _, _ = accumulate_gradients(model, Objective.LM, [batch], dp, [])
+        sums, _, _ = accumulate_gradients(model, LanguageModel(), [batch], dp, [])
         return sums["loss"]
 
     def opt() -> None:

@@ -10,7 +10,6 @@ other processes on the machine hits them alike; the median step is reported.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import statistics
 import tempfile
@@ -29,9 +28,8 @@ from engine.train import quant
 from engine.train.build import build_model, build_optimizer
 from engine.train.config import TrainConfig
 from engine.train.config_load import config_from_dict
-from engine.train.dpo import DPOLoss
+from engine.train.objectives import build_objective
 from engine.train.parallel import DataParallel
-from engine.train.run_state import Objective, objective_for
 from engine.train.stages import DPO, SFT
 from engine.train.step import accumulate_gradients
 
@@ -68,21 +66,14 @@ class Variant:
         self.model, trainable = build_model(cfg)
         self.params = list(trainable.values())
         self.optimizer = build_optimizer(cfg, self.model, trainable)
-        self.objective = objective_for(cfg.stage)
-        self.dpo_loss = None
-        if self.objective is Objective.DPO:
-            reference = None
-            if not cfg.lora:
-                reference, _ = build_model(dataclasses.replace(cfg, fine_tuning="Full"))
-                reference.eval()
-            self.dpo_loss = DPOLoss(cfg, reference, lora=cfg.lora)
+        self.objective = build_objective(cfg)
         self.dp = DataParallel()
         self.times: list[float] = []
         self.trainable = sum(int(p.numel()) for p in self.params)
 
     def step(self) -> None:
         t0 = time.perf_counter()
-        accumulate_gradients(self.model, self.objective, [self.batch], self.dp, [], self.dpo_loss)
+        accumulate_gradients(self.model, self.objective, [self.batch], self.dp, [])
         for p in self.params:
             if p.grad is None:
                 p._copy_gradient_from(paddle.zeros_like(p))

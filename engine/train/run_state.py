@@ -4,15 +4,14 @@ end (`RunSummary`, written as run_summary.json). Every module of the loop reads 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import paddle
 
 from engine.train.callbacks import WeightEMA
-from engine.train.dpo import DPOLoss
 from engine.train.elastic import ElasticTraining
 from engine.train.erniekit_keys import Notice
+from engine.train.objectives import Objective
 from engine.train.precision import (
     MasterWeights,
     Precision,
@@ -25,21 +24,8 @@ from engine.train.scalars import ScalarWriters
 from engine.train.sharding import (
     ShardedOptimizer,
 )
-from engine.train.stages import LM as LM_OBJECTIVE
-from engine.train.stages import PREFERENCE, stage_info
 
 EXIT_CANCELLED = 130
-
-
-class Objective(StrEnum):
-    """What a stage optimises: the language-model loss (SFT, PT, VL-SFT) or the DPO preference loss."""
-
-    LM = LM_OBJECTIVE
-    DPO = PREFERENCE
-
-
-def objective_for(stage: str) -> Objective:
-    return Objective(stage_info(stage).objective)
 
 
 @dataclass
@@ -75,8 +61,7 @@ class TrainRun:
     optimizer: Any
     data: Any
     total: int
-    objective: Objective
-    dpo_loss: DPOLoss | None  # set for Objective.DPO only
+    objective: Objective  # what the stage optimises (engine.train.objectives)
     ema: WeightEMA | None
     metrics_log: MetricsLog | None
     step: int = 0

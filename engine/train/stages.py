@@ -13,7 +13,8 @@ from typing import Any
 
 # Model families a stage may train: ERNIE 4.5 text models, ERNIE 4.5 VL, PaddleOCR-VL.
 TEXT, ERNIE_VL, PADDLEOCR_VL = "text", "ernie-vl", "paddleocr-vl"
-# What a stage optimises: the language-model loss or the DPO preference loss (engine.train.step.Objective).
+# What a stage optimises: the language-model loss or the DPO preference loss (engine.train.objectives
+# builds it for a run).
 LM, PREFERENCE = "lm", "dpo"
 
 

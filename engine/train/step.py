@@ -1,5 +1,5 @@
 """One training step's arithmetic, as every stage shares it: the objective a stage trains, the gradients
-accumulated over micro-batches (an LM or a DPO loss), summed over ranks or expert groups, clipped by their
+accumulated over micro-batches (the stage's objective: engine.train.objectives), summed over ranks or expert groups, clipped by their
 global norm, and the optimizer's update (replicated, or through the sharded optimizer)."""
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from engine.models.expert_parallel import (
 )
 from engine.train import moe_balance, quant
 from engine.train.config import TrainConfig
-from engine.train.dpo import DPOLoss, count_pairs
+from engine.train.objectives import Objective
 from engine.train.parallel import DataParallel
-from engine.train.run_state import Objective, TrainRun
-from engine.train.sft import labelled_tokens, language_model_loss
+from engine.train.run_state import TrainRun
 
 
 def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
@@ -128,27 +127,23 @@ def accumulate_gradients(
     micro: list[dict],
     dp: DataParallel,
     moe_groups: list[int],
-    dpo_loss: DPOLoss | None = None,
     scaler=None,
     loss_scale: float = 1.0,
 ):
     """Forward and backward every micro-batch of one optimiser step.
 
-    Losses are normalised by the labelled tokens (DPO: pairs) of the whole step on all ranks, so the
-    summed gradients equal those of one big batch. Returns metric sums, tokens seen and expert counts.
-    ``scaler`` (fp16 on a GPU) scales each loss before backward; ``loss_scale`` (the ranks, under sharding,
-    whose reduction averages) multiplies it.
+    Losses are normalised by the labelled tokens (preference objectives: pairs) of the whole step on all
+    ranks (``objective.norms``), so the summed gradients equal those of one big batch. Returns metric sums,
+    tokens seen and expert counts. ``scaler`` (fp16 on a GPU) scales each loss before backward;
+    ``loss_scale`` (the ranks, under sharding, whose reduction averages) multiplies it.
     """
     share = 1.0 / (len(micro) * dp.world)
-    token_norm, pair_norm = _step_norms(objective, micro, dp)
+    norms = objective.norms(micro, dp)
     sums: dict[str, float] = {}
     counts = None
     tokens = 0
     for batch in micro:
-        if objective is Objective.LM:
-            loss, m, routed = language_model_loss(model, batch, token_norm, share)
-        else:
-            loss, m, routed = dpo_loss(model, batch, pair_norm, token_norm, share)
+        loss, m, routed = objective.loss(model, batch, norms, share)
         for stats, prefix in routed:
             keep = moe_balance.real_token_mask(batch, prefix)
             tokens += (
@@ -164,15 +159,6 @@ def accumulate_gradients(
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v
     return sums, tokens, counts
-
-
-def _step_norms(objective: Objective, micro: list[dict], dp: DataParallel) -> tuple[float, float]:
-    """(labelled tokens, preference pairs) of the whole step on all ranks; pairs only count for DPO."""
-    if objective is Objective.LM:
-        return max(float(dp.sum(np.array([sum(labelled_tokens(b) for b in micro)]))[0]), 1.0), 0.0
-    token_norm = float(dp.sum(np.array([sum(labelled_tokens(b, "chosen_") for b in micro)]))[0])
-    pair_norm = float(dp.sum(np.array([sum(count_pairs(b) for b in micro)]))[0])
-    return max(token_norm, 1.0), pair_norm
 
 
 def _unflatten(counts: list[list[np.ndarray]], flat: np.ndarray) -> list[list[np.ndarray]]:

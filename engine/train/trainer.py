@@ -32,7 +32,6 @@ from engine.models.expert_parallel import (
 from engine.train import lora as lora_mod
 from engine.train.build import (
     build_data,
-    build_dpo_loss,
     build_model,
     build_optimizer,
     check_model_family,
@@ -40,9 +39,9 @@ from engine.train.build import (
 )
 from engine.train.callbacks import Progress, WeightEMA
 from engine.train.config import TrainConfig
-from engine.train.dpo import DPOLoss, evaluate_dpo
 from engine.train.elastic import ElasticTraining
 from engine.train.notices import announce, runtime_notices
+from engine.train.objectives import Objective, build_objective
 from engine.train.options import ConfigError
 from engine.train.parallel import DataParallel
 from engine.train.precision import (
@@ -60,10 +59,9 @@ from engine.train.run_dir import (
     load_checkpoint,
     write_json,
 )
-from engine.train.run_state import Objective, RunSummary, TrainRun, objective_for
+from engine.train.run_state import RunSummary, TrainRun
 from engine.train.saving import _save_final, held_weights, save_step_checkpoint
 from engine.train.scalars import ScalarWriters, run_name
-from engine.train.sft import evaluate_lm
 from engine.train.sharding import (
     ShardedOptimizer,
     TensorwiseOffload,
@@ -229,8 +227,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
         )
     if dp.main:
         write_json(out_dir / "train_config.json", asdict(cfg))
-    objective = objective_for(cfg.stage)
-    dpo_loss = build_dpo_loss(cfg, precision) if objective is Objective.DPO else None
+    objective = build_objective(cfg, precision)
     # Emulated bf16: AdamW steps fp32 copies of the bf16 weights (LoRA adapters are fp32 already).
     masters = MasterWeights(trainable) if precision.mode is PrecisionMode.EMULATED else None
     if masters is not None and masters.low:
@@ -248,7 +245,7 @@ def setup_run(cfg: TrainConfig, dp: DataParallel, out_dir: Path, emit) -> TrainR
         _print_plan(cfg, dp, model, trainable, total, out_dir)
         print(precision.describe(), flush=True)
     log.info(precision.describe())
-    run = TrainRun(tokenizer, model, trainable, optimizer, data, total, objective, dpo_loss, ema, None)
+    run = TrainRun(tokenizer, model, trainable, optimizer, data, total, objective, ema, None)
     run.epoch_steps, run.notices = epoch_steps, runtime_notices(cfg, model, precision)
     run.precision, run.masters, run.scaler = precision, masters, scaler
     run.elastic = ElasticTraining(cfg, model) if cfg.elastic else None
@@ -346,7 +343,6 @@ def train_loop(cfg: TrainConfig, dp: DataParallel, out_dir: Path, run: TrainRun,
                 micro,
                 dp,
                 run.moe_groups,
-                run.dpo_loss,
                 run.scaler,
                 run.sharded.loss_scale if run.sharded is not None else 1.0,
             )
@@ -398,7 +394,7 @@ def log_step(cfg: TrainConfig, run: TrainRun, step: int, metrics: dict, emit) ->
     evaluating = due(cfg.evaluation_strategy, cfg.eval_steps, step, run.epoch_steps) or step == run.total
     if cfg.do_eval and cfg.eval_dataset_path and evaluating:
         t0 = time.time()
-        metrics.update(_evaluate(cfg, run.model, run.tokenizer, run.objective, run.dpo_loss, run.elastic))
+        metrics.update(_evaluate(cfg, run.model, run.tokenizer, run.objective, run.elastic))
         metrics["eval_s"] = round(time.time() - t0, 3)
         logged = True
     if logged and run.metrics_log is not None:
@@ -417,7 +413,7 @@ def evaluate_only(cfg: TrainConfig, run: TrainRun, emit) -> dict[str, Any]:
     """``do_train: false``: evaluate the model once and record it as step 0; no model is written."""
     metrics = {
         "step": 0,
-        **_evaluate(cfg, run.model, run.tokenizer, run.objective, run.dpo_loss, run.elastic),
+        **_evaluate(cfg, run.model, run.tokenizer, run.objective, run.elastic),
     }
     if run.metrics_log is not None:
         record(run, metrics)
@@ -469,18 +465,15 @@ def _epoch_steps(cfg: TrainConfig, data, epochs: float | None = None) -> int:
     return max(1, round(per_epoch * (cfg.num_train_epochs if epochs is None else epochs)))
 
 
-def _evaluate(
-    cfg: TrainConfig, model, tokenizer, objective: Objective, dpo_loss: DPOLoss | None, elastic=None
-) -> dict:
+def _evaluate(cfg: TrainConfig, model, tokenizer, objective: Objective, elastic=None) -> dict:
     rows = cfg.per_device_eval_batch_size or cfg.batch_size
     data = build_data(cfg, tokenizer, "eval", rows, model.config.vision_config)
     model.eval()
     try:
         limit = cfg.max_evaluate_steps if cfg.max_evaluate_steps > 0 else None
         batches = list(itertools.islice(data.one_pass(), limit))
-        if objective is Objective.LM:
-            out = evaluate_lm(model, batches)
-            return out if elastic is None else {**out, **elastic.evaluate(model, batches)}
-        return evaluate_dpo(model, batches, dpo_loss)
+        out = objective.evaluate(model, batches)
+        # elastic runs train LM stages (ELASTIC_STAGES): each member's loss beside the whole model's
+        return out if elastic is None else {**out, **elastic.evaluate(model, batches)}
     finally:
         model.train()

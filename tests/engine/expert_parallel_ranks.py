@@ -32,8 +32,8 @@ from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.train import run_training  # noqa: E402
 from engine.train.build import build_data, build_model  # noqa: E402
 from engine.train.config_load import load_config  # noqa: E402
+from engine.train.objectives import LanguageModel  # noqa: E402
 from engine.train.parallel import DataParallel  # noqa: E402
-from engine.train.run_state import Objective  # noqa: E402
 from engine.train.sft import to_tensor_batch  # noqa: E402
 from engine.train.step import accumulate_gradients  # noqa: E402
 
@@ -90,7 +90,7 @@ def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path, extra: t
     ref, _ = build_model(one_cfg)
     batch = next(iter(build_data(cfg, tok, "train", 2 * dp.world, ref.config.vision_config)))
     groups = ref.config.expert_counts
-    full_sums, _, _ = accumulate_gradients(ref, Objective.LM, [batch], OneProcess(), groups)
+    full_sums, _, _ = accumulate_gradients(ref, LanguageModel(), [batch], OneProcess(), groups)
     ref_grads = grads(ref)
     ep, trainable = build_model(cfg, world=dp.world)
     mine = dp.slice(batch, ep.config)
@@ -102,7 +102,7 @@ def step_parity(kind: str, model_dir: str, dp: DataParallel, out: Path, extra: t
         for mlp in [*m.experts, m.shared_experts]
         if mlp is not None and not isinstance(mlp, RemoteExpert)
     ]
-    sums, _, _ = accumulate_gradients(ep, Objective.LM, [mine], dp, groups)
+    sums, _, _ = accumulate_gradients(ep, LanguageModel(), [mine], dp, groups)
     for h in hooks:
         h.remove()
     replicated = [p for n, p in trainable.items() if ".mlp.experts." not in n and p.grad is not None]

@@ -27,7 +27,7 @@ from engine.train.config_load import config_from_dict, load_export_config
 from engine.train.dpo import preference_loss
 from engine.train.export_config import ExportConfig
 from engine.train.moe_balance import expert_counts, present_groups
-from engine.train.run_state import Objective, objective_for
+from engine.train.objectives import LanguageModel, Preference, build_objective
 from engine.train.sft import evaluate_lm, language_model_loss, to_tensor_batch
 from engine.train.trainer import lr_at
 
@@ -876,8 +876,10 @@ def test_lora_run_can_be_the_base_of_another_lora_run(lora_run, tmp_path):
 
 
 def test_every_stage_but_dpo_trains_the_language_model_objective():
-    assert [objective_for(s) for s in ("SFT", "PT", "VL-SFT")] == [Objective.LM] * 3
-    assert objective_for("DPO") is Objective.DPO
+    for stage in ("SFT", "PT", "VL-SFT", "OCR-VL-SFT"):
+        assert type(build_objective(TrainConfig(stage=stage))) is LanguageModel
+    dpo = build_objective(TrainConfig(stage="DPO", fine_tuning="LoRA"))
+    assert type(dpo) is Preference and dpo.dpo.reference is None  # LoRA: the adapters switched off
 
 
 def test_loading_a_lora_run_needs_nothing_of_the_training_package(lora_run):
