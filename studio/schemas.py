@@ -7,9 +7,18 @@ import difflib
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from engine.messages import restored
 from engine.train.export_config import EXPORT_CHOICES, ExportConfig
 from engine.train.options import config_default, field_info
 from studio.queue import devices_of
@@ -147,6 +156,12 @@ class RunOut(ORM):
     placement: list[PlacementOut] = Field(
         default_factory=list, description="which node holds which ranks (runs over several nodes)"
     )
+
+    @field_validator("estimate")
+    @classmethod
+    def _estimate_without_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # the stored estimate keeps its messages' keys for the UI (engine.messages.with_keys); REST shows its text
+        return restored(value) if value else value
 
     @computed_field(description="devices the run trains on: its queue's devices per node, times num_nodes")
     @property
