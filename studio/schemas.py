@@ -7,15 +7,7 @@ import difflib
 from datetime import datetime
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    computed_field,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, computed_field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.messages import restored
@@ -157,11 +149,11 @@ class RunOut(ORM):
         default_factory=list, description="which node holds which ranks (runs over several nodes)"
     )
 
-    @field_validator("estimate")
-    @classmethod
-    def _estimate_without_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    @model_validator(mode="after")
+    def _estimate_without_keys(self) -> RunOut:
         # the stored estimate keeps its messages' keys for the UI (engine.messages.with_keys); REST shows its text
-        return restored(value) if value else value
+        self.estimate = restored(self.estimate) if self.estimate else self.estimate
+        return self
 
     @computed_field(description="devices the run trains on: its queue's devices per node, times num_nodes")
     @property
