@@ -43,6 +43,10 @@ DPO_REFERENCE_CHOICES = ("run", "wint8", "wint4")
 class PlanError(ValueError):
     """A planner request that cannot be planned; the message names the key."""
 
+    def __str__(self) -> str:
+        # the message as raised: str() of a keyed message (engine.messages.Message) keeps its key
+        return self.args[0] if len(self.args) == 1 and isinstance(self.args[0], str) else super().__str__()
+
 
 @dataclass(frozen=True)
 class Candidate:

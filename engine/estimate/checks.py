@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine.estimate.candidates import PlanError
 from engine.estimate.facts import NodeFacts
+from engine.estimate.messages import ESTIMATE
 from engine.models.config import ErnieConfig
 
 
@@ -34,10 +35,7 @@ def check_settings(
     if sharding is not None:
         stage = _sharding_stage(sharding)
         if stage and num_devices is not None and num_devices < 2:
-            raise PlanError(
-                f"sharding: {sharding} splits the optimizer state over data-parallel ranks and the run has "
-                "one device; leave sharding out or ask for num_devices of 2 or more"
-            )
+            raise PlanError(ESTIMATE("sharding_one_device", sharding=sharding))
         if stage == 2 and all(n.device != "gpu" for n in pool):
             raise PlanError(
                 "sharding: stage2 needs GPUs (Paddle's group_sharded_parallel refuses CPU); use stage1 here"

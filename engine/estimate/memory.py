@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from engine.estimate.activations import _activation_bytes, recompute_plan
 from engine.estimate.calibration import CPU_PROCESS_BASELINE_BYTES, GPU_CONTEXT_BYTES
+from engine.estimate.messages import ESTIMATE
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.counts import ParameterCounts, count_parameters
 from engine.train.config import TrainConfig
@@ -29,10 +30,8 @@ def _precision_mode(compute_type: str, gpu: bool, notes: list[str]) -> str:
         if gpu:
             return f"{compute_type}-amp"
         if compute_type == "fp16":
-            notes.append("fp16 needs a GPU (loss scaling); this node would refuse the run")
-        notes.append(
-            "bf16 on a CPU is emulated: bf16 weight storage, fp32 compute, fp32 master weights and moments"
-        )
+            notes.append(ESTIMATE("fp16_needs_gpu"))
+        notes.append(ESTIMATE("bf16_emulated"))
         return f"{compute_type}-emulated"
     return "fp32" if compute_type != "fp8" else "fp8-qat"
 

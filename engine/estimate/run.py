@@ -25,6 +25,7 @@ from engine.estimate.memory import (
     device_memory,
     layout_of,
 )
+from engine.estimate.messages import ESTIMATE
 from engine.estimate.timing import _eval_time, _flops_per_step, _step_shape, _steps, _time
 from engine.models.config import ErnieConfig
 from engine.models.counts import ParameterCounts, count_parameters
@@ -117,10 +118,8 @@ def estimate_run(
     lo, hi = memory["peak"] * MEMORY_RANGE[0], memory["peak"] * MEMORY_RANGE[1]
     node_memory = memory["peak"] * (world if not gpu else 1)
     if gpu and parts["host_offload"]:
-        notes.append(
-            f"host RAM: the offloaded optimizer state, {parts['host_offload'] / GIB:.1f} GiB per rank "
-            f"({world * parts['host_offload'] / GIB:.1f} GiB for {world})"
-        )
+        offload = parts["host_offload"] / GIB
+        notes.append(ESTIMATE("host_offload", rank_gib=offload, total_gib=world * offload, n=world))
     flops = _flops_per_step(model, counts, cfg, shape, lora)
     time = _time(
         model, cfg, counts, trainable, mode, flops, steps, ckpt_bytes, final_bytes, node, world, notes
@@ -134,15 +133,10 @@ def estimate_run(
             "total_bytes": ckpt_bytes * kept + final_bytes}  # fmt: skip
     kind = f"LoRA r{cfg.lora_rank}" if lora else "Full"
     notes.insert(
-        0, f"{trainable:,} of {counts.total:,} weights train ({kind}); {counts.active:,} active per token"
+        0, ESTIMATE("weights_train", trainable=trainable, total=counts.total, kind=kind, active=counts.active)
     )
     if world > 1:
-        plain = layout == Layout(world)
-        notes.append(
-            (f"{world} data-parallel ranks, each holding the whole model and optimizer" if plain else
-             f"{world} ranks: {layout.describe()}")
-            + ("" if gpu else f"; on one CPU node they share its RAM ({node_memory / GIB:.1f} GiB) and cores")
-        )  # fmt: skip
+        notes.append(_ranks_note(layout, world, gpu, node_memory))
     return Estimate(
         parameters=counts,
         trainable=trainable,
@@ -161,6 +155,16 @@ def estimate_run(
         flops_per_step=flops,
         assumptions=notes,
     )
+
+
+def _ranks_note(layout: Layout, world: int, gpu: bool, node_memory: float) -> str:
+    """How ``world`` ranks split the run, and on a CPU node that they share its RAM and cores."""
+    if layout == Layout(world):
+        if gpu:
+            return ESTIMATE("data_parallel", n=world)
+        return ESTIMATE("data_parallel_cpu", n=world, gib=node_memory / GIB)
+    shared = "" if gpu else f"; on one CPU node they share its RAM ({node_memory / GIB:.1f} GiB) and cores"
+    return f"{world} ranks: {layout.describe()}{shared}"
 
 
 def _memory_peaks(
@@ -215,24 +219,15 @@ def fit_warning(est: Estimate, node: NodeFacts | None) -> str | None:
     need = est.node_memory
     have = node.memory_bytes
     where = (
-        f"{node.name}'s RAM ({have / GIB:.1f} GiB)"
+        ESTIMATE("node_ram", node=node.name, have_gib=have / GIB)
         if node.device == "cpu"
-        else f"one device of {node.name} ({node.gpu_name}, {have / GIB:.1f} GiB)"
+        else ESTIMATE("node_device", node=node.name, gpu=node.gpu_name, have_gib=have / GIB)
     )
     if need_lo > have:
-        return (
-            f"will not fit: the run needs about {need / GIB:.1f} GiB at its peak "
-            f"(at least {need_lo / GIB:.1f}) and {where} holds less; try LoRA, compute_type bf16 or wint8, "
-            "recompute, a shorter max_seq_len or a smaller batch_size"
-        )
+        return ESTIMATE("will_not_fit", need_gib=need / GIB, low_gib=need_lo / GIB, where=where)
     if need > have:
-        return (
-            f"may not fit: the run needs about {need / GIB:.1f} GiB at its peak and {where} holds "
-            f"{have / GIB:.1f}; the estimate's low end fits"
-        )
-    if node.device == "gpu" and node.ram_bytes and est.memory["load_peak"] * est.num_devices > node.ram_bytes:
-        return (
-            f"may not fit: loading takes about {est.memory['load_peak'] * est.num_devices / GIB:.1f} GiB of "
-            f"{node.name}'s host RAM ({node.ram_bytes / GIB:.1f} GiB)"
-        )
+        return ESTIMATE("may_not_fit", need_gib=need / GIB, where=where, have_gib=have / GIB)
+    loading = est.memory["load_peak"] * est.num_devices
+    if node.device == "gpu" and node.ram_bytes and loading > node.ram_bytes:
+        return ESTIMATE("may_not_load", need_gib=loading / GIB, node=node.name, have_gib=node.ram_bytes / GIB)
     return None

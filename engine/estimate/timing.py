@@ -22,6 +22,7 @@ from engine.estimate.calibration import (
     cpu_speed,
 )
 from engine.estimate.facts import DatasetTokens, NodeFacts
+from engine.estimate.messages import ESTIMATE
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES, ErnieConfig
 from engine.models.counts import ParameterCounts
 from engine.train.config import TrainConfig
@@ -47,7 +48,7 @@ def _step_shape(cfg: TrainConfig, datasets: list[DatasetTokens], notes: list[str
     cap = cfg.max_seq_len
     data = [d for d in datasets if d.num_samples and d.mean_length]
     if not data:
-        notes.append(f"no token statistics of the data yet: every sample assumed {cap} tokens long")
+        notes.append(ESTIMATE("no_token_stats", cap=cap))
         return StepShape(rows, float(cap), float(cap), float(rows * cap * cap))
     n = sum(d.num_samples for d in data)
     mean = min(sum(d.mean_length * d.num_samples for d in data) / n, cap)
@@ -55,18 +56,17 @@ def _step_shape(cfg: TrainConfig, datasets: list[DatasetTokens], notes: list[str
     longest = min(max(d.max_length for d in data), cap)
     if cfg.packing:
         per_row = max(1.0, cap / mean)
-        notes.append(
-            f"packing: rows of {cap} tokens holding ~{per_row:.1f} samples of {mean:.0f} tokens on average"
-        )
+        notes.append(ESTIMATE("packing", cap=cap, per_row=per_row, mean=mean))
         return StepShape(rows, float(cap), float(cap), rows * per_row * mean * mean * 1.2)
     # padded to the longest row of the batch: one row is a sample, many approach the long tail
     width = mean if cfg.batch_size == 1 else mean + (p95 - mean) * (1 - 1 / cfg.batch_size)
     memory_width = p95 if cfg.batch_size == 1 else p95 + (longest - p95) * (1 - 1 / cfg.batch_size)
     notes.append(
-        f"data: {n:,} samples, mean {mean:.0f} / p95 {p95:.0f} / max {longest} tokens (cut at max_seq_len "
-        f"{cap}); a step of {cfg.batch_size} row(s) pads to ~{width:.0f} tokens, long ones to "
-        f"~{memory_width:.0f}"
-    )
+        ESTIMATE(
+            "data", n=n, mean=mean, p95=p95, longest=longest, cap=cap, rows=cfg.batch_size, width=width,
+            memory_width=memory_width,
+        )
+    )  # fmt: skip
     return StepShape(rows, width, memory_width, rows * width * width)
 
 
@@ -88,7 +88,7 @@ def _steps(
     if cfg.max_steps > 0:
         return cfg.max_steps, per_epoch
     if per_epoch is None:
-        notes.append("training by epochs over datasets without statistics: 1 step per epoch assumed")
+        notes.append(ESTIMATE("epochs_without_stats"))
         per_epoch = 1
     return max(1, round(per_epoch * cfg.num_train_epochs)), per_epoch
 
@@ -141,14 +141,13 @@ def _time(
         save_rate = REFERENCE_SAVE_BYTES_S
         if probe:
             notes.append(
-                f"CPU: {rate / 1e9:.0f} GFLOP/s in matmuls, the reference node's {REFERENCE_CPU_FLOPS / 1e9:.0f} "
-                f"scaled by this node's doctor throughput probe against the reference "
-                f"({probe:,.0f} vs {REFERENCE_PROBE_TOKENS_S:,.0f} tokens/s)"
-            )
+                ESTIMATE(
+                    "cpu_rate_probed", gflops=rate / 1e9, reference_gflops=REFERENCE_CPU_FLOPS / 1e9,
+                    probe=probe, reference_probe=REFERENCE_PROBE_TOKENS_S,
+                )
+            )  # fmt: skip
         else:
-            notes.append(
-                f"CPU: no throughput probe from this node; the reference node's {rate / 1e9:.0f} GFLOP/s assumed"
-            )
+            notes.append(ESTIMATE("cpu_rate_assumed", gflops=rate / 1e9))
     step_s = model_step_s = flops / rate + opt_s + upcast_s + overhead
     ratio = node.step_time_ratio
     if ratio:
@@ -156,16 +155,19 @@ def _time(
         ratio = min(max(ratio, STEP_RATIO_BOUNDS[0]), STEP_RATIO_BOUNDS[1])
         step_s *= ratio
         notes.append(
-            f"this node's recent runs took {ratio:.2f}x the modelled step time "
-            f"({node.step_time_runs} run(s)): {model_step_s:.2f} s a step becomes {step_s:.2f} s"
+            ESTIMATE(
+                "step_record", ratio=ratio, runs=node.step_time_runs, model_step_s=model_step_s, step_s=step_s
+            )
         )
     checkpoints = _checkpoint_count(cfg, steps)
     ckpt_s = ckpt_bytes / save_rate
     final_s = ckpt_s + final_bytes / save_rate  # the last step's checkpoint, then the final model
     notes.append(
-        f"saves: {checkpoints} checkpoint(s) of {ckpt_bytes / 1e9:.2f} GB and a final "
-        f"{'adapter' if cfg.lora else 'model'} of {final_bytes / 1e9:.2f} GB at ~{save_rate / 1e6:.0f} MB/s"
-    )
+        ESTIMATE(
+            "saves_adapter" if cfg.lora else "saves_model", checkpoints=checkpoints,
+            checkpoint_gb=ckpt_bytes / 1e9, final_gb=final_bytes / 1e9, mb_s=save_rate / 1e6,
+        )
+    )  # fmt: skip
     # the first step also allocates the optimizer state and warms the kernels up: about half a step more
     total = (steps + 0.5) * step_s + (checkpoints - 1) * ckpt_s + final_s
     return {
@@ -193,9 +195,11 @@ def _gpu_rates(
     rate = peak * GPU_UTILISATION
     opt_s = trainable * 16 / 1.5e12  # AdamW reads and writes ~16 bytes per weight at ~1.5 TB/s
     notes.append(
-        f"GPU {node.gpu_name or '(unnamed)'}: {rate / 1e12:.0f} TFLOP/s sustained "
-        f"({GPU_UTILISATION:.0%} of {peak / 1e12:.0f})"
-    )
+        ESTIMATE(
+            "gpu_rate", gpu=node.gpu_name or "(unnamed)", tflops=rate / 1e12, util=GPU_UTILISATION,
+            peak_tflops=peak / 1e12,
+        )
+    )  # fmt: skip
     return rate, opt_s, 0.0, 0.002 * layers, REFERENCE_SAVE_BYTES_S * 2
 
 
@@ -248,5 +252,5 @@ def _eval_time(
         batches = min(batches, cfg.max_evaluate_steps)
     tokens = batches * rows * mean
     eval_s = step_s / 3 * tokens / max(step_tokens, 1.0)
-    notes.append(f"evaluation: {evals} pass(es) over {batches} batch(es), ~{eval_s:.0f} s each")
+    notes.append(ESTIMATE("evaluation", evals=evals, batches=batches, seconds=eval_s))
     return {"evals": evals, "eval_s": eval_s}

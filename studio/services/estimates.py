@@ -25,6 +25,7 @@ from engine.estimate import (
     plan_config,
     recent_step_seconds,
 )
+from engine.estimate.messages import ESTIMATE
 from engine.models.config import ErnieConfig
 from engine.train.config import TrainConfig
 from studio import queue
@@ -84,9 +85,7 @@ def estimate_spec(
     )
     missing = sum(not s.mean_length for s in stats if s is not None)
     if 0 < missing < len(stats):
-        est.assumptions.append(
-            f"{missing} dataset(s) without token statistics yet: their samples count as long as the others'"
-        )
+        est.assumptions.append(ESTIMATE("datasets_without_stats", n=missing))
     out = with_fit(est, node, len(facts))
     out["plan"] = plan_for(session, settings, model, train, base_model, devices)
     return out
@@ -199,7 +198,7 @@ def with_fit(est: Estimate, node: NodeFacts | None, candidates: int = 1) -> dict
         }
     )
     if node is None:
-        out["assumptions"].append("no worker serving this queue has reported: not checked against a node")
+        out["assumptions"].append(ESTIMATE("not_checked"))
     return out
 
 

@@ -15,6 +15,7 @@ from pydantic_core import to_json
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
+from engine.messages import with_keys
 from studio import queue
 from studio.config import Settings
 from studio.models import TERMINAL_RUN_STATUSES, Checkpoint, Dataset, Run, RunMetric, RunStatus, utcnow
@@ -130,7 +131,7 @@ def create_run(
             shutil.rmtree(run_dir(settings, run.id), ignore_errors=True)  # a split written before the refusal
             raise
     run.name = spec.name or f"{spec.stage.lower()}-{spec.fine_tuning.lower()}-{run.id}"
-    run.estimate = estimate
+    run.estimate = with_keys(estimate) if estimate else estimate  # its notes keep their keys (restored)
     per_node = spec.num_devices // spec.num_nodes
     run.num_nodes = spec.num_nodes
     waits_for = f" (waits for a worker owning {per_node} devices)" if per_node > 1 else ""

@@ -4,6 +4,7 @@ queue (a warning when it will not fit), recorded on the run; and the ETA / progr
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import event
@@ -14,14 +15,16 @@ from engine.models.presets import preset_fields
 from studio.config import Settings
 from studio.db import session_factory
 from studio.migrate import upgrade
-from studio.models import Run, RunMetric, RunStatus, utcnow
+from studio.models import Dataset, Run, RunMetric, RunStatus, utcnow
 from studio.services import nodes as nodes_svc
 from studio.services import run_lifecycle
 from studio.services import runs as runs_svc
 from studio.services.progress import run_progress
+from studio.ui import i18n
 from studio.ui.context import UIContext
 from studio.ui.estimate_text import format_plan, launch_warning
 from studio.ui.i18n import Texts
+from studio.ui.run_views import predicted_vs_measured
 from studio.ui.train_tab import CONFIG_KEYS, TrainHandlers, form_defaults
 
 GIB = 2**30
@@ -97,6 +100,50 @@ def test_the_train_form_shows_the_warning(settings, session, big_model):
     assert "**Proposed settings** for" in shown and "**Nothing fits** on 1 device(s)" in shown
 
 
+@pytest.fixture
+def chinese(monkeypatch):
+    """The UI in Chinese, with the old sentence patterns out of the way: what is Chinese is so by key."""
+    token = i18n.LocalContext.request.set(SimpleNamespace(session_hash="zh-estimate"))
+    i18n.remember_language("zh")
+    monkeypatch.setattr(i18n, "_MESSAGE_PATTERNS", [])
+    yield
+    i18n.LocalContext.request.reset(token)
+
+
+def test_the_estimate_its_record_and_its_launch_are_chinese_in_chinese(
+    settings, session, client, big_model, chinese
+):
+    ctx = UIContext(settings=settings, texts=Texts(), demo=None)
+    handlers = TrainHandlers(ctx, ["base_model", "dataset_ids", *CONFIG_KEYS])
+    with_stats, without = upload(client, DEMO_SFT).json()["id"], upload(client, DEMO_SFT).json()["id"]
+    form = {"base_model": big_model, "dataset_ids": [with_stats, without], **form_defaults("SFT", "Full")}
+    form["max_steps"] = 5
+    # the second dataset has no token statistics (the model dir holds no tokenizer), the first has some
+    ds = session.get(Dataset, with_stats)
+    ds.stats = {f"{big_model}@{form['max_seq_len']}": {"num_valid": 400, "mean_length": 180.0,
+                                                        "p95_length": 400.0, "max_length": 900}}  # fmt: skip
+    session.commit()
+    shown = handlers.show_estimate(*form.values())
+    assert "1 个数据集尚无 Token 统计" in shown and "服务此队列的工作进程尚未上报：未对照节点检查" in shown
+    assert "个权重参与训练（Full）" in shown and "数据：400 个样本，平均 180 / p95 400" in shown
+    cpu_node(session, "train@small", ram_gib=8)
+    shown = handlers.show_estimate(*form.values())
+    assert shown.startswith("⚠️ **放不下：任务峰值约需 ") and "而 train@small 的内存（8.0 GiB）不足" in shown
+    # the run keeps its estimate: the launch message and the Runs tab show its warning in Chinese
+    launched, run_id = handlers.launch(*form.values())
+    assert launched.startswith("⚠️ **放不下：任务峰值约需 "), launched
+    session.expire_all()
+    stored = session.get(Run, run_id).estimate
+    assert stored["warning"].startswith("will not fit") and "message_keys" in stored
+    line = predicted_vs_measured(stored, {"peak_rss_gib": 1.5, "step_s": 0.4}, "zh")
+    assert "⚠️ 放不下：任务峰值约需 " in line and "而 train@small 的内存（8.0 GiB）不足" in line
+    assert "⚠️ will not fit: the run needs about" in predicted_vs_measured(stored, {}, "en")
+    # REST shows the estimate as it always did: English, without the keys kept for the UI
+    out = client.get(f"/api/v1/runs/{run_id}").json()["estimate"]
+    assert "message_keys" not in out and out["warning"] == stored["warning"]
+    assert out["assumptions"] == stored["assumptions"]
+
+
 # ---- ETA and progress in GET /runs/{id} -------------------------------------------------------------------
 
 
@@ -167,8 +214,6 @@ def test_a_finished_run_shows_its_measured_peak_beside_the_prediction(session, c
     session.commit()
     p = run_progress(run, session.query(RunMetric).filter_by(run_id=run_id).order_by(RunMetric.step).all())
     assert p["peak_rss_gib"] == 1.0 and p["eta_s"] == 0.0
-    from studio.ui.run_views import predicted_vs_measured
-
     line = predicted_vs_measured(run.estimate, p)
     assert "peak memory predicted" in line and "measured 1.00 GiB" in line
     assert runs_svc.get_run(session, run_id).estimate["steps"] == 2

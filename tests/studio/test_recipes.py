@@ -139,6 +139,28 @@ def test_each_verdict_is_the_planners_for_the_studios_nodes(session, settings, n
     assert got == expected
 
 
+def test_the_verdicts_refusal_and_warning_are_chinese_by_key(session, settings, monkeypatch):
+    """What the planner refuses (sharding on one device) and the estimate's warning keep their keys into
+    the verdict, and the Train tab shows the refusal in Chinese with the old patterns gone."""
+    from studio.ui import i18n
+    from studio.ui.train_templates import format_verdict
+
+    monkeypatch.setattr(i18n, "_MESSAGE_PATTERNS", [])
+    recipe = "ernie-4.5-0.3b-sft-lora-8k"
+    gpu_node(session, "train@gpu1", gpus=8)
+    session.commit()
+    verdict = recipes.recipe_verdict(session, settings, recipe)
+    [problem] = verdict["problems"]
+    assert problem.key == "estimate.sharding_one_device" and problem.startswith("sharding: stage1 splits")
+    shown = format_verdict(recipes.get_recipe(recipe), verdict, "zh")
+    assert "- sharding：stage1 把优化器状态切分到各数据并行进程，而该任务只有一个设备" in shown, shown
+    cpu_node(session, "train@gpu1", ram_gib=16)
+    session.commit()
+    warning = recipes.recipe_verdict(session, settings, recipe)["warning"]
+    assert warning.key == "estimate.will_not_fit" and warning.startswith("will not fit: the run needs about")
+    assert i18n.localize_message(warning, "zh").startswith("放不下：任务峰值约需 ")
+
+
 def verdict_targets(imported) -> list[str]:
     return list(TrainConfig(stage=imported.stage, fine_tuning="LoRA").lora_target_modules)
 
