@@ -97,11 +97,18 @@ def ours_step(args):
     from engine.train.build import build_model, build_optimizer
     from engine.train.config import TrainConfig
     from engine.train.config_load import config_from_dict
-    from engine.train.objectives import LanguageModel
     from engine.train.parallel import DataParallel
     from engine.train.precision import MasterWeights, PrecisionMode, resolve_precision
     from engine.train.step import accumulate_gradients, optimizer_step
 
+    try:
+        from engine.train.objectives import LanguageModel
+
+        objective = LanguageModel()
+    except ImportError:  # a checkout from before the objectives module (a variant with PYTHONPATH=<checkout>)
+        from engine.train.run_state import Objective
+
+        objective = Objective.LM
     values = dict(
         model_name_or_path=str(Path(args.model_dir) / "paddle"),
         train_dataset_path="bench.jsonl",
@@ -136,7 +143,7 @@ def ours_step(args):
     _mark_regions(marks, model.ernie, layers, "attention")
 
     def fwd_bwd() -> float:
-        sums, _, _ = accumulate_gradients(model, LanguageModel(), [batch], dp, [])
+        sums, _, _ = accumulate_gradients(model, objective, [batch], dp, [])
         return sums["loss"]
 
     def opt() -> None:
