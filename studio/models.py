@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from engine.messages import MESSAGE_KEYS, restored, with_keys
 from engine.train.export_config import ExportConfig
 from engine.train.options import config_default
 
@@ -49,6 +50,26 @@ class UTCDateTime(TypeDecorator):
         if value is not None and value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         return value
+
+
+class KeyedJSON(TypeDecorator):
+    """JSON whose messages keep their keys (engine.messages.with_keys / restored). A list holding keyed
+    messages is stored as ``{"items": [...], "message_keys": {...}}`` (a JSON list has no room for the keys)
+    and read back as the list; anything else is stored as plain JSON, so rows written before read as they were."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect) -> Any:
+        if isinstance(value, list):
+            kept = with_keys({"items": value})
+            return kept if MESSAGE_KEYS in kept else value
+        return with_keys(value) if isinstance(value, dict) else value
+
+    def process_result_value(self, value: Any, dialect) -> Any:
+        if isinstance(value, dict) and set(value) == {"items", MESSAGE_KEYS}:
+            return restored(value)["items"]
+        return restored(value) if isinstance(value, dict) else value
 
 
 class Base(DeclarativeBase):
@@ -87,7 +108,8 @@ class Dataset(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     num_records: Mapped[int] = mapped_column(Integer, default=0)
     num_valid: Mapped[int] = mapped_column(Integer, default=0)
-    problems: Mapped[list[Any]] = mapped_column(default=list)
+    # problems keep their keys, so the Datasets tab shows them in the reader's language
+    problems: Mapped[list[Any]] = mapped_column(KeyedJSON, default=list)
     stats: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     media_fetches: Mapped[list[MediaFetch]] = relationship(

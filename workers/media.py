@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from engine.data import remote
+from engine.data.messages import MEDIA
 from engine.data.validate import validate_file
 from studio.config import Settings
 from studio.db import session_factory
@@ -87,11 +88,12 @@ def _record_problems(
     run will read them, and each record naming an image that could not be fetched is one more problem."""
     report = validate_file(path, ds.format, ds.kind, max_problems=datasets_svc.MAX_REPORTED_PROBLEMS)
     name = path.relative_to(folder).as_posix() if path.is_relative_to(folder) else path.name
-    found = [(p.line, f"{name}:{p.line}: {p.message}") for p in report.problems]
+    found = [(p.line, MEDIA("at_line", file=name, line=p.line, msg=p.message)) for p in report.problems]
     for line, index, url in entries:
         if url in failed:
-            why = f"image {url!r} could not be fetched: {failed[url]}; or save it next to the data file"
-            found.append((line, f"{name}:{line}: image_info[{index}]: {why}"))
+            why = MEDIA("not_fetched", url=url, msg_why=failed[url])
+            problem = MEDIA("located", field=f"image_info[{index}]", msg=why)
+            found.append((line, MEDIA("at_line", file=name, line=line, msg=problem)))
     found.sort(key=lambda item: item[0])
     ds.problems = [message for _, message in found[: datasets_svc.MAX_REPORTED_PROBLEMS]]
     ds.num_valid = max(ds.num_records - len({line for line, _ in found}), 0)

@@ -13,6 +13,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from engine.data import remote
+from engine.data.messages import MEDIA
 from engine.data.record_types import (
     IMAGE_MARK,
     REMOTE_PREFIXES,
@@ -87,7 +88,7 @@ def _fetched_image(url: str, base_dir: Path, fetch_urls: bool) -> tuple[Path | N
     try:
         return remote.fetch(url, base_dir.resolve()), None
     except remote.FetchError as e:
-        return None, f"image {url!r} could not be fetched: {e}; or save it next to the data file"
+        return None, MEDIA("not_fetched", url=url, msg_why=e.message)
 
 
 def resolve_image(
@@ -116,7 +117,7 @@ def resolve_image(
         if decode:
             load_image(p)
     except VisionInputError as e:
-        return None, str(e).replace(f"image file {p}", f"image {url!r}", 1)
+        return None, e.relabelled(MEDIA("image_file", path=str(p)), MEDIA("image_named", url=url))
     return p, None
 
 
@@ -219,7 +220,7 @@ def _gif_durations(path: Path) -> list[int]:
                 durations.append(delay or 0)
                 delay = None
             else:
-                raise VisionInputError(f"truncated or corrupt (unknown GIF block 0x{kind[0]:02x})")
+                raise VisionInputError(MEDIA("truncated", detail=f"unknown GIF block 0x{kind[0]:02x}"))
     return durations
 
 
@@ -240,7 +241,7 @@ def _probe_animated(path: Path, max_image_pixels: int) -> VideoClip:
                 durations = _gif_durations(path)
                 if len(durations) != count:
                     raise VisionInputError(
-                        f"truncated or corrupt ({count} frames but {len(durations)} images)"
+                        MEDIA("truncated", detail=f"{count} frames but {len(durations)} images")
                     )
             else:
                 durations = []
@@ -254,7 +255,7 @@ def _probe_animated(path: Path, max_image_pixels: int) -> VideoClip:
             "not an image PIL can read; a video is a directory of frames or an animated GIF/PNG/WebP"
         ) from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error) as e:
-        raise VisionInputError(f"truncated or corrupt ({e})") from None
+        raise VisionInputError(MEDIA("truncated", detail=str(e))) from None
     fps = 1000.0 / (sum(durations) / count) if all(durations) else None
     return VideoClip(path, count, width, height, fps)
 
@@ -362,7 +363,7 @@ def _vl_media(
         else:
             found, why = resolve_image(url, base_dir, fetch_urls=fetch_urls, decode=decode)
         if why:
-            problems.append(f"{key}[{i}]: {why}")
+            problems.append(MEDIA("located", field=f"{key}[{i}]", msg=why))
         else:
             out[-1] = (idx if matched else -1, found)
     return out

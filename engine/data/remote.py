@@ -37,7 +37,9 @@ import certifi
 import httpcore
 import idna
 
+from engine.data.messages import MEDIA
 from engine.data.vl_processor import VisionInputError, load_image
+from engine.messages import Word
 
 CACHE_DIR = ".remote"
 MAX_BYTES = 64 * 1024 * 1024  # one file
@@ -98,6 +100,11 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 class FetchError(ValueError):
     """A URL that could not be fetched; the message says why and what to do."""
+
+    @property
+    def message(self) -> str:
+        """Why, as it was raised (a keyed ``Message`` where ``engine.data.messages`` has one)."""
+        return self.args[0] if self.args and isinstance(self.args[0], str) else str(self)
 
 
 def policy() -> str:
@@ -165,14 +172,14 @@ def resolve(host: str, port: int) -> list[IPAddress]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
         why = getattr(e, "strerror", None) or str(e)
-        raise FetchError(f"cannot resolve {host!r} ({why}); is this worker offline?") from None
+        raise FetchError(MEDIA("cannot_resolve", host=host, why=why)) from None
     addresses: list[IPAddress] = []
     for info in infos:
         address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
         if address not in addresses:
             addresses.append(address)
     if not addresses:
-        raise FetchError(f"cannot resolve {host!r} (no address); is this worker offline?")
+        raise FetchError(MEDIA("no_address", host=host))
     return addresses
 
 
@@ -198,10 +205,7 @@ def check_addresses(host: str, addresses: Iterable[IPAddress]) -> None:
     for address in addresses:
         kind = address_kind(address)
         if kind is not None:
-            raise FetchError(
-                f"{host} is a {kind} address ({address}); record URLs are fetched from public hosts only "
-                "(ERNIE_STUDIO_MEDIA_URLS=any allows an internal image store)"
-            )
+            raise FetchError(MEDIA("not_public", host=host, kind=Word(kind), address=str(address)))
 
 
 @dataclass
@@ -242,7 +246,7 @@ def fetch(url: str, base_dir: Path, budget: DatasetBudget | None = None) -> Path
         return target
     mode = policy()
     if mode == "off":
-        raise FetchError("fetching record URLs is turned off (ERNIE_STUDIO_MEDIA_URLS=off)")
+        raise FetchError(MEDIA("urls_off"))
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError("only http(s) URLs are fetched")
@@ -289,7 +293,7 @@ def fetch_all(
         try:
             fetch(url, base_dir, budget)
         except FetchError as e:
-            failed[url] = str(e)
+            failed[url] = e.message
         if progress is not None and progress(i, len(unique), budget.bytes) is False:
             raise FetchError(f"stopped after {i} of {len(unique)} URLs")
     return failed
@@ -308,7 +312,7 @@ def _check_image(path: Path) -> None:
         load_image(path)
     except VisionInputError as e:
         raise FetchError(
-            f"the answer is not an image the VL processor accepts ({str(e).replace(f'image file {path}: ', '')})"
+            MEDIA("not_accepted", msg_why=e.unlabelled(MEDIA("image_file", path=str(path))))
         ) from None
 
 
@@ -432,26 +436,26 @@ def _download(
         ):
             if r.status != 200:
                 reason = r.extensions.get("reason_phrase", b"").decode("ascii", "replace")
-                raise FetchError(f"the server answered {r.status} {reason}".rstrip())
+                answered = (
+                    MEDIA("server_answered", code=r.status, reason=reason.rstrip())
+                    if reason.rstrip()
+                    else MEDIA("server_answered_code", code=r.status)
+                )
+                raise FetchError(answered)
             encoding = dict((k.lower(), v) for k, v in r.headers).get(b"content-encoding", b"identity")
             if encoding.strip().lower() not in (b"identity", b""):
-                raise FetchError(
-                    f"the server sent the body {encoding.decode('ascii', 'replace')}-encoded after being "
-                    "asked for identity; compressed replies are not decoded"
-                )
+                raise FetchError(MEDIA("encoded", encoding=encoding.decode("ascii", "replace")))
             size = 0
             with partial.open("wb") as f:
                 for chunk in r.iter_stream():
                     size += len(chunk)
                     budget.bytes += len(chunk)
                     if size > limit:
-                        raise FetchError(f"larger than {limit:,} bytes")
+                        raise FetchError(MEDIA("larger_than", limit=limit))
                     f.write(chunk)
     except httpcore.TimeoutException:
         if time.monotonic() >= deadline:
-            raise FetchError(
-                f"took longer than {DEADLINE_S:g} s (one deadline for the whole fetch)"
-            ) from None
+            raise FetchError(MEDIA("took_longer", seconds=DEADLINE_S)) from None
         raise FetchError("timed out connecting; does this worker have network access?") from None
     except (
         httpcore.NetworkError,

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from engine.data.messages import MEDIA
+from engine.messages import Message
 from engine.models.positions import grid_tokens
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,28 @@ _DECODE_ERRORS = (
 
 class VisionInputError(ValueError):
     """An image or video the processor cannot use; the message names the file or the problem."""
+
+    def _labelled(self, label: str) -> Message | None:
+        message = self.args[0] if self.args else None
+        if (
+            isinstance(message, Message)
+            and message.key == "media.labelled"
+            and message.fields["label"] == label
+        ):
+            return message
+        return None
+
+    def unlabelled(self, label: str) -> str:
+        """The message without the ``label: `` in front (for a caller that names the input its own way)."""
+        message = self._labelled(label)
+        return message.fields["msg"] if message is not None else str(self).replace(f"{label}: ", "")
+
+    def relabelled(self, label: str, new: str) -> str:
+        """The message naming its input ``new`` where it named it ``label``."""
+        message = self._labelled(label)
+        if message is not None:
+            return MEDIA("labelled", label=new, msg=message.fields["msg"])
+        return str(self).replace(label, new, 1)
 
 
 def smart_resize(
@@ -313,8 +337,12 @@ ImageSource = Image.Image | str | Path | bytes
 def _label(source: ImageSource) -> str:
     """How messages name an input: "image file <path>", "image bytes" or "image"."""
     if isinstance(source, Image.Image):
-        return "image"
-    return "image bytes" if isinstance(source, bytes) else f"image file {source}"
+        return MEDIA("image")
+    return MEDIA("image_bytes") if isinstance(source, bytes) else MEDIA("image_file", path=str(source))
+
+
+def _truncated(label: str, exc: BaseException) -> Message:
+    return MEDIA("labelled", label=label, msg=MEDIA("truncated", detail=str(exc)))
 
 
 def _check_pixels(label: str, width: int, height: int, limit: int) -> None:
@@ -335,9 +363,7 @@ def _open(label: str, target: Any, limit: int) -> Image.Image:
     except IsADirectoryError:
         raise VisionInputError(f"{label}: is a directory, not an image") from None
     except UnidentifiedImageError:
-        raise VisionInputError(
-            f"{label}: not an image PIL can read (unknown format or not an image)"
-        ) from None
+        raise VisionInputError(MEDIA("labelled", label=label, msg=MEDIA("not_pil_image"))) from None
     except Image.DecompressionBombError as exc:
         raise VisionInputError(f"{label}: larger than max_image_pixels={limit:,} ({exc})") from None
     except OSError as exc:
@@ -373,7 +399,7 @@ def load_image(source: ImageSource, max_image_pixels: int = DEFAULT_MAX_IMAGE_PI
             image.load()
             return ImageOps.exif_transpose(image).convert("RGB")
         except _DECODE_ERRORS as exc:
-            raise VisionInputError(f"{label}: truncated or corrupt ({exc})") from None
+            raise VisionInputError(_truncated(label, exc)) from None
 
 
 def _sized(label: str, height: int, width: int, lo: int, hi: int, factor: int) -> tuple[int, int]:
@@ -430,7 +456,7 @@ def header_size(
         try:  # a PNG's EXIF may follow its pixels: PIL decodes them to find it
             orientation = im.getexif().get(0x0112)
         except _DECODE_ERRORS as exc:
-            raise VisionInputError(f"{label}: truncated or corrupt ({exc})") from None
+            raise VisionInputError(_truncated(label, exc)) from None
         if orientation in (5, 6, 7, 8):  # EXIF orientations that turn the image on its side
             width, height = height, width
     return height, width

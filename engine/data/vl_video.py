@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageSequence
 
+from engine.data.messages import MEDIA
 from engine.data.vl_processor import (
     _DECODE_ERRORS,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -24,6 +25,7 @@ from engine.data.vl_processor import (
     _open,
     _patchify_image,
     _sized,
+    _truncated,
     load_image,
 )
 
@@ -52,7 +54,7 @@ def read_video_frames(
 
 
 def _read_animated(path: Path, fps: float | None, limit: int) -> tuple[list[Image.Image], float | None]:
-    label = f"video file {path}"
+    label = MEDIA("video_file", path=str(path))
     with _open(label, path, limit) as image:
         _check_pixels(label, image.width, image.height, limit)
         frames, durations = [], []
@@ -63,7 +65,7 @@ def _read_animated(path: Path, fps: float | None, limit: int) -> tuple[list[Imag
                 frames.append(frame.convert("RGB"))
                 durations.append(frame.info.get("duration") or 0)
         except _DECODE_ERRORS as exc:
-            raise VisionInputError(f"{label}: truncated or corrupt ({exc})") from None
+            raise VisionInputError(_truncated(label, exc)) from None
     if fps is None and all(durations):
         fps = 1000.0 / (sum(durations) / len(durations))
     return frames, fps

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from engine.data.messages import MEDIA
 from engine.data.record_types import FORMATS
 from engine.data.records import TABLE_SUFFIXES
 from engine.data.remote import CACHE_DIR as REMOTE_CACHE_DIR
@@ -244,7 +245,8 @@ def _folder_strip(work: Path) -> Callable[[str], str]:
 
     def strip(message: str) -> str:
         for prefix in prefixes:
-            message = message.replace(prefix, "")
+            if prefix in message:  # a message naming no staged path keeps its key (engine.messages)
+                message = message.replace(prefix, "")
         return message
 
     return strip
@@ -292,7 +294,11 @@ def _check_dataset(
         report = validate_file(path, format=fmt, kind=kind, max_problems=MAX_REPORTED_PROBLEMS)
         kind = report.kind or kind
         num_records, num_valid = report.num_records, report.num_valid
-        problems = [strip(str(p)) for p in report.problems[:MAX_REPORTED_PROBLEMS]]
+        # keyed, so the upload's refusal lists them in the reader's language (the Datasets tab, REST details)
+        problems = [
+            MEDIA("at_line", file=strip(p.path), line=p.line, msg=strip(p.message))
+            for p in report.problems[:MAX_REPORTED_PROBLEMS]
+        ]
         if report.problems or num_valid == 0:
             shown = "; ".join(problems[:5]) or "no valid records"
             raise InvalidInput(

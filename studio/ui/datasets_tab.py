@@ -14,6 +14,7 @@ import gradio as gr
 import pandas as pd
 from PIL import Image
 
+from engine.messages import Message
 from studio.services import datasets as datasets_svc
 from studio.services import models as models_svc
 from studio.services.errors import ServiceError
@@ -72,10 +73,13 @@ PROBLEM_RE = re.compile(r"^(?P<file>.*?):(?P<line>\d+): (?P<message>.*)$", re.S)
 
 
 def problem_rows(problems: list[Any], lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
-    """``file:line: message`` strings (or dicts) -> one row per problem, line number in its own column, the
-    message in ``lang`` where ``i18n.MESSAGE_PATTERNS`` knows it."""
+    """``file:line: message`` problems (keyed messages, strings or dicts) -> one row per problem, line number
+    in its own column, the message in ``lang``."""
     rows = []
     for p in problems or []:
+        if isinstance(p, Message) and p.key == "media.at_line":
+            rows.append([p.fields["line"], localize_message(p.fields["msg"], lang)])
+            continue
         if isinstance(p, dict):
             rows.append([p.get("line", ""), localize_message(str(p.get("message", "")), lang)])
             continue

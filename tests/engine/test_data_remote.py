@@ -29,6 +29,7 @@ from engine.data import remote
 from engine.data.formats import parse_record
 from engine.data.formats_vl import probe_video
 from engine.data.vl_processor import VisionInputError
+from studio.messages import localize
 
 
 @pytest.fixture
@@ -61,9 +62,14 @@ def test_a_url_image_is_fetched_once_into_the_dataset(image_server, tmp_path, mo
 def test_url_problems_are_located_errors(image_server, tmp_path, monkeypatch):
     base, _, _ = image_server
 
+    chinese: list[str] = []
+
     def problem(url: str) -> str:
         with pytest.raises(ValueError) as e:
             parse_record(record(url), "erniekit_vl", "sft", tmp_path, fetch_urls=True)
+        (keyed,) = e.value.problems  # a keyed message: the Datasets tab shows it in the reader's language
+        assert keyed.key == "media.located" and keyed.fields["msg"].key == "media.not_fetched"
+        chinese.append(localize(keyed, "zh"))
         return str(e.value)
 
     # by default loopback / private hosts are not fetched: a dataset must not reach into the network
@@ -86,6 +92,23 @@ def test_url_problems_are_located_errors(image_server, tmp_path, monkeypatch):
         not p.name.endswith(".part") for p in (tmp_path / ".remote").iterdir()
     )
     json.dumps(offline)  # a plain message
+    at = f"image_info[0]：图片 '{base}/red.png' 无法获取："
+    assert chinese[0].startswith(at + "127.0.0.1 是回环地址（127.0.0.1）；记录中的 URL 只从公网主机获取"), (
+        chinese
+    )
+    assert chinese[1:4] == [
+        f"image_info[0]：图片 '{base}/nope.png' 无法获取：服务器返回 HTTP 404；也可把图片保存在数据文件旁边",
+        f"image_info[0]：图片 '{base}/moved.png' 无法获取：服务器返回 HTTP 302；也可把图片保存在数据文件旁边",
+        at + "大于 100 字节；也可把图片保存在数据文件旁边",
+    ], chinese
+    assert (
+        chinese[4]
+        == at + "已关闭按 URL 获取记录中的图片（ERNIE_STUDIO_MEDIA_URLS=off）；也可把图片保存在数据文件旁边"
+    )
+    assert chinese[5].startswith(
+        "image_info[0]：图片 'https://no-such-host.invalid/cat.png' 无法获取：无法解析 "
+    )
+    assert chinese[5].endswith("；此节点是否离线？；也可把图片保存在数据文件旁边"), chinese
 
 
 def test_a_record_read_without_fetching_never_fetches(image_server, tmp_path, monkeypatch):
@@ -338,13 +361,18 @@ def test_a_compression_bomb_stays_under_twice_the_cap(tmp_path, monkeypatch, enc
     del inflated
     tracemalloc.start()
     try:
-        with pytest.raises(remote.FetchError):
+        with pytest.raises(remote.FetchError) as e:
             remote.fetch(f"{server.url}/bomb.png", tmp_path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
         server.close()
     assert peak < 2 * cap, f"{peak:,} bytes at peak"
+    assert "-encoded after being asked for identity" in str(e.value)
+    assert (
+        localize(e.value.message, "zh")
+        == f"服务器在要求不压缩后仍以 {encoding} 压缩返回；压缩的回复不会被解压"
+    )
     assert not any((tmp_path / ".remote").glob("*"))
 
 
@@ -376,6 +404,7 @@ def test_a_trickling_server_is_cut_at_the_deadline(tmp_path, monkeypatch):
         assert not worker.is_alive(), "the fetch was still reading the trickle"
         (error,) = outcome
         assert isinstance(error, remote.FetchError) and "took longer than 0.5 s" in str(error)
+        assert localize(error.message, "zh") == "超过 0.5 秒（整次获取共用一个时限）"
     finally:
         server.close()
 
@@ -390,6 +419,10 @@ def test_only_a_body_that_decodes_as_an_image_is_kept(tmp_path, monkeypatch):
     finally:
         server.close()
     assert "not an image the VL processor accepts" in str(e.value)
+    assert (
+        localize(e.value.message, "zh")
+        == "返回内容不是 VL 处理器接受的图片（不是可读取的图片（格式未知或不是图片））"
+    )
     assert not any((tmp_path / ".remote").glob("*"))
 
 

@@ -225,6 +225,47 @@ def test_missing_image_is_located_by_line(client, settings):
     assert_nothing_stored(settings)
 
 
+def test_unreadable_images_are_refused_in_the_readers_language(client, session, settings, tmp_path):
+    """Images the decoder cannot read are keyed problems: English by default, Chinese through REST with
+    Accept-Language: zh and in the Datasets tab's rows of the refused upload."""
+    from studio.services.errors import ServiceError
+    from studio.ui.datasets_tab import rejected_upload
+
+    members = vl_members()
+    lines = VL_DATA.read_text().splitlines()
+    first, second = (json.loads(line)["image_info"][0]["image_url"] for line in lines[:2])
+    members[first] = b"not an image at all"
+    members[second] = members[second][: len(members[second]) // 2]
+    data = make_zip(members)
+    english = post_zip(client, data).json()["details"]["problems"]
+    assert english[0] == (
+        f"data.jsonl:1: image_info[0]: image '{first}': not an image PIL can read (unknown format or not an image)"
+    ), english
+    assert english[1].startswith(f"data.jsonl:2: image_info[0]: image '{second}': truncated or corrupt ("), (
+        english
+    )
+    r = client.post(
+        "/api/v1/datasets",
+        files={"file": ("vl.zip", io.BytesIO(data), "application/zip")},
+        headers={"Accept-Language": "zh"},
+    )
+    chinese = r.json()["details"]["problems"]
+    assert chinese[:2] == [
+        f"data.jsonl:1：image_info[0]：图片 '{first}'：不是可读取的图片（格式未知或不是图片）",
+        f"data.jsonl:2：image_info[0]：图片 '{second}'：文件被截断或已损坏",
+    ], chinese
+    (tmp_path / "vl.zip").write_bytes(data)
+    with pytest.raises(ServiceError) as refused:  # the Datasets tab calls the service itself
+        svc.upload_dataset(session, settings, tmp_path / "vl.zip")
+    rows = rejected_upload("vl.zip", refused.value, "zh")[1]
+    assert rows.iloc[0].tolist() == [
+        1,
+        f"image_info[0]：图片 '{first}'：不是可读取的图片（格式未知或不是图片）",
+    ]
+    assert rows.iloc[1].tolist() == [2, f"image_info[0]：图片 '{second}'：文件被截断或已损坏"]
+    assert_nothing_stored(settings)
+
+
 def test_other_suffixes_are_still_refused(client):
     r = post_zip(client, b"hello", filename="data.tar.gz")
     assert r.status_code == 422 and ".zip" in r.json()["message"]

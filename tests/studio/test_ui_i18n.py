@@ -360,7 +360,16 @@ def test_service_refusals_the_tabs_show_are_chinese_in_chinese(settings, tmp_pat
         rows, english = [], []
         page = picture((9, 9, 9), format="PNG")[:40]  # a PNG's start: no image the processor accepts
         host.files["/page.png"] = (page, "image/png")
-        for policy, path in (("public", "a.jpg"), ("off", "a.jpg"), ("any", "a.jpg"), ("any", "page.png")):
+        whole = picture((9, 9, 9), format="PNG")
+        host.files["/half.png"] = (whole[: len(whole) // 2], "image/png")  # a good header, half the pixels
+        cases = [
+            ("public", "a.jpg"),
+            ("off", "a.jpg"),
+            ("any", "a.jpg"),
+            ("any", "page.png"),
+            ("any", "half.png"),
+        ]
+        for policy, path in cases:
             monkeypatch.setenv("ERNIE_STUDIO_MEDIA_URLS", policy)
             data.write_text(json.dumps(record).replace("a.jpg", path) + "\n")
             ds = ctx.call(datasets_svc.upload_dataset, settings, str(data), "vl.jsonl")
@@ -371,7 +380,21 @@ def test_service_refusals_the_tabs_show_are_chinese_in_chinese(settings, tmp_pat
         host.close()
     finally:
         i18n.LocalContext.request.reset(token)
-    assert len(rows) == 4 and "ERNIE_STUDIO_MEDIA_URLS=off" in rows[1] and "404" in rows[2], rows
+    assert len(rows) == 5 and "ERNIE_STUDIO_MEDIA_URLS=off" in rows[1] and "404" in rows[2], rows
+    # the problems are keyed messages, kept through the dataset's row: their Chinese is looked up, not parsed
+    assert [p.key for p in english] == ["media.at_line"] * 5, english
+    assert rows[0].endswith(
+        "127.0.0.1 是回环地址（127.0.0.1）；记录中的 URL 只从公网主机获取"
+        "（ERNIE_STUDIO_MEDIA_URLS=any 允许内部图床）；也可把图片保存在数据文件旁边"
+    ), rows
+    assert rows[2].endswith("无法获取：服务器返回 HTTP 404；也可把图片保存在数据文件旁边"), rows
+    assert rows[3].endswith(
+        "返回内容不是 VL 处理器接受的图片（不是可读取的图片（格式未知或不是图片））；"
+        "也可把图片保存在数据文件旁边"
+    ), rows
+    assert rows[4].startswith("image_info[0]：图片 'http://127.0.0.1:") and rows[4].endswith(
+        "返回内容不是 VL 处理器接受的图片（文件被截断或已损坏）；也可把图片保存在数据文件旁边"
+    ), rows
     for piece in [*toasts, *rows]:
         assert untranslated_words(piece, ["vl.jsonl"]) == [], piece
     assert all("could not be fetched" in p and i18n.localize_message(p, "en") == p for p in english)
