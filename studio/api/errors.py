@@ -35,9 +35,8 @@ def service_error_body(e: ServiceError, accept_language: str | None) -> tuple[di
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, e: ServiceError) -> JSONResponse:
-        return JSONResponse(
-            *service_error_body(e, request.headers.get("accept-language")), status_code=e.status_code
-        )
+        body, headers = service_error_body(e, request.headers.get("accept-language"))
+        return JSONResponse(body, status_code=e.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
