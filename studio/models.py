@@ -143,7 +143,7 @@ class Sweep(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Why the sweep stopped asking for trials (n_trials, max_wall_s, max_total_steps, cancelled).
     stop_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    estimate: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(KeyedJSON, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -195,7 +195,7 @@ class Run(Base):
     final_metrics: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     # engine.estimate's prediction when the run was queued (memory, time, disk, what it assumed), kept to
     # show against what the run measured
-    estimate: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(KeyedJSON, nullable=True)
     # "Evaluate after training": the held-out split and eval choices (studio.services.evals.EvaluateAfter,
     # plus the held-out files written at creation); the base and the result are evaluated once it succeeds.
     evaluate: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)

@@ -10,7 +10,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.messages import restored
 from engine.train.export_config import EXPORT_CHOICES, ExportConfig
 from engine.train.options import config_default, field_info
 from studio.queue import devices_of
@@ -148,12 +147,6 @@ class RunOut(ORM):
     placement: list[PlacementOut] = Field(
         default_factory=list, description="which node holds which ranks (runs over several nodes)"
     )
-
-    @model_validator(mode="after")
-    def _estimate_without_keys(self) -> RunOut:
-        # the stored estimate keeps its messages' keys for the UI (engine.messages.with_keys); REST shows its text
-        self.estimate = restored(self.estimate) if self.estimate else self.estimate
-        return self
 
     @computed_field(description="devices the run trains on: its queue's devices per node, times num_nodes")
     @property

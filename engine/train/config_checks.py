@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from engine.models.config import WEIGHT_ONLY_COMPUTE_TYPES
+from engine.train.messages import TRAIN
 from engine.train.options import (
     DATASET_TYPE_NAMES,
     FREEZE_OPTIONS,
@@ -118,12 +119,9 @@ class TrainConfigChecks:
             return []
         problems = []
         if self.compute_type not in ("fp32", "bf16", "fp16"):
-            problems.append(
-                f"compute_type {self.compute_type}: PaddleOCR-VL trains in fp32, bf16 or fp16 here (FP8 QAT and "
-                "weight-only bases are ERNIE 4.5 decoders' only)"
-            )
+            problems.append(TRAIN("ocr_compute_type", compute_type=self.compute_type))
         if self.gpas:
-            problems.append("gpas: PaddleOCR-VL's decoder takes no GPAS gates here; leave gpas false")
+            problems.append(TRAIN("ocr_gpas"))
         if self.text_dataset_path:
             problems.append(
                 f"text_dataset_path: an {self.stage} record needs an image; mix no text-only data in"

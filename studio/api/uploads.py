@@ -14,6 +14,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from studio.config import Settings
 from studio.services.datasets import incoming_dir, safe_dataset_upload_name
 from studio.services.errors import InvalidInput, PayloadTooLarge
+from studio.services.messages import SERVICES
 
 MAX_FIELD_BYTES = 4096
 TEXT_FIELDS = ("name", "format", "data_file")
@@ -117,8 +118,7 @@ class FormReceiver:
             self.written += end - start
             if self.written > self.settings.max_upload_bytes:
                 raise PayloadTooLarge(
-                    f"file: {self.form.filename} is larger than the upload limit of "
-                    f"{self.settings.max_upload_mb} MB; split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
+                    SERVICES("upload_too_large", name=self.form.filename, mb=self.settings.max_upload_mb)
                 )
             self.out.write(data[start:end])
         elif self.name in TEXT_FIELDS:

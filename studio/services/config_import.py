@@ -25,6 +25,7 @@ from studio.config import Settings
 from studio.models import Dataset
 from studio.services.datasets import list_datasets
 from studio.services.errors import InvalidInput, PayloadTooLarge
+from studio.services.messages import SERVICES
 from studio.services.models import list_models
 
 # ERNIEKit's longest example config is ~5 KB; a config 13 times that is not one a person wrote.
@@ -175,18 +176,15 @@ def _checked_text(data: str | bytes, source: str) -> str:
     raw = data.encode("utf-8", errors="surrogatepass") if isinstance(data, str) else data
     if len(raw) > MAX_IMPORT_BYTES:
         raise PayloadTooLarge(
-            f"{source}: {len(raw):,} bytes; a config to import may hold at most {MAX_IMPORT_BYTES:,} bytes "
-            "(ERNIEKit's configs are a few KB)"
+            SERVICES("import_too_large", where=source, size=len(raw), limit=MAX_IMPORT_BYTES)
         )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise InvalidInput(
-            f"{source}:{line}: not UTF-8 text (byte {e.start}); save the file as UTF-8"
-        ) from None
+        raise InvalidInput(SERVICES("import_not_utf8", where=f"{source}:{line}", byte=e.start)) from None
     if not text.strip():
-        raise InvalidInput(f"{source}: empty; paste an ERNIEKit training config (key: value lines)")
+        raise InvalidInput(SERVICES("import_empty", where=source))
     return text
 
 
@@ -201,33 +199,26 @@ def _check_structure(text: str, source: str) -> None:
             if isinstance(event, yaml.DocumentStartEvent):
                 documents += 1
                 if documents > 1:
-                    raise InvalidInput(
-                        f"{where}: a second YAML document (after ---); import one config, one document"
-                    )
+                    raise InvalidInput(SERVICES("import_documents", where=where))
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-                raise InvalidInput(
-                    f"{where}: YAML anchors and aliases (&name, *name) are not accepted in an imported "
-                    "config; write each value out"
-                )
+                raise InvalidInput(SERVICES("import_anchors", where=where))
             tag = getattr(event, "tag", None)  # set only by an explicit tag (!!str, !!python/..., !x)
             if tag:
                 tag = tag.replace("tag:yaml.org,2002:", "!!")
-                raise InvalidInput(
-                    f"{where}: YAML tag {tag!r} is not accepted in an imported config; write plain values"
-                )
+                raise InvalidInput(SERVICES("import_tag", where=where, tag=tag))
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_IMPORT_DEPTH:
                     raise InvalidInput(
-                        f"{where}: nested {depth} levels deep; a config is key: value lines (a value may be "
-                        f"a list), at most {MAX_IMPORT_DEPTH} levels"
+                        SERVICES("import_nested", where=where, depth=depth, limit=MAX_IMPORT_DEPTH)
                     )
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise InvalidInput(f"{source}{line}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+        problem = str(getattr(e, "problem", None) or e)
+        raise InvalidInput(SERVICES("import_not_yaml", where=f"{source}{line}", problem=problem)) from None
 
 
 def _check_holdable(values: dict[str, Any], source: str, lines: dict[str, int]) -> None:
@@ -320,7 +311,7 @@ def _probs(values: dict[str, Any], datasets: list[DatasetMatch], where: str) -> 
         probs = [float(p) for p in comma_list(values["train_dataset_prob"])]
     except ValueError:
         raise InvalidInput(
-            f"{where}: train_dataset_prob: {values['train_dataset_prob']!r} is not numbers separated by commas"
+            SERVICES("import_probs", where=where, value=values["train_dataset_prob"])
         ) from None
     train = [m for m in datasets if m.key == "train_dataset_path"]
     picked = [probs[i] for i, m in enumerate(train) if m.dataset_id and i < len(probs)]

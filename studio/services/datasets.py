@@ -26,6 +26,7 @@ from studio.services import media as media_svc
 from studio.services.dataset_archives import extract_archive
 from studio.services.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from studio.services.events import add_event
+from studio.services.messages import SERVICES
 from studio.services.models import ensure_model_dir
 from studio.services.paths import ALLOWED_DATASET_SUFFIXES, confine, relative_to_home, safe_upload_name
 from studio.services.store import get_or_404
@@ -98,8 +99,7 @@ def stage_upload(settings: Settings, chunks: Iterable[bytes], filename: str | No
                 written += len(chunk)
                 if written > limit:
                     raise PayloadTooLarge(
-                        f"file: {filename} is larger than the upload limit of {settings.max_upload_mb} MB; "
-                        "split it or raise ERNIE_STUDIO_MAX_UPLOAD_MB"
+                        SERVICES("upload_too_large", name=filename, mb=settings.max_upload_mb)
                     )
                 f.write(chunk)
     except BaseException:
@@ -205,7 +205,7 @@ def create_dataset(
     work = incoming_dir(settings) / f"{uuid.uuid4().hex}.d"
     try:
         if staged.stat().st_size == 0:
-            raise InvalidInput(f"file: {filename} is empty")
+            raise InvalidInput(SERVICES("file_empty", name=filename))
         work.mkdir()
         data = work / filename
         os.replace(staged, data)
@@ -381,7 +381,7 @@ def _create_from_archive(
         rel, total = extract_archive(settings, staged, work, filename, data_file=data_file)
         data = work / rel
         if data.stat().st_size == 0:
-            raise InvalidInput(f"file: {filename}: {rel} is empty")
+            raise InvalidInput(SERVICES("file_empty", name=f"{filename}: {rel}"))
         fmt, kind, num_records, num_valid, problems = _check_dataset(
             data,
             rel,
@@ -532,10 +532,7 @@ def dataset_stats(
         )
     fetch = ds.media_fetch
     if fetch is not None and fetch.status in ("queued", "running"):
-        raise Conflict(
-            f"dataset {ds.id}: its images named by URL are still being fetched ({fetch.urls_done}/"
-            f"{fetch.urls_total}); ask for statistics once the fetch has finished"
-        )
+        raise Conflict(SERVICES("media_fetching", id=ds.id, done=fetch.urls_done, total=fetch.urls_total))
     key = f"{model}@{max_seq_len}"
     cached = dict(ds.stats or {})
     if key not in cached:
@@ -552,7 +549,7 @@ def delete_dataset(session: Session, settings: Settings, dataset_id: int) -> Non
     active = session.scalars(select(Run).where(Run.status.in_([RunStatus.QUEUED, RunStatus.RUNNING]))).all()
     users = [r.id for r in active if dataset_id in (r.dataset_ids or [])]
     if users:
-        raise Conflict(f"dataset {dataset_id} is used by queued or running run(s) {users}; cancel them first")
+        raise Conflict(SERVICES("dataset_in_use", id=dataset_id, runs=users))
     folder = dataset_folder(settings, ds)
     session.delete(ds)
     add_event(session, "dataset.deleted", f"dataset {ds.name} deleted")

@@ -27,6 +27,7 @@ from studio.schemas import RequestModel
 from studio.services import jobs
 from studio.services.errors import Conflict, InvalidInput, ServiceError, Unavailable
 from studio.services.events import add_event
+from studio.services.messages import SERVICES, not_succeeded
 from studio.services.models import model_dir_for
 from studio.services.paths import confine
 from studio.services.store import RowId, get_or_404
@@ -88,7 +89,7 @@ def new_deployment(session: Session, settings: Settings, spec: DeploymentSpec) -
     elif spec.run_id is not None:
         run = get_or_404(session, Run, spec.run_id, "run")
         if run.status != RunStatus.SUCCEEDED:
-            raise Conflict(f"run {run.id} is {run.status}; deploy it once it has succeeded")
+            raise Conflict(not_succeeded("run", run.id, run.status, "deploy"))
         model_dir = str(confine(settings, run.model_dir or run.output_dir, field="run_id"))
         default_name = run.name
     else:
@@ -134,7 +135,7 @@ def checkpoint_export_dir(settings: Settings, export: Export, gguf_type: str | N
             f"gguf_type: export {export.id} is a {export.layout} checkpoint, not a GGUF export; leave it out"
         )
     if export.status != RunStatus.SUCCEEDED:
-        raise Conflict(f"export_id: export {export.id} is {export.status}; deploy it once it has succeeded")
+        raise Conflict(not_succeeded("export", export.id, export.status, "deploy", "export_id"))
     path = confine(settings, export.export_dir, field="export_id")
     if not (path / "config.json").is_file():
         raise Conflict(f"export_id: export {export.id}'s model directory {path} is gone; export again")
@@ -148,7 +149,7 @@ def gguf_export_file(
     first) of a succeeded GGUF export."""
     export = get_or_404(session, Export, export_id, "export")
     if export.status != RunStatus.SUCCEEDED or not export.gguf_files:
-        raise Conflict(f"export {export_id} is {export.status}; deploy it once it has succeeded")
+        raise Conflict(not_succeeded("export", export_id, export.status, "deploy"))
     files = {f["type"]: f["path"] for f in export.gguf_files}
     wanted = gguf_type or (SERVE_GGUF_TYPE if SERVE_GGUF_TYPE in files else next(iter(files)))
     if wanted not in files:
@@ -214,7 +215,7 @@ def delete_deployment(session: Session, deployment_id: int) -> None:
     """Remove a stopped or failed deployment from the list."""
     dep = get_deployment(session, deployment_id)
     if dep.status in ACTIVE:
-        raise Conflict(f"deployment {deployment_id} is {dep.status}; stop it first")
+        raise Conflict(SERVICES("deployment_active", id=deployment_id, status=str(dep.status)))
     session.delete(dep)
     session.commit()
 
@@ -272,7 +273,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def chat_url(session: Session, deployment_id: int) -> str:
     dep = get_deployment(session, deployment_id)
     if dep.status != DeploymentStatus.RUNNING or not dep.url:
-        raise Conflict(f"deployment {deployment_id} is {dep.status}; chat once it is running")
+        raise Conflict(SERVICES("deployment_not_running", id=deployment_id, status=str(dep.status)))
     return dep.url.rstrip("/") + "/chat/completions"
 
 
@@ -333,7 +334,7 @@ def chat(
     try:
         r = httpx.post(url, json=payload, timeout=timeout)
     except httpx.HTTPError as e:
-        raise Unavailable(f"deployment {deployment_id} did not answer at {url}: {e}") from None
+        raise Unavailable(SERVICES("deployment_no_answer", id=deployment_id, url=url, error=str(e))) from None
     if r.status_code >= 400:
         raise ServiceError(answered_message(deployment_id, r.status_code, r.content))
     return r.json()

@@ -20,6 +20,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from engine.eval.config import BENCHMARK_TYPES, CHAT_TYPES, OCR_TYPES, EvalConfig, option_problems
+from engine.messages import Word
 from engine.train.config_load import config_from_dict
 from engine.train.options import ConfigError
 from studio import queue
@@ -40,6 +41,7 @@ from studio.services import forgetting, jobs
 from studio.services.datasets import BENCHMARK, dataset_path, get_dataset
 from studio.services.errors import Conflict, InvalidInput
 from studio.services.events import add_event
+from studio.services.messages import SERVICES, not_succeeded
 from studio.services.models import is_ocr_model, model_dir_for
 from studio.services.paths import confine
 from studio.services.run_lifecycle import _insert_ignore
@@ -207,15 +209,13 @@ def _resolve_model(session: Session, settings: Settings, spec: EvalSpec) -> tupl
     if spec.run_id is not None:
         run = get_or_404(session, Run, spec.run_id, "run")
         if run.status != RunStatus.SUCCEEDED:
-            raise Conflict(f"run_id: run {run.id} is {run.status}; evaluate it once it has succeeded")
+            raise Conflict(not_succeeded("run", run.id, run.status, "evaluate", "run_id"))
         directory = confine(settings, run.model_dir or run.output_dir, field="run_id")
         return f"run:{run.id}", str(directory), run.id, run.name
     if spec.export_id is not None:
         export = get_or_404(session, Export, spec.export_id, "export")
         if export.status != RunStatus.SUCCEEDED:
-            raise Conflict(
-                f"export_id: export {export.id} is {export.status}; evaluate it once it has succeeded"
-            )
+            raise Conflict(not_succeeded("export", export.id, export.status, "evaluate", "export_id"))
         if export.export_format == "gguf":
             raise InvalidInput(
                 f"export_id: export {export.id} is a GGUF export, which only llama.cpp runs, and evaluation runs "
@@ -401,7 +401,7 @@ def cancel_eval(session: Session, settings: Settings, eval_id: int) -> Evaluatio
     """A queued eval is cancelled at once; a running one is flagged and its worker stops the scorer."""
     ev = get_eval(session, eval_id)
     if ev.status in TERMINAL_RUN_STATUSES:
-        raise Conflict(f"eval {eval_id} already ended ({ev.status}); nothing to cancel")
+        raise Conflict(SERVICES("nothing_to_cancel", what=Word("eval"), id=eval_id, status=str(ev.status)))
     n = session.execute(
         update(Evaluation)
         .where(Evaluation.id == eval_id, Evaluation.status == RunStatus.QUEUED)
@@ -423,7 +423,7 @@ def resume_eval(session: Session, settings: Settings, eval_id: int) -> Evaluatio
     """Queue a failed or cancelled eval again; samples already scored are kept and not scored again."""
     ev = get_eval(session, eval_id)
     if ev.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
-        raise Conflict(f"eval {eval_id} is {ev.status}; only failed or cancelled evals can be resumed")
+        raise Conflict(SERVICES("not_resumable", what=Word("eval"), id=eval_id, status=str(ev.status)))
     ev.status, ev.cancel_requested, ev.error, ev.ended_at, ev.dispatched_at = (
         RunStatus.QUEUED, False, None, None, None
     )  # fmt: skip
@@ -436,7 +436,7 @@ def resume_eval(session: Session, settings: Settings, eval_id: int) -> Evaluatio
 def delete_eval(session: Session, settings: Settings, eval_id: int) -> None:
     ev = get_eval(session, eval_id)
     if ev.status == RunStatus.RUNNING:
-        raise Conflict(f"eval {eval_id} is running; cancel it first")
+        raise Conflict(SERVICES("running_cancel_first", what=Word("eval"), id=eval_id))
     if ev.status == RunStatus.QUEUED:
         queue.purge_job(settings, queue.EVAL_TASK, eval_id, jobs.EVALS.queue)
     session.delete(ev)

@@ -17,6 +17,7 @@ from studio.models import Deployment, DeploymentStatus, Export, Run, RunStatus, 
 from studio.services import deployments, jobs
 from studio.services.errors import Conflict, InvalidInput, NotFound, ServiceError
 from studio.services.events import add_event
+from studio.services.messages import not_succeeded
 from studio.services.paths import confine_config_paths
 from studio.services.store import get_or_404
 
@@ -47,7 +48,7 @@ def create_export(
     a deployment of it once it is written."""
     run = get_or_404(session, Run, run_id, "run")
     if run.status != RunStatus.SUCCEEDED:
-        raise Conflict(f"run {run_id} is {run.status}; export it once it has succeeded")
+        raise Conflict(not_succeeded("run", run_id, run.status, "export"))
     member = (elastic_member or "").strip()
     if member:
         check_member(run, member)

@@ -234,7 +234,7 @@ def _run_model_dir(session: Session, settings: Settings, ref: str, field: str) -
         raise InvalidInput(f"{field}: {ref!r} is not 'run:<number>'") from None
     if not 1 <= run_id <= MAX_ID:
         raise InvalidInput(f"{field}: {ref!r} names no run (run ids are between 1 and {MAX_ID})")
-    run = get_or_404(session, Run, run_id, f"{field}: run")
+    run = get_or_404(session, Run, run_id, "run", field=field)
     if run.status != RunStatus.SUCCEEDED or not run.model_dir:
         raise InvalidInput(f"{field}: run {run_id} has not produced a model (status {run.status})")
     return confine(settings, run.model_dir, field=field)

@@ -23,6 +23,7 @@ from studio.config import Settings
 from studio.services.config_import import ImportedConfig, import_train_yaml
 from studio.services.errors import NotFound
 from studio.services.estimates import studio_nodes, with_fit
+from studio.services.messages import SERVICES
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 # The header every recipe file starts with: its title, then where ERNIEKit publishes it.
@@ -102,7 +103,7 @@ def get_recipe(recipe_id: str) -> Recipe:
         if recipe.id == recipe_id:
             return recipe
     known = ", ".join(r.id for r in list_recipes())
-    raise NotFound(f"recipe: no recipe is named {str(recipe_id)[:80]!r}; the recipes are {known}")
+    raise NotFound(SERVICES("recipe_not_found", name=str(recipe_id)[:80], names=known))
 
 
 def load_recipe(session: Session, settings: Settings, recipe_id: str) -> ImportedConfig:

@@ -25,6 +25,7 @@ from studio.services.errors import InvalidInput, ServiceError
 from studio.services.estimates import check_known_devices
 from studio.services.evals import check_model_reads, check_options, eval_datasets
 from studio.services.forgetting import GeneralCheck, general_files
+from studio.services.messages import SERVICES
 from studio.services.models import is_ocr_model, model_config, model_dir_for
 from studio.services.paths import PATH_KEYS
 from studio.services.store import RowId
@@ -196,14 +197,15 @@ def _check_model_family(base_model: str, stage: str, model_dir: Path) -> None:
     known = find_stage(stage)  # an unknown stage is _check_choices' to refuse
     trains_ocr = known is not None and known.trains_paddleocr_vl
     if trains_ocr and not ocr:
-        raise InvalidInput(
-            f"stage: {stage} fine-tunes PaddleOCR-VL models, and base_model {base_model!r} is not one; "
-            "pick a PaddleOCR-VL model (such as the tiny-ocr-vl preset) or another stage"
-        )
+        raise InvalidInput(SERVICES("ocr_stage_needs_ocr_model", stage=stage, model=base_model))
     if ocr and not trains_ocr:
         raise InvalidInput(
-            f"stage: base_model {base_model!r} is a PaddleOCR-VL model, which trains with stage "
-            f"{family_stage(PADDLEOCR_VL)} (its prompt form and image processor), not {stage}"
+            SERVICES(
+                "ocr_model_needs_ocr_stage",
+                model=base_model,
+                ocr_stage=family_stage(PADDLEOCR_VL),
+                stage=stage,
+            )
         )
 
 
@@ -243,8 +245,15 @@ def _datasets_for(session: Session, spec: RunSpec, ids: list[int], field: str) -
             )
         if ds.kind != want_kind:
             raise InvalidInput(
-                f"{field}: dataset {ds.id} ({ds.name}) holds {ds.kind} records; stage {spec.stage} needs "
-                f"{want_kind} data"
+                SERVICES(
+                    "dataset_kind",
+                    field=field,
+                    id=ds.id,
+                    name=ds.name,
+                    kind=ds.kind,
+                    stage=spec.stage,
+                    want=want_kind,
+                )
             )
     return datasets
 

@@ -15,7 +15,7 @@ from pydantic_core import to_json
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
-from engine.messages import with_keys
+from engine.messages import Word
 from studio import queue
 from studio.config import Settings
 from studio.models import TERMINAL_RUN_STATUSES, Checkpoint, Dataset, Run, RunMetric, RunStatus, utcnow
@@ -28,6 +28,7 @@ from studio.services.evals import engine_config
 from studio.services.events import add_event
 from studio.services.exports import create_export as queue_export
 from studio.services.forgetting import check_names
+from studio.services.messages import SERVICES
 from studio.services.models import is_ocr_model, model_config
 from studio.services.paths import confine_config_paths
 from studio.services.run_lifecycle import dispatch_run, withdraw_run
@@ -131,7 +132,7 @@ def create_run(
             shutil.rmtree(run_dir(settings, run.id), ignore_errors=True)  # a split written before the refusal
             raise
     run.name = spec.name or f"{spec.stage.lower()}-{spec.fine_tuning.lower()}-{run.id}"
-    run.estimate = with_keys(estimate) if estimate else estimate  # its notes keep their keys (restored)
+    run.estimate = estimate  # its notes keep their keys (studio.models.KeyedJSON)
     per_node = spec.num_devices // spec.num_nodes
     run.num_nodes = spec.num_nodes
     waits_for = f" (waits for a worker owning {per_node} devices)" if per_node > 1 else ""
@@ -351,7 +352,7 @@ def cancel_run(session: Session, settings: Settings, run_id: int) -> Run:
     """A queued run is cancelled at once; a running one is flagged and its worker stops the process group."""
     run = get_run(session, run_id)
     if run.status in TERMINAL_RUN_STATUSES:
-        raise Conflict(f"run {run_id} already ended ({run.status}); nothing to cancel")
+        raise Conflict(SERVICES("nothing_to_cancel", what=Word("run"), id=run_id, status=str(run.status)))
     now = utcnow()
     run.cancel_requested = True
     run.cancel_requested_at = now
@@ -385,7 +386,7 @@ def resume_run(session: Session, settings: Settings, run_id: int) -> Run:
     """Queue a failed or cancelled run again; it continues from its newest checkpoint."""
     run = get_run(session, run_id)
     if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
-        raise Conflict(f"run {run_id} is {run.status}; only failed or cancelled runs can be resumed")
+        raise Conflict(SERVICES("not_resumable", what=Word("run"), id=run_id, status=str(run.status)))
     # A config stored before paths were refused in hyperparameters must not reach the trainer again.
     confine_config_paths(settings, run.config, f"run {run_id}")
     ckpt = latest_checkpoint(settings, run)
@@ -455,7 +456,7 @@ def _eval_dataset_ids(session: Session, settings: Settings, run: Run) -> list[in
 def delete_run(session: Session, settings: Settings, run_id: int) -> None:
     run = get_run(session, run_id)
     if run.status == RunStatus.RUNNING:
-        raise Conflict(f"run {run_id} is running; cancel it first")
+        raise Conflict(SERVICES("running_cancel_first", what=Word("run"), id=run_id))
     if run.status == RunStatus.QUEUED:
         withdraw_run(settings, run)
     session.delete(run)

@@ -22,6 +22,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from engine.messages import Word
 from engine.sweep import (
     MAX_TRIALS,
     Param,
@@ -37,6 +38,7 @@ from studio.schemas import RequestModel
 from studio.services import jobs as jobs_svc
 from studio.services import runs as runs_svc
 from studio.services.errors import Conflict, InvalidInput, ServiceError
+from studio.services.messages import SERVICES
 from studio.services.nodes import OFFLINE, list_nodes
 from studio.services.store import get_or_404
 from studio.sweep_storage import optuna_storage
@@ -268,7 +270,9 @@ def cancel_sweep(session: Session, settings: Settings, sweep_id: int) -> Sweep:
     holds ends at once; a driven one ends when its driver has seen every trial's run end."""
     sweep = get_sweep(session, sweep_id)
     if sweep.status in TERMINAL_RUN_STATUSES:
-        raise Conflict(f"sweep {sweep_id} already ended ({sweep.status}); nothing to cancel")
+        raise Conflict(
+            SERVICES("nothing_to_cancel", what=Word("sweep"), id=sweep_id, status=str(sweep.status))
+        )
     session.execute(update(Sweep).where(Sweep.id == sweep_id).values(cancel_requested=True))
     n = session.execute(
         update(Sweep)

@@ -20,6 +20,7 @@ from studio.config import Settings
 from studio.models import Dataset, TrainTemplate
 from studio.schemas import RequestModel
 from studio.services.errors import Conflict, InvalidInput, NotFound
+from studio.services.messages import SERVICES
 from studio.services.runs import RunSpec, spec_problems
 
 MAX_TEMPLATE_NAME = 100  # the train_templates.name column
@@ -57,11 +58,11 @@ def template_name(name: Any) -> str:
         raise InvalidInput("name: a template's name is text")
     name = name.strip()
     if not name:
-        raise InvalidInput("name: empty; give the template a name (up to 100 characters)")
+        raise InvalidInput(SERVICES("template_name_empty", n=MAX_TEMPLATE_NAME))
     if len(name) > MAX_TEMPLATE_NAME:
-        raise InvalidInput(f"name: {len(name)} characters; a template's name has at most {MAX_TEMPLATE_NAME}")
+        raise InvalidInput(SERVICES("template_name_long", n=len(name), max=MAX_TEMPLATE_NAME))
     if any(unicodedata.category(c).startswith("C") for c in name):
-        raise InvalidInput("name: holds a control or invisible format character; use printable text")
+        raise InvalidInput(SERVICES("template_name_unprintable"))
     return name
 
 
@@ -71,21 +72,21 @@ def create_template(session: Session, settings: Settings, name: Any, spec: RunSp
     name = template_name(name)
     problems = spec_problems(session, settings, spec)
     if problems:
+        head = SERVICES("template_refused")
         raise InvalidInput(
-            "spec: a run of this template would be refused:\n" + "\n".join(problems),
-            details={"problems": problems},
+            SERVICES("with_problems", head=head, problems="\n".join(problems)), details={"problems": problems}
         )
     if _named(session, name) is not None:
-        raise Conflict(f"name: a template named {name!r} exists; pick another name or delete that one first")
+        raise Conflict(SERVICES("template_name_taken", name=name))
     if session.scalar(select(func.count(TrainTemplate.id))) >= MAX_TEMPLATES:
-        raise Conflict(f"the studio keeps at most {MAX_TEMPLATES} templates; delete some first")
+        raise Conflict(SERVICES("templates_full", n=MAX_TEMPLATES))
     template = TrainTemplate(name=name, spec=spec.model_dump(mode="json"))
     session.add(template)
     try:
         session.commit()
     except IntegrityError:  # saved under the same name at the same moment
         session.rollback()
-        raise Conflict(f"name: a template named {name!r} exists; pick another name") from None
+        raise Conflict(SERVICES("template_name_taken_now", name=name)) from None
     return template
 
 
@@ -97,15 +98,16 @@ def get_template(session: Session, template_id: int) -> TemplateView:
     """The template with its spec, and the datasets it names that were deleted."""
     template = session.get(TrainTemplate, template_id)
     if template is None:
-        raise NotFound(f"template {template_id} not found; GET /api/v1/templates lists them")
+        raise NotFound(SERVICES("template_not_found", id=template_id))
     try:
         spec = RunSpec.model_validate(template.spec)
     except ValidationError as e:  # saved by a studio whose run spec had other fields
         first = e.errors()[0]
         where = ".".join(["spec", *(str(x) for x in first["loc"])])
         raise InvalidInput(
-            f"template {template.id} ({template.name!r}) no longer makes a run spec: {where}: {first['msg']}; "
-            "delete it and save the form again"
+            SERVICES(
+                "template_unusable", id=template.id, name=template.name, problem=f"{where}: {first['msg']}"
+            )
         ) from None
     named = {
         "dataset_ids": spec.dataset_ids,
@@ -121,7 +123,7 @@ def get_template(session: Session, template_id: int) -> TemplateView:
 def delete_template(session: Session, template_id: int) -> None:
     template = session.get(TrainTemplate, template_id)
     if template is None:
-        raise NotFound(f"template {template_id} not found; GET /api/v1/templates lists them")
+        raise NotFound(SERVICES("template_not_found", id=template_id))
     session.delete(template)
     session.commit()
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import gradio as gr
 import pandas as pd
 
+from engine.messages import Message
 from studio.config import Settings
 from studio.db import session_scope
 from studio.services.errors import ServiceError
@@ -21,6 +22,23 @@ from studio.ui.i18n import DEFAULT_LANGUAGE, STRINGS, Texts, current_language, l
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def refusal_lines(err: ServiceError) -> list[str]:
+    """A refusal as the lines a tab lists, each still a keyed message where it was one (to be shown in the
+    session's language): a refusal heading its problems is its head and each problem of ``details``, another
+    keyed message one line, a plain text line by line."""
+    message = err.message
+    problems = err.details.get("problems") if isinstance(err.details, dict) else None
+    if (
+        isinstance(message, Message)
+        and message.key == "services.with_problems"
+        and isinstance(problems, list)
+    ):
+        return [message.fields["head"], *problems]
+    if isinstance(message, Message):
+        return [message]
+    return [m for m in message.splitlines() if m]
 
 
 def refusal(message: str) -> gr.Error:
@@ -65,7 +83,7 @@ class UIContext:
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a service function in its own session; its error message becomes a visible Gradio error (in the
-        session's language where ``i18n.MESSAGE_PATTERNS`` knows it)."""
+        session's language: a keyed message by its key)."""
         try:
             with session_scope(self.settings) as session:
                 return fn(session, *args, **kwargs)

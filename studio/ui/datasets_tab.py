@@ -87,7 +87,7 @@ def problem_rows(problems: list[Any], lang: str = DEFAULT_LANGUAGE) -> pd.DataFr
         rows.append(
             [int(m["line"]), localize_message(m["message"], lang)]
             if m
-            else ["", localize_message(str(p), lang)]
+            else ["", localize_message(p if isinstance(p, str) else str(p), lang)]
         )
     return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
 

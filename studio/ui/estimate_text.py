@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.messages import restored
 from studio.ui.i18n import DEFAULT_LANGUAGE, localize_message, text
 from studio.ui.train_templates import what_if_text
 
@@ -123,7 +122,7 @@ def _plan_keys(option: dict[str, Any]) -> str:
 def launch_warning(estimate: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:
     """The estimate's warning, when the run just queued will not fit the node it goes to (``estimate`` as
     stored on the run, or as just made)."""
-    warning = restored(estimate or {}).get("warning")
+    warning = (estimate or {}).get("warning")
     return f"⚠️ **{localize_message(warning, lang)}**  \n" if warning else ""
 
 

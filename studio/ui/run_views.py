@@ -10,7 +10,6 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from engine.messages import restored
 from studio.ui import charts
 from studio.ui.context import fmt_time, ranks_text
 from studio.ui.i18n import DEFAULT_LANGUAGE, localize_message, status_text, text
@@ -263,7 +262,6 @@ def predicted_vs_measured(
     """The estimate recorded at launch beside what the run measured: peak memory and seconds per step."""
     if not estimate:
         return ""
-    estimate = restored(estimate)  # as stored on the run: its warning a keyed message again
     mem = estimate.get("memory_gib") or {}
     t = estimate.get("time") or {}
     cells = []

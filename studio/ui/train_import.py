@@ -15,7 +15,7 @@ import gradio as gr
 
 from studio.services import datasets as datasets_svc
 from studio.services.config_import import MAX_IMPORT_BYTES, ImportedConfig, import_train_yaml
-from studio.ui.context import UIContext
+from studio.ui.context import UIContext, refusal_lines
 from studio.ui.datasets_tab import dataset_choices
 from studio.ui.i18n import DEFAULT_LANGUAGE, Texts, current_language, localize_message, text
 from studio.ui.train_form import form_defaults, form_value, probs_text, unmet_text
@@ -126,7 +126,7 @@ class ImportHandlers:
         lang = current_language()
         imported, err = self.ctx.attempt(import_train_yaml, self.ctx.settings, data, source)
         if err is not None:
-            message = "\n".join(f"- {localize_message(m, lang)}" for m in err.message.splitlines() if m)
+            message = "\n".join(f"- {localize_message(m, lang)}" for m in refusal_lines(err))
             return self._unchanged(f"**{text('tr.import.failed', lang)}**\n\n{message}")
         datasets = self.ctx.read(datasets_svc.list_datasets, default=[])
         return [*imported_form_values(imported, self.keys, datasets), import_summary(imported, lang)]

@@ -19,7 +19,7 @@ from studio.services import datasets as datasets_svc
 from studio.services import recipes as recipes_svc
 from studio.services import templates as templates_svc
 from studio.services.runs import RunSpec
-from studio.ui.context import UIContext, parse_id
+from studio.ui.context import UIContext, parse_id, refusal_lines
 from studio.ui.datasets_tab import dataset_choices
 from studio.ui.i18n import Texts, current_language, localize_message, text
 from studio.ui.train_import import import_summary, imported_form_values
@@ -185,7 +185,7 @@ class StartHandlers:
             return f"**{text('tr.template.failed', lang)}**\n\n- {e.message}", gr.skip()
         template, err = self.ctx.attempt(templates_svc.create_template, self.ctx.settings, name, spec)
         if err is not None:
-            problems = "\n".join(f"- {localize_message(m, lang)}" for m in err.message.splitlines() if m)
+            problems = "\n".join(f"- {localize_message(m, lang)}" for m in refusal_lines(err))
             return f"**{text('tr.template.failed', lang)}**\n\n{problems}", gr.skip()
         saved = text("tr.template.saved", lang, name=shown_name(template.name), id=template.id)
         return saved, self.template_choices(template.id)

@@ -26,7 +26,7 @@ from playwright.sync_api import expect
 from test_studio import DEMO, api, wait_until
 
 from engine.tokenizer import IMAGE_END, IMAGE_PLACEHOLDER, IMAGE_START
-from studio.ui.i18n import untranslated_words
+from studio.ui.text_check import untranslated_words
 
 pytestmark = pytest.mark.e2e
 

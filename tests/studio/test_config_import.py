@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -25,8 +26,10 @@ from studio.services import datasets as datasets_svc
 from studio.services import runs as runs_svc
 from studio.services.config_import import MAX_IMPORT_BYTES, import_train_yaml, path_name
 from studio.services.errors import InvalidInput, PayloadTooLarge
+from studio.ui import i18n
 from studio.ui.context import UIContext
-from studio.ui.i18n import Texts, localize_message, untranslated_words
+from studio.ui.i18n import Texts, localize_message
+from studio.ui.text_check import untranslated_words
 from studio.ui.train_import import ImportHandlers, import_summary, imported_form_values
 from studio.ui.train_tab import build_train_tab, run_spec
 
@@ -391,6 +394,8 @@ def test_the_import_box_and_its_refusals_are_chinese_in_chinese(uploaded, settin
         "stage: SFT\nseed: [1\n",
         " \n",
         "seed: 1\n" + "#" * MAX_IMPORT_BYTES,
+        b"seed: 1\n\xff\xfe\n",
+        "train_dataset_path: /data/sft_demo.jsonl\ntrain_dataset_prob: half,half\n",
     ]
     for text in attacks:
         with pytest.raises((InvalidInput, PayloadTooLarge)) as e:
@@ -398,7 +403,23 @@ def test_the_import_box_and_its_refusals_are_chinese_in_chinese(uploaded, settin
         zh = localize_message(e.value.message, "zh")
         assert zh != e.value.message, e.value.message
         parser = "expected ',' or ']', but got '<stream end>'"  # PyYAML's own words, quoted
-        assert untranslated_words(zh, ["lora.yaml", "!!python/object/apply:os.system", parser]) == [], zh
+        data = ["lora.yaml", "!!python/object/apply:os.system", parser, "'half,half'"]
+        assert untranslated_words(zh, data) == [], zh
+
+
+def test_the_import_box_says_why_in_chinese(tab, settings):
+    """The box's own refusal text (each line of the service's refusal) in a session switched to Chinese."""
+    handlers = ImportHandlers(UIContext(settings=settings, texts=Texts(), demo=None), tab.handlers.keys)
+    token = i18n.LocalContext.request.set(SimpleNamespace(session_hash="zh-import"))
+    i18n.remember_language("zh")
+    try:
+        empty, not_utf8 = handlers.import_text(" \n")[-1], handlers._import(b"seed: 1\n\xff\n", "x.yaml")[-1]
+    finally:
+        i18n.LocalContext.request.reset(token)
+    assert empty.endswith("\n\n- pasted YAML：内容为空；请粘贴 ERNIEKit 训练配置（key: value 形式的行）"), (
+        empty
+    )
+    assert not_utf8.endswith("\n\n- x.yaml:2：不是 UTF-8 文本（第 8 字节）；请以 UTF-8 保存文件"), not_utf8
 
 
 def test_a_refused_import_leaves_every_field_as_it_was_and_says_why(tab, settings, tmp_path):

@@ -3,11 +3,12 @@ queue (a warning when it will not fit), recorded on the run; and the ETA / progr
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 from studio_helpers import DEMO_DPO, DEMO_SFT, upload
 
 from engine.models.config import ErnieConfig
@@ -105,7 +106,6 @@ def chinese(monkeypatch):
     """The UI in Chinese, with the old sentence patterns out of the way: what is Chinese is so by key."""
     token = i18n.LocalContext.request.set(SimpleNamespace(session_hash="zh-estimate"))
     i18n.remember_language("zh")
-    monkeypatch.setattr(i18n, "_MESSAGE_PATTERNS", [])
     yield
     i18n.LocalContext.request.reset(token)
 
@@ -133,8 +133,10 @@ def test_the_estimate_its_record_and_its_launch_are_chinese_in_chinese(
     launched, run_id = handlers.launch(*form.values())
     assert launched.startswith("⚠️ **放不下：任务峰值约需 "), launched
     session.expire_all()
-    stored = session.get(Run, run_id).estimate
-    assert stored["warning"].startswith("will not fit") and "message_keys" in stored
+    stored = session.get(Run, run_id).estimate  # read back through the column (studio.models.KeyedJSON)
+    assert stored["warning"].startswith("will not fit") and "message_keys" not in stored
+    raw = session.execute(text("SELECT estimate FROM runs WHERE id = :id"), {"id": run_id}).scalar_one()
+    assert "message_keys" in (json.loads(raw) if isinstance(raw, str) else raw)  # what the row keeps
     line = predicted_vs_measured(stored, {"peak_rss_gib": 1.5, "step_s": 0.4}, "zh")
     assert "⚠️ 放不下：任务峰值约需 " in line and "而 train@small 的内存（8.0 GiB）不足" in line
     assert "⚠️ will not fit: the run needs about" in predicted_vs_measured(stored, {}, "en")

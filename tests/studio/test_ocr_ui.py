@@ -6,8 +6,11 @@ server's refusal reaches the person as its own message."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -17,10 +20,13 @@ from engine.data.paddleocr_vl_processor import TASK_PROMPTS
 from engine.models.paths import ADAPTER_CONFIG
 from engine.serve.protocol import APIError
 from studio.services import deployments as deployments_svc
+from studio.services import runs as runs_svc
+from studio.ui import i18n
 from studio.ui.chat_messages import with_task_prompt
 from studio.ui.context import UIContext
 from studio.ui.deploy_tab import DeployHandlers
-from studio.ui.i18n import Texts, localize_message, untranslated_words
+from studio.ui.i18n import Texts, localize_message
+from studio.ui.text_check import untranslated_words
 from studio.ui.train_form import OPTION_KEYS
 from studio.ui.train_tab import CHOICE_KEYS, build_train_tab, stage_choices
 
@@ -38,6 +44,17 @@ def form(client, settings):
         built = build_train_tab(UIContext(settings=settings, texts=Texts(), demo=demo))
     values = {k: c.value for k, c in built.fields.items()}
     return built, values | {"base_model": "tiny-ocr-vl", "dataset_ids": [lines]}
+
+
+@contextlib.contextmanager
+def chinese_session() -> Iterator[None]:
+    """The handlers run for a browser session that switched to Chinese."""
+    token = i18n.LocalContext.request.set(SimpleNamespace(session_hash="zh-ocr"))
+    i18n.remember_language("zh")
+    try:
+        yield
+    finally:
+        i18n.LocalContext.request.reset(token)
 
 
 def review(built, values) -> tuple[dict, dict, dict, str]:
@@ -66,8 +83,17 @@ def test_the_stage_and_the_base_models_family_are_checked_beside_the_stage(form)
         "⚠️ stage: OCR-VL-SFT fine-tunes PaddleOCR-VL models, and base_model 'tiny' is not one"
     )
     assert launch["interactive"] is False
-    # in Chinese the refusal is Chinese (the REST API keeps it in English)
-    assert localize_message(FAMILY, "zh").startswith("stage：base_model 'tiny-ocr-vl' 是 PaddleOCR-VL 模型")
+    # in Chinese the refusals are Chinese, beside the stage and beside Launch
+    with chinese_session():
+        _, choices, _, problems = review(built, values)
+        _, other, _, _ = review(built, values | {"stage": "OCR-VL-SFT", "base_model": "tiny"})
+    assert choices["stage"]["info"].startswith("⚠️ stage：base_model 'tiny-ocr-vl' 是 PaddleOCR-VL 模型"), (
+        choices
+    )
+    assert "须用 OCR-VL-SFT 阶段训练（它的提示词格式和图像处理器），而不是 SFT" in problems, problems
+    assert other["stage"]["info"].startswith(
+        "⚠️ stage：OCR-VL-SFT 用于微调 PaddleOCR-VL 模型，而 base_model 'tiny' 不是"
+    ), other
 
 
 def test_the_ocr_stage_says_what_it_trains_and_what_it_does_not_train_with(form):
@@ -84,6 +110,18 @@ def test_the_ocr_stage_says_what_it_trains_and_what_it_does_not_train_with(form)
         "⚠️ compute_type fp8: PaddleOCR-VL trains in fp32, bf16 or fp16 here"
     )
     assert launch["interactive"] is False
+    with chinese_session():
+        _, choices, _, _ = review(built, ocr | {"compute_type": "fp8"})
+    assert choices["compute_type"]["info"].startswith(
+        "⚠️ compute_type fp8：PaddleOCR-VL 在此只以 fp32、bf16 或 fp16 训练"
+    )
+    # what the form never sends (its GPAS field is off for the stage) the engine still refuses, by key
+    [gpas] = runs_svc.config_problems("OCR-VL-SFT", "Full", {"gpas": True})
+    assert gpas == "gpas: PaddleOCR-VL's decoder takes no GPAS gates here; leave gpas false"
+    assert (
+        localize_message(gpas, "zh")
+        == "gpas：PaddleOCR-VL 的解码器在此不接受 GPAS 门控；请保持 gpas 为 false"
+    )
     # GPAS does not apply to the OCR stage: the field is off with the reason, and nothing of it is sent
     options, _, launch, _ = review(built, ocr | {"gpas": True})
     assert options["gpas"]["interactive"] is False

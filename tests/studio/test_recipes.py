@@ -145,7 +145,6 @@ def test_the_verdicts_refusal_and_warning_are_chinese_by_key(session, settings, 
     from studio.ui import i18n
     from studio.ui.train_templates import format_verdict
 
-    monkeypatch.setattr(i18n, "_MESSAGE_PATTERNS", [])
     recipe = "ernie-4.5-0.3b-sft-lora-8k"
     gpu_node(session, "train@gpu1", gpus=8)
     session.commit()

@@ -17,7 +17,7 @@ from studio.services import runs as runs_svc
 from studio.services import sweeps as sweeps_svc
 from studio.sweep_storage import optuna_storage
 from studio.ui.context import UIContext
-from studio.ui.i18n import Texts, localize_frame, text, untranslated_words
+from studio.ui.i18n import Texts, localize_frame, text
 from studio.ui.sweep_box import (
     ROW_PARTS,
     ROWS,
@@ -28,6 +28,7 @@ from studio.ui.sweep_box import (
     space_of,
 )
 from studio.ui.sweeps_tab import SweepsHandlers, summary_markdown, sweep_choices, sweep_rows, trial_rows
+from studio.ui.text_check import untranslated_words
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 EMPTY_ROW = (None, "log-uniform", None, None, "")

@@ -15,7 +15,8 @@ from studio.services import recipes as recipes_svc
 from studio.services import templates as templates_svc
 from studio.ui import i18n
 from studio.ui.context import UIContext
-from studio.ui.i18n import Texts, untranslated_words
+from studio.ui.i18n import Texts
+from studio.ui.text_check import untranslated_words
 from studio.ui.train_form import folded_groups
 from studio.ui.train_tab import TrainHandlers, build_train_tab, form_values
 from studio.ui.train_templates import StartHandlers
@@ -147,3 +148,31 @@ def test_refusals_and_verdicts_are_chinese_in_chinese(tab, starts, session, chin
         assert untranslated_words(shown, [recipe.source_path, recipe.shape, *data]) == [], shown
         statuses.add(recipes_svc.recipe_verdict(session, starts.ctx.settings, recipe.id)["status"])
     assert statuses == ({"fits", "proposal"} if node == "gpu" else {"does_not_fit"})
+
+
+def test_a_refused_template_recipe_and_name_are_chinese_in_chinese(tab, starts, client, chinese):
+    dataset = upload(client, DEMO_SFT).json()["id"]
+    values = _values(tab, base_model="tiny", dataset_ids=[dataset], max_steps=3)
+    assert starts.save_template("kept", *values)[0].startswith("已保存模板")
+    refused = {
+        "": "name：为空；请给模板起个名字（最多 100 个字符）",
+        "x" * 101: "name：101 个字符；模板名称最多 100 个字符",
+        "a\u200bb": "name：含有控制字符或不可见的格式字符；请使用可打印的文字",
+        "kept": "name：已有名为 'kept' 的模板；请换个名字，或先删除那个模板",
+    }
+    for name, zh in refused.items():
+        status, _ = starts.save_template(name, *values)
+        assert status.endswith(f"\n\n- {zh}"), status
+    # a run of it would be refused: the head, then each problem on a line of its own, all in Chinese
+    status, _ = starts.save_template(
+        "ocr", *_values(tab, base_model="tiny", dataset_ids=[dataset], stage="OCR-VL-SFT")
+    )
+    lines = status.split("\n\n", 1)[1].splitlines()
+    assert lines[0] == "- spec：以此模板启动的任务会被拒绝：" and len(lines) >= 2, status
+    assert "- stage：OCR-VL-SFT 用于微调 PaddleOCR-VL 模型，而 base_model 'tiny' 不是" in status, status
+    assert untranslated_words(status, ["OCR-VL-SFT", "PaddleOCR-VL", "tiny", "tiny-ocr-vl", "sft"]) == [], (
+        status
+    )
+    assert starts.load_template(424242)[-1] == "模板 424242 不存在；GET /api/v1/templates 列出全部模板"
+    assert starts.verdict("no-such").startswith("recipe：没有名为 'no-such' 的配方；现有配方：")
+    assert starts.load_recipe("no-such")[-1].startswith("recipe：没有名为 'no-such' 的配方")

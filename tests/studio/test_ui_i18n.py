@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -10,8 +11,11 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from studio.models import DeploymentStatus, RunStatus
+from engine.messages import Word, restored, with_keys
+from studio.messages import ZH
+from studio.models import DeploymentStatus, KeyedJSON, RunStatus
 from studio.services.errors import ServiceError
+from studio.services.messages import SERVICES
 from studio.ui import i18n
 from studio.ui.compare_tab import diff_frame
 from studio.ui.datasets_tab import (
@@ -32,7 +36,6 @@ from studio.ui.i18n import (
     localize_frame,
     status_text,
     text,
-    untranslated_words,
 )
 from studio.ui.nodes_tab import CHECK_COLUMNS, NODE_COLUMNS
 from studio.ui.run_views import (
@@ -47,6 +50,7 @@ from studio.ui.run_views import (
     status_markdown,
 )
 from studio.ui.sweeps_tab import SWEEP_COLUMNS, TRIAL_COLUMNS
+from studio.ui.text_check import untranslated_words
 
 ALL_COLUMNS = [
     *RUN_COLUMNS,
@@ -247,15 +251,22 @@ def test_run_time_text_of_the_datasets_runs_and_deploy_tabs_is_chinese_in_chines
 # ---- messages the services and the engine build from parts ---------------------------------------------------
 
 
-def test_every_message_pattern_fills_its_chinese_from_its_own_groups_and_keeps_no_english():
-    for pattern, zh in i18n.MESSAGE_PATTERNS:
-        groups = set(re.compile(pattern).groupindex)
-        fields = set(re.findall(r"\{(\w+)[^{}]*\}", zh))
-        assert fields == groups, (pattern, fields, groups)
+def test_every_message_has_chinese_words_and_plain_text_is_never_parsed():
+    for key, zh in ZH.items():
         # a translation, not a copy (or only fields, such as a located message's "{field}：{msg}")
-        assert re.search(r"[\u4e00-\u9fff]", zh) or not re.sub(r"\{\w+\}|\W", "", zh), zh
-    assert i18n.localize_message("run 3 does not exist", "en") == "run 3 does not exist"  # English as it is
-    assert i18n.localize_message("something no pattern knows", "zh") == "something no pattern knows"
+        assert re.search(r"[\u4e00-\u9fff]", zh) or not re.sub(r"\{[^{}]*\}|\W", "", zh), (key, zh)
+    refusal = SERVICES("not_found", what=Word("run"), id=3)
+    assert refusal == "run 3 does not exist" and i18n.localize_message(refusal, "en") == refusal
+    assert i18n.localize_message(refusal, "zh") == "任务 3 不存在"
+    # the same sentence as plain text (no key) is shown as it is: nothing matches sentences any more
+    assert i18n.localize_message("run 3 does not exist", "zh") == "run 3 does not exist"
+    # nested messages, our words and statuses in the fields are shown in the reader's language too
+    ended = SERVICES("nothing_to_cancel", what=Word("run"), id=3, status="succeeded")
+    assert i18n.localize_message(ended, "zh") == "任务 3 已结束（已完成）；无需取消"
+    # a message keeps its key through pickling (Celery) and through JSON storage (with_keys / restored)
+    assert pickle.loads(pickle.dumps(ended)).key == ended.key
+    stored = json.loads(json.dumps(with_keys({"problems": [ended]})))
+    assert i18n.localize_message(restored(stored)["problems"][0], "zh") == i18n.localize_message(ended, "zh")
 
 
 def _estimate_texts(lang: str) -> list[str]:
@@ -264,7 +275,6 @@ def _estimate_texts(lang: str) -> list[str]:
     over data without statistics, two devices, evaluation, LoRA and Full."""
     from engine.estimate import DatasetTokens, NodeFacts, estimate_run
     from engine.estimate.messages import ESTIMATE
-    from engine.messages import with_keys
     from engine.models.config import ErnieConfig
     from engine.models.presets import preset_fields
     from engine.train.config import TrainConfig
@@ -309,13 +319,15 @@ def _estimate_texts(lang: str) -> list[str]:
         out = with_fit(est, node)
         out["assumptions"].append(ESTIMATE("datasets_without_stats", n=1))  # as estimate_spec adds it
         shown += [format_estimate(out, lang), launch_warning(out, lang)]
-        stored = json.loads(json.dumps(with_keys(out)))  # the run's JSON column
+        column = KeyedJSON()  # the run's estimate column: stored as JSON, read back with its keys
+        stored = column.process_result_value(
+            json.loads(json.dumps(column.process_bind_param(out, None))), None
+        )
         shown.append(predicted_vs_measured(stored, {"peak_rss_gib": 1.5, "step_s": 0.4}, lang))
     return shown
 
 
 def test_the_estimate_is_chinese_in_chinese(monkeypatch):
-    monkeypatch.setattr(i18n, "_MESSAGE_PATTERNS", [])  # Chinese by the messages' keys, not by patterns
     data = ["laptop", "gpunode", "A100"]
     zh, en = _estimate_texts("zh"), _estimate_texts("en")
     assert any("will not fit" in t for t in en) and any("may not fit" in t for t in en)

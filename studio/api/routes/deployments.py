@@ -12,6 +12,7 @@ from studio.schemas import ChatIn, DeploymentOut, ErrorOut, EventOut
 from studio.services import deployments as svc
 from studio.services.errors import Unavailable
 from studio.services.events import list_events
+from studio.services.messages import SERVICES
 
 router = APIRouter(prefix="/deployments", tags=["deployments"])
 ERRORS = {
@@ -72,7 +73,7 @@ async def chat(deployment_id: ID, body: ChatIn, session: SessionDep) -> Response
         upstream = await client.send(request, stream=True)
     except httpx.HTTPError as e:
         await client.aclose()
-        raise Unavailable(f"deployment {deployment_id} did not answer at {url}: {e}") from None
+        raise Unavailable(SERVICES("deployment_no_answer", id=deployment_id, url=url, error=str(e))) from None
 
     async def close() -> None:
         await upstream.aclose()

@@ -5,8 +5,9 @@ set on the server: each builder creates components through :class:`Texts`, which
 key goes to which property, and the language switch returns one ``gr.update`` per registered component.
 
 The tables live beside this module, by area: `forms` (the app, Datasets and Train), `views` (Runs, Compare,
-Deploy, Nodes, Sweeps, Evaluate, column headers), `runtime` (text handlers format), `patterns` (messages the
-services build, matched by pattern) and `config_help` (the Chinese of the config keys' tooltips).
+Deploy, Nodes, Sweeps, Evaluate, column headers), `runtime` (text handlers format) and `config_help` (the
+Chinese of the config keys' tooltips). Messages the engine and the services build are keyed, and their Chinese
+is in ``studio.messages`` (by key, never by parsing the sentence).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -23,17 +23,10 @@ import gradio as gr
 import pandas as pd
 from gradio.context import LocalContext
 
-from engine.data.paddleocr_vl_processor import TASK_PROMPTS
-from engine.data.record_types import FORMATS, KINDS
-from engine.eval.config import BENCHMARK_TYPES
-from engine.messages import Message
 from engine.train.config import TrainConfig
-from engine.train.options import COMPUTE_TYPES, FINE_TUNING, SCHEDULERS
-from engine.train.stages import STAGES
 from studio.messages import localize
 from studio.ui.i18n.config_help import CONFIG_HELP_ZH
 from studio.ui.i18n.forms import FORM_LABELS
-from studio.ui.i18n.patterns import _MESSAGE_PATTERNS, _MESSAGE_WORDS, MESSAGE_PATTERNS
 from studio.ui.i18n.runtime import RUNTIME_STRINGS
 from studio.ui.i18n.views import VIEW_LABELS
 
@@ -78,26 +71,10 @@ def text(key: str, lang: str = DEFAULT_LANGUAGE, **fields: Any) -> str:
 
 
 def localize_message(message: str, lang: str = DEFAULT_LANGUAGE) -> str:
-    """A message a service or the engine wrote as the UI shows it in ``lang``: a keyed message
-    (``engine.messages.Message``) by its key (``studio.messages``), else as it is. The REST API translates
-    by ``Accept-Language`` with the same tables."""
-    if isinstance(message, Message):
-        return localize(message, lang)
-    if lang != "zh":
-        return message
-    for pattern, zh in _MESSAGE_PATTERNS:
-        m = pattern.fullmatch(message)
-        if m is not None:
-            fields = {
-                k: localize_message(v, lang)
-                if k.startswith("msg")
-                else status_text(v, lang)
-                if k == "status"
-                else _MESSAGE_WORDS.get(v, v)
-                for k, v in m.groupdict().items()
-            }
-            return zh.format(**fields)
-    return message
+    """A message a service or the engine wrote, as the UI shows it in ``lang``: a keyed message
+    (``engine.messages.Message``) by its key (``studio.messages``), anything else as it is. The REST API
+    translates by ``Accept-Language`` with the same tables."""
+    return localize(message, lang)
 
 
 def status_text(status: str, lang: str = DEFAULT_LANGUAGE) -> str:
@@ -249,41 +226,3 @@ def _localize_value(value: Any, lang: str) -> Any:
     if isinstance(value, dict) and isinstance(value.get("value"), pd.DataFrame):
         return {**value, "value": localize_frame(value["value"], lang)}
     return value
-
-
-# ---- checking a page for untranslated text -----------------------------------------------------------------
-
-# A shown word: letters only (tokens with digits, "_", "/", ".", ":" or "@" are identifiers, paths, numbers).
-_TOKEN = re.compile(r"[^\s,;()\[\]{}<>\"'`*|·—–:：，。；（）“”、!?！？…]+")
-_WORD = re.compile(r"^[A-Za-z][A-Za-z'-]*[A-Za-z]$")
-_URL = re.compile(r"[A-Za-z][A-Za-z+.-]*://\S+")
-_FIELD = re.compile(r"\{[^{}]*\}")  # a str.format field of a text, filled at run time
-_TAG = re.compile(r"</?[A-Za-z][^<>]*>")  # markup (a Markdown text's <details>) is not shown as text
-
-
-def kept_words() -> set[str]:
-    """Words every language shows as they are: what the Chinese texts keep in Latin letters (LoRA, Token,
-    ERNIE, KiB, ...) and the engine's identifiers (formats, data kinds, stages, fine-tuning kinds, compute
-    types, schedulers), lower-cased."""
-    words: set[str] = set()
-    for zh in [*(zh for _, zh in STRINGS.values()), *(zh for _, zh in MESSAGE_PATTERNS)]:
-        words.update(w.lower() for w in _words(_FIELD.sub(" ", zh)))
-    kinds = [k for ks in KINDS.values() for k in ks] + ["benchmark"]  # studio.services.datasets.BENCHMARK
-    for names in (FORMATS, BENCHMARK_TYPES, kinds, STAGES, FINE_TUNING):
-        words.update(n.lower() for n in names)
-    words.update(n.lower() for n in (*COMPUTE_TYPES, *SCHEDULERS))
-    # PaddleOCR-VL's task prompts (Deploy & Chat offers them): the words the model was trained with
-    words.update(w.lower() for prompt in TASK_PROMPTS.values() for w in _words(prompt))
-    return words
-
-
-def _words(shown: str) -> list[str]:
-    return [t for t in _TOKEN.findall(_URL.sub(" ", _TAG.sub(" ", shown))) if _WORD.match(t)]
-
-
-def untranslated_words(shown: str, data: Any = ()) -> list[str]:
-    """Words of ``shown`` (text a page in Chinese shows) that no Chinese text of the table keeps and that
-    are not among ``data`` (names and values the person gave, such as dataset and run names): English
-    that reached the page without a translation."""
-    allowed = kept_words() | {w.lower() for value in data for w in _words(str(value))}
-    return [w for w in _words(shown) if w.lower() not in allowed]
