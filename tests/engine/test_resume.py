@@ -52,8 +52,9 @@ def metric_rows(out: Path) -> list[dict]:
 
 
 def start(config: Path) -> subprocess.Popen:
+    # -X faulthandler: a trainer that hangs is made to print every thread's stack (wait_exit) before it goes
     return subprocess.Popen(
-        [sys.executable, "-m", "engine", "train", str(config)],
+        [sys.executable, "-X", "faulthandler", "-m", "engine", "train", str(config)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -82,6 +83,17 @@ def wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float =
         time.sleep(0.01)
     proc.kill()
     pytest.fail(f"no step {step} within {timeout} s")
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    """The trainer's exit code; one that does not end in ``timeout`` s fails the test with its threads' stacks
+    (SIGABRT makes faulthandler print them), so a hang says where it was."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f"the trainer did not end within {timeout} s; its stacks:\n{err[-6000:]}")
 
 
 def test_metrics_log_repairs_a_cut_line_and_never_repeats_a_step(tmp_path):
@@ -141,7 +153,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_130(tiny_model_dir, tmp_path):
     proc = start(config)
     wait_for_step(proc, out, 12)
     os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=120) == 130
+    assert wait_exit(proc, 120) == 130
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["status"] == "cancelled"
     last = metric_rows(out)[-1]["step"]
