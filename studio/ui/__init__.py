@@ -62,6 +62,10 @@ SHOWN_TAB_JS = """async (saved) => {
 # click on its button in the page, so the tab's own select event runs (its timers, its refresh) as if the
 # person had clicked, and a person who clicked a tab before the restore keeps it (a server-side restore
 # landed after the load's other events and could pull such a page back to Datasets).
+# The language the browser stored, or English when it stored none or an unknown one.
+RESTORE_LANGUAGE_JS = "(saved) => (LANGUAGE_CODES.includes(saved) ? saved : DEFAULT_CODE)".replace(
+    "LANGUAGE_CODES", json.dumps(list(LANGUAGES))
+).replace("DEFAULT_CODE", json.dumps(DEFAULT_LANGUAGE))
 RESTORE_TAB_JS = """(saved) => {
   const ids = TAB_IDS_JSON;
   const query = new URLSearchParams(window.location.search);
@@ -263,7 +267,9 @@ def _wire_language(
     # One chain for a switch and for the restore on load: the radio's change event fires only when the
     # language differs from the page's, so an English page (the default) loads with none of it (each event
     # costs the page a pass over every component that any event has touched: hundreds, after the form's).
-    demo.load(known_language, states.lang, language, show_progress="hidden")
+    # The stored language is put in the radio by the browser as the page loads: a server round trip there
+    # could land after the person's own first click and switch the page back (an e2e test lost its click so).
+    demo.load(None, states.lang, language, js=RESTORE_LANGUAGE_JS)
     chained = language.change(h.set_language, [language, *texts.tables], relabel)
     # Gradio's own texts (e.g. "Drop File Here") follow its front end's locale, which it takes from the
     # browser; the switch sets that locale too.
@@ -319,10 +325,6 @@ def visibility(shown: bool, count: int, lang: str) -> Any:
     """``count`` components shown or hidden (one update, or a list of them): redrawn in ``lang``'s locale."""
     update = gr.update(visible=shown)
     return update if count == 1 else [update] * count
-
-
-def known_language(lang: Any) -> str:
-    return lang if lang in LANGUAGES else DEFAULT_LANGUAGE
 
 
 class LanguageHandlers:
