@@ -18,7 +18,7 @@ it back gives the same Messages.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from string import Formatter
 from typing import Any
 
@@ -106,11 +106,6 @@ class Catalog:
 def field_names(template: str) -> set[str]:
     """The fields a text fills (``"{n:,} of {total}"`` -> {"n", "total"})."""
     return {name.split(".")[0].split("[")[0] for _, name, _, _ in Formatter().parse(template) if name}
-
-
-def joined(messages: Iterable[str], sep: str = "; ") -> str:
-    """Several messages as one text (a refusal listing its problems); keep the list itself in ``details``."""
-    return sep.join(messages)
 
 
 def with_keys(value: dict[str, Any]) -> dict[str, Any]:

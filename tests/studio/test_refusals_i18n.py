@@ -10,6 +10,7 @@ import pytest
 from studio_helpers import DEMO_SFT, upload
 
 from studio.db import session_factory
+from studio.messages import accepted_language
 from studio.models import Deployment, DeploymentStatus, Evaluation, Run, RunStatus, Sweep
 from studio.services import datasets as datasets_svc
 from studio.services import deployments as deployments_svc
@@ -167,3 +168,13 @@ def test_the_datasets_tab_says_in_chinese_that_images_are_still_being_fetched(zh
     assert ds.media_fetch is not None and ds.media_fetch.status == "queued"  # no worker fetches it here
     shown = _toast(zh_ctx, datasets_svc.dataset_stats, settings, ds.id, model="tiny", max_seq_len=512)
     assert shown == f"数据集 {ds.id}：按 URL 引用的图片仍在获取中（0/1）；获取完成后再查看统计"
+
+
+def test_the_language_a_client_accepts_is_read_by_its_weights():
+    assert accepted_language(None) == accepted_language("") == "en"
+    assert accepted_language("zh-CN,zh;q=0.9,en;q=0.8") == "zh"
+    assert accepted_language("en-US,en;q=0.9,zh;q=0.8") == "en"
+    assert accepted_language("fr;q=1.0, zh;q=0.5") == "zh"  # the best language we have
+    assert accepted_language("zh;q=0.2, en;q=0.7") == "en"
+    assert accepted_language("zh;q=oops, en") == "en"  # a weight that is no number counts as 0
+    assert accepted_language("de, fr") == "en"
