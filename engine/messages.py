@@ -130,9 +130,12 @@ def _collect(value: Any, keys: dict[str, Any]) -> None:
 
 def restored(value: Any, keys: Mapping[str, Any] | None = None) -> Any:
     """A stored object with its texts turned back into the Messages ``with_keys`` kept (``MESSAGE_KEYS``
-    itself dropped); texts it kept no key for stay plain text."""
+    itself dropped); texts it kept no key for stay plain text. An object stored with no message comes back
+    as it is, uncopied (a run row's estimate is read on every poll of the Runs tab)."""
     if keys is None:
-        keys = value.get(MESSAGE_KEYS) or {} if isinstance(value, Mapping) else {}
+        if not isinstance(value, Mapping) or MESSAGE_KEYS not in value:
+            return value
+        keys = value[MESSAGE_KEYS]
     if isinstance(value, str):
         data = keys.get(value)
         return (

@@ -69,7 +69,7 @@ class KeyedJSON(TypeDecorator):
     def process_result_value(self, value: Any, dialect) -> Any:
         if isinstance(value, dict) and set(value) == {"items", MESSAGE_KEYS}:
             return restored(value)["items"]
-        return restored(value) if isinstance(value, dict) else value
+        return restored(value)
 
 
 class Base(DeclarativeBase):

@@ -16,7 +16,8 @@ from studio.messages.zh_estimate import ZH as _ESTIMATE
 from studio.messages.zh_media import ZH as _MEDIA
 from studio.messages.zh_services import ZH as _SERVICES
 
-LANGUAGES = ("en", "zh")
+# the languages a reader can choose (the UI's switch shows these names), English when none is asked for
+LANGUAGES = {"en": "English", "zh": "中文"}
 DEFAULT_LANGUAGE = "en"
 
 # key -> the Chinese text, its fields the English text's (tests/structure/test_messages.py holds both)

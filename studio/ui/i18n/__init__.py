@@ -24,14 +24,11 @@ import pandas as pd
 from gradio.context import LocalContext
 
 from engine.train.config import TrainConfig
-from studio.messages import localize
+from studio.messages import DEFAULT_LANGUAGE, LANGUAGES, localize
 from studio.ui.i18n.config_help import CONFIG_HELP_ZH
 from studio.ui.i18n.forms import FORM_LABELS
 from studio.ui.i18n.runtime import RUNTIME_STRINGS
 from studio.ui.i18n.views import VIEW_LABELS
-
-LANGUAGES = {"en": "English", "zh": "中文"}
-DEFAULT_LANGUAGE = "en"
 
 # key -> (English, Chinese): every table joined. Keys ending in ".info" are tooltips (Gradio's ``info=``).
 STRINGS: dict[str, tuple[str, str]] = {**FORM_LABELS, **VIEW_LABELS}
