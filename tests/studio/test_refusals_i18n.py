@@ -32,6 +32,11 @@ def test_a_refusal_is_in_the_language_the_client_asks_for(client):
     r = client.get("/api/v1/runs/4242")
     assert r.status_code == 404 and r.headers["content-language"] == "en"
     assert r.json()["message"] == "run 4242 does not exist"
+    # the header a client sends never reaches the response's: Content-Language is one of ours
+    r = client.get("/api/v1/runs/4242", headers={"Accept-Language": "zh-x-<script>;q=1, evil\tvalue"})
+    assert r.headers["content-language"] == "zh" and r.json()["message"] == "任务 4242 不存在"
+    r = client.get("/api/v1/runs/4242", headers={"Accept-Language": "x" * 4000})
+    assert r.headers["content-language"] == "en"
 
 
 def _set(settings, model, row_id: int, **values) -> None:
