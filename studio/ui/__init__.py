@@ -183,26 +183,31 @@ def undocument_events(demo: gr.Blocks) -> None:
 
 
 def narrow_progress(demo: gr.Blocks, sink: gr.Component, many: int = 20) -> None:
-    """Show no event's progress on a container (the tabs, a tab, a group of the Train form).
+    """Show no event's progress on a container (the tabs, a tab, a group of the Train form), nor on more than
+    ``many`` components.
 
     Gradio's page keeps a loading status for every component any event has ever targeted and, at each status
-    change of any event (two or more per event), looks each of them up in the page's tree and, for a
-    container, reads the state of every block inside it. With the tabs (~400 blocks) among the targets of
-    the page load, the language switch and the clone, each 2-second tick of the Runs tab cost the browser
-    about a second. An event keeps its other outputs as targets: while it runs they show it, and a value
-    typed into one of them is not overwritten when it lands. One whose outputs are all containers points
-    at ``sink`` (one hidden component), and so does a hidden-progress one with more than ``many`` outputs
-    (the form's check, the option search, the language switch, which change labels, marks and visibility,
-    not values: the page load's check alone put ~300 fields among the targets for good).
+    change of any event (two or more per event, every timer tick included), looks each of them up by a walk
+    of the page's whole tree (``update_loading_stati_state``; ``Z`` in its ``core`` script). With the tabs
+    (~400 blocks) among the targets of the page load, the language switch and the clone, each 2-second tick of
+    the Runs tab cost the browser about a second. An event keeps its other outputs as targets: while it runs
+    they show it, and a value typed into one of them is not overwritten when it lands. One whose outputs are
+    all containers points at ``sink`` (one hidden component), and so does one with more than ``many``
+    targets: the form's check, the option search, the language switch (~250 labels), the recipe, template,
+    YAML and clone loaders (~100 fields each), whichever their progress setting. Once a person had switched
+    the language or loaded a recipe, those put ~290 of the page's 500 blocks among the statuses for good, and
+    a profile of the browser during test_studio's flow found three quarters of the page's script time in
+    those walks.
     """
     for fn in demo.fns.values():
-        if fn.show_progress_on is not None or not fn.outputs:
+        if not fn.outputs:
             continue
-        leaves = [o for o in fn.outputs if not _container(o)]
-        if fn.show_progress == "hidden" and len(fn.outputs) > many:
+        targets = fn.show_progress_on if fn.show_progress_on is not None else fn.outputs
+        leaves = [o for o in targets if not _container(o)]
+        if len(leaves) > many or not leaves:
             fn.show_progress_on = [sink]
-        elif len(leaves) < len(fn.outputs):
-            fn.show_progress_on = leaves or [sink]
+        elif len(leaves) < len(targets):
+            fn.show_progress_on = leaves
 
 
 def _container(block: Any) -> bool:
