@@ -45,6 +45,8 @@ FAST_PATHS = {
     "weight_only_linear": "paddle.nn.quant.weight_only_linear for wint8 / wint4 frozen bases",
     "rms_norm_backward": "fp32 RMSNorm as one PyLayer with its backward written out (the weight's gradient as "
     "one GEMV) instead of autograd over its five ops",
+    "rope_backward": "fp32 rotary embedding as one PyLayer whose backward is the rotation by the opposite angle "
+    "instead of autograd over its unbind, products and stack",
     "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
     "onednn_cast": "float32 <-> bfloat16 conversions of the bf16 path as oneDNN reorders (threaded, vectorised) "
     "instead of Paddle's scalar cast",
@@ -62,6 +64,7 @@ GPU_ONLY = {
 # CPU paths: what a GPU process does instead.
 CPU_ONLY = {
     "rms_norm_backward": "a CPU path (a GPU takes fused_rms_norm)",
+    "rope_backward": "a CPU path (a GPU takes fused_rope)",
     "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
     "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
     "onednn_cast": "a CPU path (a GPU's cast kernel is already parallel)",
@@ -241,27 +244,56 @@ def _gpu() -> tuple[bool, int, str]:
     return True, major * 10 + minor, ""
 
 
-def cpu_bf16_features() -> list[str]:
-    """The bf16 instructions this CPU has (``avx512_bf16``, ``amx_bf16``), from /proc/cpuinfo."""
+@functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(vendor_id, flags) of the first CPU in /proc/cpuinfo; ("", {}) where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            text = f.read()
+            lines = f.read().splitlines()
     except OSError:
-        return []
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
-    )
+        return "", frozenset()
+
+    def field(name: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), "")
+
+    return field("vendor_id"), frozenset(field("flags").split())
+
+
+def cpu_bf16_features() -> list[str]:
+    """The bf16 instructions this CPU has (``avx512_bf16``, ``amx_bf16``), from /proc/cpuinfo."""
+    flags = _cpuinfo()[1]
     return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+# Measured with bench/bench_cpu_peak.py on an Intel Xeon (family 6 model 207, AVX512_BF16 and AVX512_FP16,
+# AMX not exposed): one core issues 171 GFLOP/s of fp32 FMAs and 81 GFLOP/s of VDPBF16PS, and oneDNN's bf16
+# GEMM ran the 0.3B model's shapes at 0.6x its sgemm (docs/benchmarks.md). AMD's Zen 4 and Zen 5 run the
+# same instruction at twice the fp32 rate (bf16 GEMMs 2x the sgemm there); AMX tiles outrun both.
+INTEL_AVX512_BF16_ONLY = (
+    "on an Intel CPU without AMX, AVX512_BF16's dot product runs at half the rate of fp32 FMAs, so oneDNN's "
+    "bf16 GEMM is slower than its sgemm here; bf16-held weights are upcast by oneDNN's reorder and run the "
+    "fp32 GEMM"
+)
+
+
+def bf16_gemm_refusal() -> str | None:
+    """Why oneDNN's bf16 GEMM does not pay on this CPU, or None where it does (AMX, or AVX512_BF16 on AMD)."""
+    features = cpu_bf16_features()
+    if not features:
+        # oneDNN would run its bf16 GEMM by converting to fp32: slower than the fp32 upcast path.
+        return "the CPU has no bf16 instructions (avx512_bf16 / amx_bf16)"
+    if "amx_bf16" not in features and _cpuinfo()[0] == "GenuineIntel":
+        return INTEL_AVX512_BF16_ONLY
+    return None
 
 
 def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
     if gpu:
         return FastPath(name, False, CPU_ONLY[name])
-    if name == "rms_norm_backward":
+    if name in ("rms_norm_backward", "rope_backward"):
         return _probe(name)
-    if name == "onednn_bf16_matmul" and not cpu_bf16_features():
-        # oneDNN would run its bf16 GEMM by converting to fp32: slower than the fp32 upcast path.
-        return FastPath(name, False, "the CPU has no bf16 instructions (avx512_bf16 / amx_bf16)")
+    if name == "onednn_bf16_matmul" and (refusal := bf16_gemm_refusal()):
+        return FastPath(name, False, refusal)
     why = onednn.available()
     return FastPath(name, False, why) if why else _probe(name)
 
@@ -331,6 +363,16 @@ def _probe_rms_norm_backward() -> tuple[float, float]:
         paddle.randn([3, 5, 64]),
         w,
     ), 1e-5
+
+
+def _probe_rope_backward() -> tuple[float, float]:
+    angles = paddle.rand([2, 5, 1, 8]) * 10
+    cos, sin = angles.cos(), angles.sin()
+    return _agreement(
+        lambda x: rope_written(x, cos, sin),
+        lambda x: apply_rotary_plain(x, cos, sin),
+        paddle.randn([2, 5, 3, 16]),
+    ), 1e-6
 
 
 def _probe_rope() -> tuple[float, float]:
@@ -416,6 +458,7 @@ def _probe_onednn(compute: str) -> tuple[float, float]:
 
 _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "rms_norm_backward": _probe_rms_norm_backward,
+    "rope_backward": _probe_rope_backward,
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "onednn_cast": _probe_onednn_cast,
@@ -459,11 +502,32 @@ def matmul(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool = False) -> pad
     """``x @ w`` (or ``x @ w^T``) over x's last axis for a linear or the LM head: oneDNN's sgemm where
     ``onednn_matmul`` is on and both are fp32 (a transposed weight only for 1 or ``TRANSPOSED_SGEMM_MIN_ROWS``+
     rows), else ``paddle.matmul``."""
-    if x.dtype == w.dtype == paddle.float32 and enabled("onednn_matmul"):
-        rows = math.prod(x.shape[:-1])
-        if not transpose_w or rows == 1 or rows >= TRANSPOSED_SGEMM_MIN_ROWS:
-            return onednn.matmul(x, w, transpose_w, "float32")
+    if _sgemm_takes(x, w, transpose_w):
+        return onednn.matmul(x, w, transpose_w, "float32")
     return paddle.matmul(x, w, transpose_y=transpose_w)
+
+
+def _sgemm_takes(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool) -> bool:
+    if not (x.dtype == w.dtype == paddle.float32 and enabled("onednn_matmul")):
+        return False
+    rows = math.prod(x.shape[:-1])
+    return not transpose_w or rows == 1 or rows >= TRANSPOSED_SGEMM_MIN_ROWS
+
+
+def matmul_nograd(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool = False) -> paddle.Tensor:
+    """``matmul`` for PyLayers' own forward and backward: the same choice of kernel, no autograd node."""
+    if _sgemm_takes(x, w, transpose_w):
+        y = onednn.gemm(x.reshape([-1, x.shape[-1]]), w, trans_b=transpose_w)
+        return y.reshape([*x.shape[:-1], y.shape[-1]])
+    return paddle.matmul(x, w, transpose_y=transpose_w)
+
+
+def matmul_at_b(a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
+    """``a^T @ b`` of two 2-D tensors (a weight's gradient) without an autograd node: oneDNN's sgemm where
+    ``onednn_matmul`` is on and both are fp32, else ``paddle.matmul``."""
+    if a.dtype == b.dtype == paddle.float32 and enabled("onednn_matmul"):
+        return onednn.gemm(a, b, trans_a=True)
+    return paddle.matmul(a, b, transpose_x=True)
 
 
 def grouped_moe_fits(stacked_bytes: int, on_gpu: bool) -> bool:
@@ -508,6 +572,29 @@ class RMSNormWritten(PyLayer):
 def rms_norm_written(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
     """RMSNorm through ``RMSNormWritten`` (fp32 ``x`` and weight)."""
     return RMSNormWritten.apply(x, weight, eps)
+
+
+class RopeWritten(PyLayer):
+    """fp32 interleaved rotary embedding with its backward written out: the rotation is orthogonal, so the
+    input's gradient is the output's gradient rotated by the opposite angle (``sin`` negated). Autograd over
+    the plain form saves its pieces and runs a gradient op for each of its nine (unbind, four products, two
+    sums, stack, reshape); this keeps nothing but the angles and runs the plain form once more.
+    ``cos`` / ``sin`` take no gradient (they come from positions)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return apply_rotary_plain(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensor()
+        return apply_rotary_plain(dy, cos, -sin), None, None
+
+
+def rope_written(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+    """The rotation through ``RopeWritten`` (fp32 ``x``)."""
+    return RopeWritten.apply(x, cos, sin)
 
 
 def rms_norm_fused(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:

@@ -102,6 +102,8 @@ def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> pa
     """Rotate each (even, odd) pair of the last axis of x [B, T, H, D] by the position angle."""
     if kernels.enabled("fused_rope") and x.place.is_gpu_place():
         return kernels.rope_fused(x, cos, sin)
+    if x.dtype == paddle.float32 and not x.stop_gradient and kernels.enabled("rope_backward"):
+        return kernels.rope_written(x, cos, sin)
     return apply_rotary_plain(x, cos, sin)
 
 

@@ -66,9 +66,7 @@ class UpcastMatmul(PyLayer):
         # stop_gradient set (see onednn.OneDnnMatmul)
         ctx.weight_trains = not stored.stop_gradient
         ctx.save_for_backward(x, stored)
-        outs = [
-            paddle.matmul(x, upcast(w), transpose_y=transpose_y) for w in _blocks(stored, transpose_y, block)
-        ]
+        outs = [kernels.matmul_nograd(x, upcast(w), transpose_y) for w in _blocks(stored, transpose_y, block)]
         return outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)
 
     @staticmethod
@@ -80,16 +78,12 @@ class UpcastMatmul(PyLayer):
             n = w.shape[0 if ctx.transpose_y else 1]
             g = dy[..., start : start + n] if ctx.block else dy
             start += n
-            part = paddle.matmul(g, ctx.upcast(w), transpose_y=not ctx.transpose_y)
+            part = kernels.matmul_nograd(g, ctx.upcast(w), not ctx.transpose_y)
             dx = part if dx is None else dx + part
             if ctx.weight_trains:
                 g2 = g.reshape([-1, n])
-                dw = (
-                    paddle.matmul(g2, x2, transpose_x=True)
-                    if ctx.transpose_y
-                    else paddle.matmul(x2, g2, transpose_x=True)
-                )
-                dws.append(dw.astype(stored.dtype))
+                dw = kernels.matmul_at_b(g2, x2) if ctx.transpose_y else kernels.matmul_at_b(x2, g2)
+                dws.append(kernels.cast(dw, onednn.dtype_name(stored)))
         if not ctx.weight_trains:
             return dx, None
         return dx, dws[0] if len(dws) == 1 else paddle.concat(dws, axis=0 if ctx.transpose_y else 1)
@@ -110,7 +104,8 @@ def upcast_matmul(
     ``upcast`` (dequantization) gets the whole stored tensor; the default cast goes block by block."""
     block = None
     if upcast is None:
-        upcast = lambda w: w.astype(x.dtype)  # noqa: E731
+        compute = onednn.dtype_name(x)
+        upcast = lambda w: kernels.cast(w, compute)  # noqa: E731  (oneDNN's reorder where it is on)
         n_in = stored.shape[1 if transpose_y else 0]
         if int(stored.numel()) > UPCAST_BLOCK_ELEMENTS:
             block = max(1, UPCAST_BLOCK_ELEMENTS // n_in)

@@ -118,11 +118,11 @@ def test_the_bf16_layer_computes_what_a_bf16_matmul_computes(transpose: bool) ->
 def test_the_cpu_paths_are_on_here_and_off_by_environment(monkeypatch) -> None:
     caps = kernels.capabilities()
     assert caps["onednn_matmul"].on, caps["onednn_matmul"]
-    if BF16:
+    refusal = kernels.bf16_gemm_refusal()
+    if refusal is None:
         assert caps["onednn_bf16_matmul"].on, caps["onednn_bf16_matmul"]
     else:
-        assert not caps["onednn_bf16_matmul"].on
-        assert "no bf16 instructions" in caps["onednn_bf16_matmul"].reason
+        assert not caps["onednn_bf16_matmul"].on and caps["onednn_bf16_matmul"].reason == refusal
     monkeypatch.setenv(kernels.DISABLE_ENV, "onednn_matmul,onednn_bf16_matmul")
     kernels.capabilities.cache_clear()
     try:
@@ -131,6 +131,31 @@ def test_the_cpu_paths_are_on_here_and_off_by_environment(monkeypatch) -> None:
     finally:
         monkeypatch.delenv(kernels.DISABLE_ENV)
         kernels.capabilities.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "vendor,flags,pays",
+    [
+        ("AuthenticAMD", {"avx512f", "avx512_bf16"}, True),  # Zen 4 / Zen 5: the bf16 GEMM ran 2x the sgemm
+        ("GenuineIntel", {"avx512f", "avx512_bf16", "amx_bf16"}, True),
+        ("GenuineIntel", {"avx512f", "avx512_bf16", "avx512_fp16"}, False),  # half-rate VDPBF16PS
+        ("GenuineIntel", {"avx512f"}, False),
+        ("AuthenticAMD", {"avx2"}, False),
+    ],
+)
+def test_the_bf16_gemm_is_taken_where_the_cpus_bf16_instructions_outrun_its_fp32_fmas(
+    monkeypatch, vendor: str, flags: set[str], pays: bool
+) -> None:
+    monkeypatch.setattr(kernels, "_cpuinfo", lambda: (vendor, frozenset(flags)))
+    refusal = kernels.bf16_gemm_refusal()
+    assert (refusal is None) is pays, refusal
+    if not pays:
+        assert ("no bf16 instructions" in refusal) is ("avx512_bf16" not in flags), refusal
+
+
+def test_this_machines_cpuinfo_is_read() -> None:
+    vendor, flags = kernels._cpuinfo()
+    assert vendor in ("GenuineIntel", "AuthenticAMD") and "sse2" in flags, (vendor, sorted(flags)[:10])
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the CPU paths' decision (a GPU process keeps them off)")
@@ -142,8 +167,8 @@ def test_a_library_without_the_gemms_keeps_the_paths_off_with_the_error(monkeypa
     try:
         caps = kernels.capabilities()
         for name in ("onednn_matmul", "onednn_bf16_matmul"):
-            if name == "onednn_bf16_matmul" and not BF16:
-                continue
+            if name == "onednn_bf16_matmul" and kernels.bf16_gemm_refusal():
+                continue  # off here before the library is looked at
             assert not caps[name].on and "not callable" in caps[name].reason, caps[name]
     finally:
         monkeypatch.undo()
