@@ -507,6 +507,27 @@ def matmul(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool = False) -> pad
     return paddle.matmul(x, w, transpose_y=transpose_w)
 
 
+# Few rows are memory-bound: the bf16 GEMM reads half the weight's bytes and upcasts nothing, so it wins even
+# where its arithmetic is slow. Intel Xeon without AMX (bench/bench_onednn.py): 1 row 0.51 ms against 3.80 ms
+# for the reorder + sgemm, 64 rows 7.1 against 7.5, 512 rows 46 against 30.
+BF16_GEMM_FEW_ROWS = 64
+
+
+def bf16_gemm_takes(rows: int) -> bool:
+    """Whether a bf16-held weight's product over ``rows`` rows runs oneDNN's bf16 GEMM: wherever
+    ``onednn_bf16_matmul`` is on, and where it is off only because the CPU's bf16 arithmetic is slow
+    (``INTEL_AVX512_BF16_ONLY``), for inference (no gradient recorded) over at most ``BF16_GEMM_FEW_ROWS``
+    rows: decoding. A training step keeps one path for all its products, the one its precision line names."""
+    forced = _forced.get()
+    if (forced is not None and "onednn_bf16_matmul" in forced) or enabled("onednn_bf16_matmul"):
+        return enabled("onednn_bf16_matmul")
+    return (
+        rows <= BF16_GEMM_FEW_ROWS
+        and not paddle.is_grad_enabled()
+        and capabilities()["onednn_bf16_matmul"].reason == INTEL_AVX512_BF16_ONLY
+    )
+
+
 def _sgemm_takes(x: paddle.Tensor, w: paddle.Tensor, transpose_w: bool) -> bool:
     if not (x.dtype == w.dtype == paddle.float32 and enabled("onednn_matmul")):
         return False

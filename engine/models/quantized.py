@@ -10,6 +10,8 @@ call: that is how ``compute_type: bf16`` trains on a CPU, where Paddle has no bf
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -113,9 +115,9 @@ def upcast_matmul(
 
 
 def low_precision_matmul(x: paddle.Tensor, stored: paddle.Tensor, transpose_y: bool = False) -> paddle.Tensor:
-    """``x @ stored`` for an fp32 ``x`` and a weight held in bf16: oneDNN's bf16 GEMM where the CPU has bf16
-    instructions (``onednn_bf16_matmul``), else the fp32 upcast (``upcast_matmul``)."""
-    if stored.dtype == paddle.bfloat16 and kernels.enabled("onednn_bf16_matmul"):
+    """``x @ stored`` for an fp32 ``x`` and a weight held in bf16: oneDNN's bf16 GEMM where it pays
+    (``kernels.bf16_gemm_takes``), else the fp32 upcast (``upcast_matmul``)."""
+    if stored.dtype == paddle.bfloat16 and kernels.bf16_gemm_takes(math.prod(x.shape[:-1])):
         return onednn.matmul(x, stored, transpose_y, "bfloat16", cast=kernels.cast)
     return upcast_matmul(x, stored, transpose_y=transpose_y)
 

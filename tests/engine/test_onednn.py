@@ -220,3 +220,41 @@ def test_cast_into_writes_a_master_weight_into_its_bf16_parameter() -> None:
         other = paddle.zeros([64, 48], dtype="bfloat16")
         kernels.cast_into(master, other)
     assert np.array_equal(other.astype("float32").numpy(), param.astype("float32").numpy())
+
+
+@pytest.mark.skipif(not BF16, reason="oneDNN's bf16 GEMM: the CPU has no bf16 instructions")
+@pytest.mark.parametrize("why_off", [None, kernels.INTEL_AVX512_BF16_ONLY, "switched off by the environment"])
+def test_decoding_rows_take_the_bf16_gemm_where_only_its_arithmetic_is_slow(monkeypatch, why_off) -> None:
+    """Which product a bf16-held weight gets, told apart by its numbers: the bf16 GEMM rounds the activation to
+    bf16, the upcast multiplies it as it is. Where the GEMM is on, every product takes it; where it is off
+    because the CPU's bf16 arithmetic is slow (Intel without AMX), decoding's few rows still take it (they are
+    memory-bound: half the bytes, no upcast), and training's rows and anything under autograd do not."""
+    from engine.models.quantized import low_precision_matmul
+
+    decided = dict(kernels.capabilities())
+    decided["onednn_bf16_matmul"] = kernels.FastPath("onednn_bf16_matmul", why_off is None, why_off or "on")
+    monkeypatch.setattr(kernels, "capabilities", lambda: decided)
+    rng = np.random.default_rng(0)
+    w = paddle.to_tensor(rng.normal(size=(48, 40)).astype(np.float32)).astype("bfloat16")
+    w64 = w.astype("float32").numpy().astype(np.float64)
+
+    def path(rows: int, grad: bool) -> str:
+        x = rng.normal(size=(rows, 48)).astype(np.float32)
+        with paddle.set_grad_enabled(grad):
+            y = low_precision_matmul(paddle.to_tensor(x), w).numpy()
+        gemm, up = _bf16_values(x).astype(np.float64) @ w64, x.astype(np.float64) @ w64
+        assert np.abs(gemm - up).max() > 1e-3  # the two paths are told apart
+        return "gemm" if np.abs(y - gemm).max() < 1e-4 else "upcast" if np.abs(y - up).max() < 1e-4 else "?"
+
+    few, many = kernels.BF16_GEMM_FEW_ROWS, kernels.BF16_GEMM_FEW_ROWS + 1
+    if why_off is None:
+        assert [path(1, False), path(many, False), path(1, True)] == ["gemm"] * 3
+    elif why_off == kernels.INTEL_AVX512_BF16_ONLY:
+        assert [path(1, False), path(few, False), path(many, False), path(1, True)] == [
+            "gemm",
+            "gemm",
+            "upcast",
+            "upcast",
+        ]
+    else:
+        assert [path(1, False), path(many, False)] == ["upcast", "upcast"]
