@@ -267,8 +267,8 @@ def cpu_bf16_features() -> list[str]:
 
 # Measured with bench/bench_cpu_peak.py on an Intel Xeon (family 6 model 207, AVX512_BF16 and AVX512_FP16,
 # AMX not exposed): one core issues 171 GFLOP/s of fp32 FMAs and 81 GFLOP/s of VDPBF16PS, and oneDNN's bf16
-# GEMM ran the 0.3B model's shapes at 0.6x its sgemm (docs/benchmarks.md). AMD's Zen 4 and Zen 5 run the
-# same instruction at twice the fp32 rate (bf16 GEMMs 2x the sgemm there); AMX tiles outrun both.
+# GEMM ran the 0.3B model's shapes at 0.6x its sgemm (docs/benchmarks.md). On AMD's Zen 4 and Zen 5 the bf16
+# GEMM ran 2x the sgemm; AMX tiles outrun both.
 INTEL_AVX512_BF16_ONLY = (
     "on an Intel CPU without AMX, AVX512_BF16's dot product runs at half the rate of fp32 FMAs, so oneDNN's "
     "bf16 GEMM is slower than its sgemm here; bf16-held weights are upcast by oneDNN's reorder and run the "
@@ -365,24 +365,23 @@ def _probe_rms_norm_backward() -> tuple[float, float]:
     ), 1e-5
 
 
-def _probe_rope_backward() -> tuple[float, float]:
+def _probe_rotation(rotate: Callable, tolerance: float) -> tuple[float, float]:
+    """``rotate(x, cos, sin)`` against ``apply_rotary_plain`` on random angles, forward and backward."""
     angles = paddle.rand([2, 5, 1, 8]) * 10
     cos, sin = angles.cos(), angles.sin()
     return _agreement(
-        lambda x: rope_written(x, cos, sin),
+        lambda x: rotate(x, cos, sin),
         lambda x: apply_rotary_plain(x, cos, sin),
         paddle.randn([2, 5, 3, 16]),
-    ), 1e-6
+    ), tolerance
+
+
+def _probe_rope_backward() -> tuple[float, float]:
+    return _probe_rotation(rope_written, 1e-6)
 
 
 def _probe_rope() -> tuple[float, float]:
-    angles = paddle.rand([2, 5, 1, 8]) * 10
-    cos, sin = angles.cos(), angles.sin()
-    return _agreement(
-        lambda x: rope_fused(x, cos, sin),
-        lambda x: apply_rotary_plain(x, cos, sin),
-        paddle.randn([2, 5, 3, 16]),
-    ), 1e-4
+    return _probe_rotation(rope_fused, 1e-4)
 
 
 def _qkv(batch: int) -> list[paddle.Tensor]:
