@@ -183,31 +183,37 @@ def undocument_events(demo: gr.Blocks) -> None:
 
 
 def narrow_progress(demo: gr.Blocks, sink: gr.Component, many: int = 20) -> None:
-    """Show no event's progress on a container (the tabs, a tab, a group of the Train form), nor on more than
-    ``many`` components.
+    """Show no event's progress on a container (the tabs, a tab, a group of the Train form), and none on many
+    components where the progress shows nothing a person needs.
 
     Gradio's page keeps a loading status for every component any event has ever targeted and, at each status
-    change of any event (two or more per event, every timer tick included), looks each of them up by a walk
-    of the page's whole tree (``update_loading_stati_state``; ``Z`` in its ``core`` script). With the tabs
-    (~400 blocks) among the targets of the page load, the language switch and the clone, each 2-second tick of
-    the Runs tab cost the browser about a second. An event keeps its other outputs as targets: while it runs
-    they show it, and a value typed into one of them is not overwritten when it lands. One whose outputs are
-    all containers points at ``sink`` (one hidden component), and so does one with more than ``many``
-    targets: the form's check, the option search, the language switch (~250 labels), the recipe, template,
-    YAML and clone loaders (~100 fields each), whichever their progress setting. Once a person had switched
-    the language or loaded a recipe, those put ~290 of the page's 500 blocks among the statuses for good, and
-    a profile of the browser during test_studio's flow found three quarters of the page's script time in
-    those walks.
+    change of any event (two or more per event, timer ticks included), looks each of them up by a walk of the
+    page's whole tree (``update_loading_stati_state``; ``Z`` in its ``core`` script). With the tabs (~400
+    blocks) among the targets of the page load, the language switch and the clone, each 2-second tick of the
+    Runs tab cost the browser about a second. An event keeps its other outputs as targets: while it runs they
+    show it, and a value typed into one of them is not overwritten when it lands (the recipe, template, YAML
+    and clone loaders write the form's values, so they keep theirs). One whose outputs are all containers
+    points at ``sink`` (one hidden component), and so does one with more than ``many`` targets that either
+    hides its progress (the form's check, the option search) or writes no value anyone types
+    (``relabels_only``: the language switch, ~250 labels, which had put them among the statuses for good; a
+    profile of the browser during test_studio's flow found three quarters of the page's script in the walks).
     """
     for fn in demo.fns.values():
         if not fn.outputs:
             continue
         targets = fn.show_progress_on if fn.show_progress_on is not None else fn.outputs
         leaves = [o for o in targets if not _container(o)]
-        if len(leaves) > many or not leaves:
+        quiet = fn.show_progress == "hidden" or getattr(fn.fn, "relabels_only", False)
+        if not leaves or (len(leaves) > many and quiet):
             fn.show_progress_on = [sink]
         elif len(leaves) < len(targets):
             fn.show_progress_on = leaves
+
+
+def relabels_only(handler: Any) -> Any:
+    """Mark an event handler whose outputs change labels, never a value a person types (``narrow_progress``)."""
+    handler.relabels_only = True
+    return handler
 
 
 def _container(block: Any) -> bool:
@@ -338,6 +344,7 @@ class LanguageHandlers:
     def __init__(self, texts: Texts):
         self.texts = texts
 
+    @relabels_only
     def set_language(self, lang: str, *frames: Any) -> list[Any]:
         """Relabel every registered component (tables keep their rows), the header, the stored language."""
         remember_language(lang)

@@ -28,20 +28,22 @@ def test_no_event_shows_progress_on_a_container(settings):
     assert tabs and all(fn.show_progress_on for fn in tabs)
 
 
-def test_no_event_shows_progress_on_many_components(settings):
-    """The language switch and the form's loaders (recipe, template, YAML, clone) target 100-250 components;
-    shown on them, their statuses stayed in every later status change's walk of the page (see the module's
-    docstring). They point at the one hidden sink, and the page's statuses stay near a hundred."""
+def test_the_language_switch_shows_no_progress_and_the_form_loaders_keep_theirs(settings):
+    """The language switch relabels ~250 components; shown on them, its statuses stayed in every later status
+    change's walk of the page (see the module's docstring), so it points at the one hidden sink. The recipe,
+    template, YAML and clone loaders write the form's values and keep the fields as targets: a value typed
+    while one lands is not overwritten (an e2e run caught the clone's learning rate overwriting the typed
+    one when they pointed at the sink)."""
     demo = build_ui(settings)
+    by_name = {fn.name: fn for fn in demo.fns.values()}
+    assert [b.elem_id for b in by_name["set_language"].show_progress_on] == ["studio-progress"]
+    for name in ("load_recipe", "load_template", "clone_into_form", "import_file", "import_text"):
+        shown = by_name[name].show_progress_on or by_name[name].outputs
+        assert len(shown) > 20 and "studio-progress" not in {b.elem_id for b in shown}, name
     union = set()
     for fn in demo.fns.values():
-        shown = fn.show_progress_on if fn.show_progress_on is not None else fn.outputs
-        assert len(shown) <= 20, (fn.name, len(shown))
-        union |= {b._id for b in shown}
-    by_name = {fn.name: fn for fn in demo.fns.values()}
-    for name in ("set_language", "load_recipe", "load_template", "clone_into_form"):
-        assert [b.elem_id for b in by_name[name].show_progress_on] == ["studio-progress"], name
-    assert len(union) <= 120, len(union)  # measured 108 of the page's 502 blocks (287 before)
+        union |= {b._id for b in (fn.show_progress_on if fn.show_progress_on is not None else fn.outputs)}
+    assert len(union) <= 220, len(union)  # measured 202 of the 502 blocks (287 before)
 
 
 def _request(session: str) -> SimpleNamespace:
