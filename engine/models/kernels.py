@@ -271,8 +271,8 @@ def cpu_bf16_features() -> list[str]:
 # GEMM ran 2x the sgemm; AMX tiles outrun both.
 INTEL_AVX512_BF16_ONLY = (
     "on an Intel CPU without AMX, AVX512_BF16's dot product runs at half the rate of fp32 FMAs, so oneDNN's "
-    "bf16 GEMM is slower than its sgemm here; bf16-held weights are upcast by oneDNN's reorder and run the "
-    "fp32 GEMM"
+    "bf16 GEMM is slower than its sgemm here; training upcasts bf16-held weights by oneDNN's reorder and runs "
+    "the fp32 GEMM (decoding's few rows keep the bf16 GEMM: they are memory-bound)"
 )
 
 
@@ -517,9 +517,11 @@ def bf16_gemm_takes(rows: int) -> bool:
     ``onednn_bf16_matmul`` is on, and where it is off only because the CPU's bf16 arithmetic is slow
     (``INTEL_AVX512_BF16_ONLY``), for inference (no gradient recorded) over at most ``BF16_GEMM_FEW_ROWS``
     rows: decoding. A training step keeps one path for all its products, the one its precision line names."""
-    forced = _forced.get()
-    if (forced is not None and "onednn_bf16_matmul" in forced) or enabled("onednn_bf16_matmul"):
-        return enabled("onednn_bf16_matmul")
+    forced = (_forced.get() or {}).get("onednn_bf16_matmul")
+    if forced is not None:
+        return forced
+    if capabilities()["onednn_bf16_matmul"].on:
+        return True
     return (
         rows <= BF16_GEMM_FEW_ROWS
         and not paddle.is_grad_enabled()
