@@ -16,6 +16,9 @@ export UV_PYTHON_DOWNLOADS := never
 UV_SYNC    := $(UV) sync --locked --compile-bytecode --python $(PYTHON)
 # The studio's own packages, compiled the same way (only what changed; the checkout is not a venv uv owns).
 BYTECODE   := $(PY) -m compileall -q -j 0 studio engine workers migrations
+# The engine's native CPU ops (engine/models/cpu_ops.c), compiled once per machine with its C compiler into
+# ~/.cache/ernie-studio/native (ERNIE_STUDIO_NATIVE_HOME); a no-op when that build is there.
+NATIVE     := $(PY) -m engine.models.native >/dev/null
 
 .PHONY: run test lint format bench install install-dev lock lock-check clean llamacpp reference
 
@@ -57,6 +60,7 @@ lock-check: | $(UV)
 
 run: $(VENV)/.base
 	$(BYTECODE)
+	$(NATIVE)
 	$(VENV)/bin/ernie-studio up --host $(HOST) --port $(PORT)
 
 test: lock-check $(VENV)/.dev llamacpp reference
@@ -64,6 +68,7 @@ test: lock-check $(VENV)/.dev llamacpp reference
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(BYTECODE)
+	$(NATIVE)
 	ERNIE_STUDIO_REFERENCE_PYTHON="$$(tools/build_reference_env.sh)" \
 	  $(PY) -m pytest -q -ra -n 2 --durations=25 $(PYTEST_ARGS)
 

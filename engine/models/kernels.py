@@ -27,7 +27,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
-from engine.models import onednn
+from engine.models import native, onednn
 from engine.models.plain_ops import apply_rotary_plain, attention_plain, packed_causal_mask, rms_norm_plain
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,9 @@ FAST_PATHS = {
     "one GEMV) instead of autograd over its five ops",
     "rope_backward": "fp32 rotary embedding as one PyLayer whose backward is the rotation by the opposite angle "
     "instead of autograd over its unbind, products and stack",
+    "cpu_rms_norm": "fp32 RMSNorm forward and backward as one threaded C loop each (engine/models/cpu_ops.c) "
+    "instead of Paddle's one-thread elementwise ops",
+    "cpu_rope": "fp32 rotary embedding forward and backward as one threaded C loop each (engine/models/cpu_ops.c)",
     "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
     "onednn_cast": "float32 <-> bfloat16 conversions of the bf16 path as oneDNN reorders (threaded, vectorised) "
     "instead of Paddle's scalar cast",
@@ -65,6 +68,8 @@ GPU_ONLY = {
 CPU_ONLY = {
     "rms_norm_backward": "a CPU path (a GPU takes fused_rms_norm)",
     "rope_backward": "a CPU path (a GPU takes fused_rope)",
+    "cpu_rms_norm": "a CPU path (a GPU takes fused_rms_norm)",
+    "cpu_rope": "a CPU path (a GPU takes fused_rope)",
     "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
     "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
     "onednn_cast": "a CPU path (a GPU's cast kernel is already parallel)",
@@ -292,6 +297,9 @@ def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
         return FastPath(name, False, CPU_ONLY[name])
     if name in ("rms_norm_backward", "rope_backward"):
         return _probe(name)
+    if name in ("cpu_rms_norm", "cpu_rope"):
+        why = native.available()
+        return FastPath(name, False, f"the native CPU ops are not available: {why}") if why else _probe(name)
     if name == "onednn_bf16_matmul" and (refusal := bf16_gemm_refusal()):
         return FastPath(name, False, refusal)
     why = onednn.available()
@@ -376,6 +384,16 @@ def _probe_rotation(rotate: Callable, tolerance: float) -> tuple[float, float]:
     ), tolerance
 
 
+def _probe_cpu_rms_norm() -> tuple[float, float]:
+    w = paddle.rand([64]) + 0.5
+    return _agreement(
+        lambda x, w: native.rms_norm(x, w, 1e-5),
+        lambda x, w: rms_norm_plain(x, w, 1e-5),
+        paddle.randn([3, 5, 64]),
+        w,
+    ), 1e-5
+
+
 def _probe_rope_backward() -> tuple[float, float]:
     return _probe_rotation(rope_written, 1e-6)
 
@@ -458,6 +476,8 @@ def _probe_onednn(compute: str) -> tuple[float, float]:
 _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "rms_norm_backward": _probe_rms_norm_backward,
     "rope_backward": _probe_rope_backward,
+    "cpu_rms_norm": _probe_cpu_rms_norm,
+    "cpu_rope": lambda: _probe_rotation(native.rope, 1e-6),
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "onednn_cast": _probe_onednn_cast,

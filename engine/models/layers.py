@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from engine.models import kernels
+from engine.models import kernels, native
 from engine.models.config import ErnieConfig
 from engine.models.plain_ops import apply_rotary_plain, attention_plain, rms_norm_plain
 
@@ -37,6 +37,8 @@ class RMSNorm(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         if kernels.enabled("fused_rms_norm") and x.place.is_gpu_place():
             return kernels.rms_norm_fused(x, self.weight, self.eps)
+        if x.dtype == self.weight.dtype == paddle.float32 and kernels.enabled("cpu_rms_norm"):
+            return native.rms_norm(x, self.weight, self.eps)
         if x.dtype == self.weight.dtype == paddle.float32 and kernels.enabled("rms_norm_backward"):
             return kernels.rms_norm_written(x, self.weight, self.eps)
         return rms_norm_plain(x, self.weight, self.eps)
@@ -102,6 +104,8 @@ def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> pa
     """Rotate each (even, odd) pair of the last axis of x [B, T, H, D] by the position angle."""
     if kernels.enabled("fused_rope") and x.place.is_gpu_place():
         return kernels.rope_fused(x, cos, sin)
+    if x.dtype == paddle.float32 and kernels.enabled("cpu_rope") and native.fits_rope(x, cos):
+        return native.rope(x, cos, sin)
     if x.dtype == paddle.float32 and not x.stop_gradient and kernels.enabled("rope_backward"):
         return kernels.rope_written(x, cos, sin)
     return apply_rotary_plain(x, cos, sin)
