@@ -105,3 +105,42 @@ void ernie_rope(const float *x, const float *cos_t, const float *sin_t, float *o
         }
     }
 }
+
+/* sum(x^2) of n fp32 values in float64: each block of 4096 squares summed in fp32 (vectorised), the blocks
+   added into one float64 per thread, the threads' totals added in thread order (a run repeats bit for bit). */
+double ernie_sum_squares(const float *x, int64_t n) {
+    enum { BLOCK = 4096, MAX_THREADS = 256 };
+    double per_thread[MAX_THREADS] = {0.0};
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+#endif
+    int64_t blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        double mine = 0.0;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = lo; i < hi; i++) s += x[i] * x[i];
+            mine += (double)s;
+        }
+        per_thread[t] = mine;
+    }
+    double total = 0.0;
+    for (int t = 0; t < threads; t++) total += per_thread[t];
+    return total;
+}
+
+/* x *= a in place. */
+void ernie_scale(float *x, int64_t n, float a) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) x[i] *= a;
+}

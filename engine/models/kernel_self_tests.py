@@ -55,6 +55,7 @@ class _Case:
     held: bool = False  # dtype is the linears' storage (hold_in_low_precision), computing in fp32
     tolerance: float | None = None  # instead of the dtype's (see ``self_test``)
     held_off: tuple[str, ...] = ()  # paths kept off in both runs (to reach the path under test)
+    clip: bool = False  # the gradient clip's square sums and scaling, on the model's gradients
 
 
 SELF_TESTS = {
@@ -71,6 +72,8 @@ SELF_TESTS = {
     "rope_backward": _Case(("rope_backward",), "tiny", "float32", "packed", held_off=("cpu_rope",)),
     # against the truly plain ops: the written backwards stay off in both runs
     "cpu_rms_norm": _Case(("cpu_rms_norm",), "tiny", "float32", "packed", held_off=("rms_norm_backward",)),
+    # every gradient's square sum (relative) and its clipped values (absolute) against Paddle's ops
+    "cpu_grad_clip": _Case(("cpu_grad_clip",), "tiny-moe", "float32", "packed", clip=True, tolerance=1e-6),
     "cpu_rope": _Case(("cpu_rope",), "tiny", "float32", "packed", held_off=("rope_backward",)),
     "weight_only_linear": _Case(("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True),
     "onednn_matmul": _Case(("onednn_matmul",), "tiny", "float32", "causal"),
@@ -132,6 +135,8 @@ def self_test(name: str, quick: bool = True, force: bool = False) -> SelfTestRes
             return SelfTestResult(name, False, False, f"weight_only_linear with gradients is off: {refusal}")
     tol = case.tolerance or (FP32_TOLERANCE if case.dtype == "float32" else HALF_TOLERANCE)
     relative = case.dtype != "float32"
+    if case.clip:
+        return _clip_self_test(name, case, 64 if quick else 2 * 128 + 32, tol)
     try:
         model, inputs = _tiny_model_and_inputs(case, 64 if quick else 2 * 128 + 32)
         if "grouped_moe" in case.paths and not _all_groups_grouped(model):
@@ -159,6 +164,32 @@ def self_test(name: str, quick: bool = True, force: bool = False) -> SelfTestRes
         "agrees" if passed else "differs beyond the tolerance"
     )
     return SelfTestResult(name, True, passed, reason, fwd, grads, tol)
+
+
+def _clip_self_test(name: str, case: _Case, seq: int, tol: float) -> SelfTestResult:
+    """The model's gradients' square sums (relative difference) and the gradients scaled by 0.37 (absolute)
+    with ``case.paths`` on against off."""
+    try:
+        model, inputs = _tiny_model_and_inputs(case, seq)
+        model(**inputs).loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        sums, scaled = {}, {}
+        for on in (False, True):
+            with kernels.forced(**dict.fromkeys(case.paths, on)):
+                sums[on] = np.array([float(kernels.square_sum(g)) for g in grads])
+                copies = [g.clone() for g in grads]
+                for c in copies:
+                    kernels.scale_grad_(c, 0.37)
+                scaled[on] = [c.numpy() for c in copies]
+    except Exception as exc:
+        return SelfTestResult(name, ran=True, passed=False, reason=f"{type(exc).__name__}: {exc}"[:300])
+    fwd = float(np.max(np.abs(sums[True] - sums[False]) / np.maximum(sums[False], 1e-30)))
+    worst = max(_diff(a, b, False) for a, b in zip(scaled[False], scaled[True], strict=True))
+    passed = fwd <= tol and worst <= tol
+    reason = f"{len(grads)} gradients of {case.preset}: square sums relative, scaled values absolute: " + (
+        "agree" if passed else "differ beyond the tolerance"
+    )
+    return SelfTestResult(name, True, passed, reason, fwd, worst, tol)
 
 
 def _diff(a: np.ndarray, b: np.ndarray, relative: bool) -> float:

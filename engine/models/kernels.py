@@ -50,6 +50,8 @@ FAST_PATHS = {
     "cpu_rms_norm": "fp32 RMSNorm forward and backward as one threaded C loop each (engine/models/cpu_ops.c) "
     "instead of Paddle's one-thread elementwise ops",
     "cpu_rope": "fp32 rotary embedding forward and backward as one threaded C loop each (engine/models/cpu_ops.c)",
+    "cpu_grad_clip": "the gradients' global norm (sum of squares in float64) and their clipping (in-place scaling) "
+    "as threaded C loops (engine/models/cpu_ops.c) instead of one-thread squared_l2_norm and scale",
     "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
     "onednn_cast": "float32 <-> bfloat16 conversions of the bf16 path as oneDNN reorders (threaded, vectorised) "
     "instead of Paddle's scalar cast",
@@ -70,6 +72,7 @@ CPU_ONLY = {
     "rope_backward": "a CPU path (a GPU takes fused_rope)",
     "cpu_rms_norm": "a CPU path (a GPU takes fused_rms_norm)",
     "cpu_rope": "a CPU path (a GPU takes fused_rope)",
+    "cpu_grad_clip": "a CPU path (a GPU's squared_l2_norm and scale are already parallel)",
     "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
     "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
     "onednn_cast": "a CPU path (a GPU's cast kernel is already parallel)",
@@ -297,7 +300,7 @@ def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
         return FastPath(name, False, CPU_ONLY[name])
     if name in ("rms_norm_backward", "rope_backward"):
         return _probe(name)
-    if name in ("cpu_rms_norm", "cpu_rope"):
+    if name in ("cpu_rms_norm", "cpu_rope", "cpu_grad_clip"):
         why = native.available()
         return FastPath(name, False, f"the native CPU ops are not available: {why}") if why else _probe(name)
     if name == "onednn_bf16_matmul" and (refusal := bf16_gemm_refusal()):
@@ -394,6 +397,18 @@ def _probe_cpu_rms_norm() -> tuple[float, float]:
     ), 1e-5
 
 
+def _probe_grad_clip() -> tuple[float, float]:
+    """The square sum against Paddle's (relative), and the scaling against ``scale_`` (bit for bit)."""
+    g = paddle.randn([3, 5000]) * 2
+    with forced(cpu_grad_clip=False):
+        want = float(square_sum(g))
+    got = float(native.sum_squares(g))
+    scaled = g.clone()
+    native.scale_(scaled, 0.37)
+    same = np.array_equal(scaled.numpy(), g.scale_(0.37).numpy())
+    return abs(got - want) / want + (0.0 if same else 1.0), 1e-6
+
+
 def _probe_rope_backward() -> tuple[float, float]:
     return _probe_rotation(rope_written, 1e-6)
 
@@ -478,6 +493,7 @@ _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "rope_backward": _probe_rope_backward,
     "cpu_rms_norm": _probe_cpu_rms_norm,
     "cpu_rope": lambda: _probe_rotation(native.rope, 1e-6),
+    "cpu_grad_clip": lambda: _probe_grad_clip(),
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "onednn_cast": _probe_onednn_cast,
@@ -570,6 +586,32 @@ def matmul_at_b(a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
     if a.dtype == b.dtype == paddle.float32 and enabled("onednn_matmul"):
         return onednn.gemm(a, b, trans_a=True)
     return paddle.matmul(a, b, transpose_x=True)
+
+
+def square_sum(g: paddle.Tensor) -> paddle.Tensor:
+    """sum(g^2) of one gradient as a float64 scalar: threaded over float64 partial sums (``cpu_grad_clip``) for
+    a contiguous fp32 CPU tensor, else Paddle's ``squared_l2_norm`` (a tree reduction in g's dtype)."""
+    if (
+        g.dtype == paddle.float32
+        and g.place.is_cpu_place()
+        and g.is_contiguous()
+        and enabled("cpu_grad_clip")
+    ):
+        return paddle.to_tensor(native.sum_squares(g), dtype="float64")
+    return paddle._C_ops.squared_l2_norm(g).reshape([]).astype("float64")
+
+
+def scale_grad_(g: paddle.Tensor, factor: float) -> None:
+    """g *= factor in place (the gradient clip's scaling)."""
+    if (
+        g.dtype == paddle.float32
+        and g.place.is_cpu_place()
+        and g.is_contiguous()
+        and enabled("cpu_grad_clip")
+    ):
+        native.scale_(g, factor)
+    else:
+        g.scale_(factor)
 
 
 def grouped_moe_fits(stacked_bytes: int, on_gpu: bool) -> bool:

@@ -105,7 +105,9 @@ def _lib() -> ctypes.CDLL:
     lib.ernie_rms_norm_forward.argtypes = [ptr, ptr, ptr, ptr, i64, i64, f32]
     lib.ernie_rms_norm_backward.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
     lib.ernie_rope.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32]
-    for fn in (lib.ernie_rms_norm_forward, lib.ernie_rms_norm_backward, lib.ernie_rope):
+    lib.ernie_sum_squares.argtypes, lib.ernie_sum_squares.restype = [ptr, i64], ctypes.c_double
+    lib.ernie_scale.argtypes = [ptr, i64, f32]
+    for fn in (lib.ernie_rms_norm_forward, lib.ernie_rms_norm_backward, lib.ernie_rope, lib.ernie_scale):
         fn.restype = None
     return lib
 
@@ -227,6 +229,26 @@ class RopeNative(PyLayer):
 
 def rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
     return RopeNative.apply(x, cos, sin)
+
+
+def _fp32_flat(t: paddle.Tensor) -> paddle.Tensor:
+    if t.dtype != paddle.float32 or not t.is_contiguous():
+        raise TypeError(f"native CPU ops take contiguous float32 tensors, got {t.dtype}")
+    return t
+
+
+def sum_squares(t: paddle.Tensor) -> float:
+    """sum(t^2) of a contiguous fp32 tensor, accumulated in float64 (fp32 within blocks of 4,096)."""
+    t = _fp32_flat(t)
+    onednn._set_team()
+    return float(_lib().ernie_sum_squares(t.data_ptr(), int(t.numel())))
+
+
+def scale_(t: paddle.Tensor, factor: float) -> None:
+    """t *= factor in place (a contiguous fp32 tensor)."""
+    t = _fp32_flat(t)
+    onednn._set_team()
+    _lib().ernie_scale(t.data_ptr(), int(t.numel()), factor)
 
 
 if __name__ == "__main__":  # `make` builds the library ahead of the tests and the studio
