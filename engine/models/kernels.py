@@ -493,7 +493,7 @@ _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "rope_backward": _probe_rope_backward,
     "cpu_rms_norm": _probe_cpu_rms_norm,
     "cpu_rope": lambda: _probe_rotation(native.rope, 1e-6),
-    "cpu_grad_clip": lambda: _probe_grad_clip(),
+    "cpu_grad_clip": _probe_grad_clip,
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "onednn_cast": _probe_onednn_cast,
