@@ -492,7 +492,7 @@ _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "rms_norm_backward": _probe_rms_norm_backward,
     "rope_backward": _probe_rope_backward,
     "cpu_rms_norm": _probe_cpu_rms_norm,
-    "cpu_rope": lambda: _probe_rotation(native.rope, 1e-6),
+    "cpu_rope": lambda: _probe_rotation(rope_native, 1e-6),
     "cpu_grad_clip": _probe_grad_clip,
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
@@ -658,27 +658,41 @@ def rms_norm_written(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> pad
     return RMSNormWritten.apply(x, weight, eps)
 
 
+def _rotate_plain(
+    x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, sign: float = 1.0
+) -> paddle.Tensor:
+    return apply_rotary_plain(x, cos, sin if sign > 0 else -sin)
+
+
 class RopeWritten(PyLayer):
     """fp32 interleaved rotary embedding with its backward written out: the rotation is orthogonal, so the
     input's gradient is the output's gradient rotated by the opposite angle (``sin`` negated). Autograd over
     the plain form saves its pieces and runs a gradient op for each of its nine (unbind, four products, two
-    sums, stack, reshape); this keeps nothing but the angles and runs the plain form once more.
-    ``cos`` / ``sin`` take no gradient (they come from positions)."""
+    sums, stack, reshape); this keeps nothing but the angles and rotates once more.
+    ``turn(x, cos, sin, sign)`` rotates by the angle (sign 1) or its opposite (-1): the plain form
+    (``rope_backward``) or cpu_ops.c's loop (``cpu_rope``). ``cos`` / ``sin`` take no gradient (they come
+    from positions)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin):
+    def forward(ctx, x, cos, sin, turn):
         ctx.save_for_backward(cos, sin)
-        return apply_rotary_plain(x, cos, sin)
+        ctx.turn = turn
+        return turn(x, cos, sin, 1.0)
 
     @staticmethod
     def backward(ctx, dy):
         cos, sin = ctx.saved_tensor()
-        return apply_rotary_plain(dy, cos, -sin), None, None
+        return ctx.turn(dy, cos, sin, -1.0), None, None
 
 
 def rope_written(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """The rotation through ``RopeWritten`` (fp32 ``x``)."""
-    return RopeWritten.apply(x, cos, sin)
+    """The rotation through ``RopeWritten`` on the plain form (fp32 ``x``)."""
+    return RopeWritten.apply(x, cos, sin, _rotate_plain)
+
+
+def rope_native(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+    """The rotation through ``RopeWritten`` on cpu_ops.c's loop (fp32 ``x``, ``native.fits_rope``)."""
+    return RopeWritten.apply(x, cos, sin, native.rotate)
 
 
 def rms_norm_fused(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:

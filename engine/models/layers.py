@@ -105,7 +105,7 @@ def apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> pa
     if kernels.enabled("fused_rope") and x.place.is_gpu_place():
         return kernels.rope_fused(x, cos, sin)
     if x.dtype == paddle.float32 and kernels.enabled("cpu_rope") and native.fits_rope(x, cos):
-        return native.rope(x, cos, sin)
+        return kernels.rope_native(x, cos, sin)
     if x.dtype == paddle.float32 and not x.stop_gradient and kernels.enabled("rope_backward"):
         return kernels.rope_written(x, cos, sin)
     return apply_rotary_plain(x, cos, sin)

@@ -213,24 +213,6 @@ def rotate(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, sign: float
     return out
 
 
-class RopeNative(PyLayer):
-    """The rotation through ``cpu_ops.c``; backward is the rotation by the opposite angle."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        return rotate(x, cos, sin)
-
-    @staticmethod
-    def backward(ctx, dy):
-        cos, sin = ctx.saved_tensor()
-        return rotate(dy, cos, sin, -1.0), None, None
-
-
-def rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    return RopeNative.apply(x, cos, sin)
-
-
 def _fp32_flat(t: paddle.Tensor) -> paddle.Tensor:
     if t.dtype != paddle.float32 or not t.is_contiguous():
         raise TypeError(f"native CPU ops take contiguous float32 tensors, got {t.dtype}")
