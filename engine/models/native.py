@@ -37,7 +37,6 @@ SOURCE = Path(__file__).with_name("cpu_ops.c")
 HOME_ENV = "ERNIE_STUDIO_NATIVE_HOME"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
 VERSION = 1  # ernie_cpu_ops_version() of the source this module speaks to
-_FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
 def home() -> Path:
