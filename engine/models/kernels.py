@@ -588,27 +588,27 @@ def matmul_at_b(a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
     return paddle.matmul(a, b, transpose_x=True)
 
 
-def square_sum(g: paddle.Tensor) -> paddle.Tensor:
-    """sum(g^2) of one gradient as a float64 scalar: threaded over float64 partial sums (``cpu_grad_clip``) for
-    a contiguous fp32 CPU tensor, else Paddle's ``squared_l2_norm`` (a tree reduction in g's dtype)."""
-    if (
+def _clip_natively(g: paddle.Tensor) -> bool:
+    """Whether the gradient clip's C loops take ``g`` (a contiguous fp32 CPU tensor, ``cpu_grad_clip`` on)."""
+    return (
         g.dtype == paddle.float32
         and g.place.is_cpu_place()
         and g.is_contiguous()
         and enabled("cpu_grad_clip")
-    ):
+    )
+
+
+def square_sum(g: paddle.Tensor) -> paddle.Tensor:
+    """sum(g^2) of one gradient as a float64 scalar: threaded over float64 partial sums (``cpu_grad_clip``) for
+    a contiguous fp32 CPU tensor, else Paddle's ``squared_l2_norm`` (a tree reduction in g's dtype)."""
+    if _clip_natively(g):
         return paddle.to_tensor(native.sum_squares(g), dtype="float64")
     return paddle._C_ops.squared_l2_norm(g).reshape([]).astype("float64")
 
 
 def scale_grad_(g: paddle.Tensor, factor: float) -> None:
     """g *= factor in place (the gradient clip's scaling)."""
-    if (
-        g.dtype == paddle.float32
-        and g.place.is_cpu_place()
-        and g.is_contiguous()
-        and enabled("cpu_grad_clip")
-    ):
+    if _clip_natively(g):
         native.scale_(g, factor)
     else:
         g.scale_(factor)

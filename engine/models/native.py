@@ -201,7 +201,7 @@ def rotate(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, sign: float
     """``plain_ops.apply_rotary_plain`` for fp32 x [B, T, H, D] and cos / sin [B, T, 1, D / 2]; ``sign`` -1
     turns by the opposite angle."""
     b, t, h, d = x.shape
-    if list(cos.shape) != [b, t, 1, d // 2] or list(sin.shape) != list(cos.shape):
+    if not fits_rope(x, cos) or list(sin.shape) != list(cos.shape):
         raise ValueError(
             f"native rope takes cos / sin of [B, T, 1, D/2] = {[b, t, 1, d // 2]}, got {cos.shape}"
         )
