@@ -112,10 +112,17 @@ def embedded_transport() -> type:
     folder moves and reads any such file at once: a serve worker read one empty and died of the JSON error
     (an e2e run, 2026-11-28), leaving every later deployment to wait. A rename is atomic, so a consumer sees
     a whole message or none.
+
+    kombu's `_queue_bind` loses bindings: two workers starting at once both find no exchange table, both
+    open it with "wb" (which empties the file before the lock is taken) and the second one's write replaces
+    the first one's, or leaves the table unreadable. A serve worker whose remote-control queue lost its binding to `celery.pidbox` never
+    hears a broadcast, so its work queues were never opened (a fresh clone's e2e run, 2026-11-29). Here the
+    table is opened without truncation, read, extended and rewritten under one exclusive lock, and a table
+    read while it is being created empty counts as no bindings.
     """
     from kombu.transport import filesystem
     from kombu.utils.encoding import str_to_bytes
-    from kombu.utils.json import dumps
+    from kombu.utils.json import dumps, loads
 
     class Channel(filesystem.Channel):
         def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
@@ -128,6 +135,40 @@ def embedded_transport() -> type:
                 os.replace(hidden, final)
             except OSError as exc:
                 raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+        def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+            file = self._exchange_file(exchange)
+            self.control_folder.mkdir(parents=True, exist_ok=True)
+            binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+            try:
+                with open(os.open(file, os.O_RDWR | os.O_CREAT, 0o644), "r+b", buffering=0) as f:
+                    filesystem.lock(f, filesystem.LOCK_EX)
+                    try:
+                        raw = f.read()
+                        table = [filesystem.exchange_queue_t(*q) for q in loads(raw)] if raw.strip() else []
+                        if binding not in table:
+                            f.seek(0)
+                            f.write(str_to_bytes(dumps([binding, *table])))
+                            f.truncate()
+                    finally:
+                        filesystem.unlock(f)
+            except OSError as exc:
+                raise filesystem.ChannelError(f"Cannot open {file}") from exc
+
+        def get_table(self, exchange: str) -> list:
+            file = self._exchange_file(exchange)
+            try:
+                with open(file, "rb") as f:
+                    filesystem.lock(f, filesystem.LOCK_SH)
+                    try:
+                        raw = f.read()
+                    finally:
+                        filesystem.unlock(f)
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise filesystem.ChannelError(f"Cannot open {file}") from exc
+            return [filesystem.exchange_queue_t(*q) for q in loads(raw)] if raw.strip() else []
 
     class Transport(filesystem.Transport):
         pass

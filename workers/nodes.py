@@ -164,7 +164,7 @@ class NodeAgent(threading.Thread):
 
     def record(self) -> str | None:
         with self.factory() as session:
-            return nodes_svc.record_doctor(session, self.worker, self.report).reason
+            return nodes_svc.record_doctor(session, self.worker, self.report, queues_open=self.opened).reason
 
     def beat(self) -> None:
         with self.factory() as session:
@@ -178,14 +178,27 @@ class NodeAgent(threading.Thread):
 
     def open_work_queues(self) -> None:
         """Ask this worker's consumer, through Celery's remote control, to consume the held queues (it runs
-        the change in its own loop); tried again at the next heartbeat when no reply came."""
+        the change in its own loop); the node is marked ready once it answered. When no reply came, the
+        request is repeated at the next heartbeat; on the embedded broker the worker's remote-control queue
+        is first declared again, which writes back a binding its exchange table lost (kombu's own table
+        lost one to a race, `studio.queue.embedded_transport`)."""
         held = [q for q in self.queues if is_work_queue(q)]
         replies = [
             self.app.control.add_consumer(q, destination=[self.worker], reply=True, timeout=5) for q in held
         ]
         self.opened = all(any(self.worker in r for r in rs or []) for rs in replies)
-        if not self.opened:
-            log.warning("no reply from the consumer to opening %s; trying again", ", ".join(held))
+        if self.opened:
+            with self.factory() as session:
+                nodes_svc.mark_open(session, self.worker)
+            return
+        log.warning("no reply from the consumer to opening %s; trying again", ", ".join(held))
+        if not self.settings.uses_embedded_broker:
+            return  # Redis delivers remote control by publish/subscribe: there is no binding to lose
+        try:
+            with self.app.connection_for_write() as conn:
+                self.app.control.mailbox.get_queue(self.worker)(conn.default_channel).declare()
+        except Exception:
+            log.exception("could not declare the remote-control queue of %s", self.worker)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -60,9 +60,17 @@ def register_node(session: Session, *, name: str, node: str, hostname: str, queu
     return row
 
 
-def record_doctor(session: Session, name: str, report: dict[str, Any]) -> Node:
+OPENING = (
+    "the doctor passed; waiting for the worker's consumer to open its work queues (it has not answered the "
+    "request yet)"
+)
+
+
+def record_doctor(session: Session, name: str, report: dict[str, Any], *, queues_open: bool = True) -> Node:
     """Store a doctor report (`ernie-studio doctor --json`, or `{"passed": false, "error": ...}` when it
-    could not run): the node's facts, and ready or failed with the failed checks as the reason."""
+    could not run): the node's facts, and ready or failed with the failed checks as the reason. A passing
+    worker whose work queues are not open yet (`queues_open`) stays `checking`, with that as the reason, until
+    `mark_open`: it takes no work before then, and readers must not be told it does."""
     row = session.get(Node, name)
     if row is None:
         raise NotFound(f"node {name} is not registered")
@@ -72,11 +80,28 @@ def record_doctor(session: Session, name: str, report: dict[str, Any]) -> Node:
     row.memory_bytes = (facts.get("memory") or {}).get("total_bytes")
     row.cpu_count = facts.get("cpu_count")
     row.doctor, row.doctor_at = report, utcnow()
-    row.status = NodeStatus.READY if passed else NodeStatus.FAILED
-    row.reason = None if passed else (failure_reason(report) or "the doctor failed without a reason")
+    if not passed:
+        row.status, row.reason = (
+            NodeStatus.FAILED,
+            failure_reason(report) or "the doctor failed without a reason",
+        )
+    elif queues_open:
+        row.status, row.reason = NodeStatus.READY, None
+    else:
+        row.status, row.reason = NodeStatus.CHECKING, OPENING
     row.heartbeat_at = utcnow()
     session.commit()
     return row
+
+
+def mark_open(session: Session, name: str) -> None:
+    """The worker's consumer opened its work queues after its doctor passed: it takes work now."""
+    session.execute(
+        update(Node)
+        .where(Node.name == name, Node.status == NodeStatus.CHECKING, Node.reason == OPENING)
+        .values(status=NodeStatus.READY, reason=None, heartbeat_at=utcnow())
+    )
+    session.commit()
 
 
 def beat(session: Session, name: str) -> bool:

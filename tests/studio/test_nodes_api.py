@@ -52,6 +52,23 @@ def test_doctor_results_decide_which_queues_a_worker_takes(session, settings):
     assert svc.get_node(session, settings, "train0@n1").reason == "`ernie-studio doctor` timed out"
 
 
+def test_a_passed_worker_whose_queues_are_not_open_yet_is_not_shown_taking_work(session, settings):
+    """The doctor passed, but the worker's consumer has not answered the request to open its work queues (a
+    serve worker once stayed so for 15 minutes): it is `checking`, says why, and holds its work queues."""
+    _register(session, "serve@n1", ["serve", "export"])
+    svc.record_doctor(session, "serve@n1", PASSED, queues_open=False)
+    opening = svc.get_node(session, settings, "serve@n1")
+    assert opening.state == "checking" and opening.reason == svc.OPENING
+    assert opening.accepting == ["export"] and opening.doctor["passed"] is True
+    svc.mark_open(session, "serve@n1")
+    ready = svc.get_node(session, settings, "serve@n1")
+    assert ready.state == "ready" and ready.reason is None and ready.accepting == ["serve", "export"]
+    # A failed doctor is never turned ready by a late reply.
+    svc.record_doctor(session, "serve@n1", FAILED, queues_open=False)
+    svc.mark_open(session, "serve@n1")
+    assert svc.get_node(session, settings, "serve@n1").state == "failed"
+
+
 def test_silent_or_stopped_workers_are_offline_and_busy_ones_name_their_run(session, settings):
     _register(session, "train@n1", ["train", "cpu"])
     svc.record_doctor(session, "train@n1", PASSED)

@@ -213,6 +213,14 @@ def test_run_time_text_of_the_datasets_runs_and_deploy_tabs_is_chinese_in_chines
         id=1, name="lr", status="running", url="http://127.0.0.1:8188/v1", error=None, backend="paddle",
         model_dir="/m", started_at=NOW,
     )  # fmt: skip
+    # starting: not yet taken by a serve worker, then taken by one
+    waiting = SimpleNamespace(
+        **{**vars(dep), "status": "starting", "url": None, "backend": "auto", "worker": None}
+    )
+    taken = SimpleNamespace(**{**vars(waiting), "worker": "serve@n1"})
+    assert "waiting for a serve worker" in deployment_status(waiting, "en")
+    assert "serve@n1 is starting its server" in deployment_status(taken, "en")
+    assert "serve worker" not in deployment_status(dep, "en")  # a running one says nothing of it
     err = ServiceError(
         "demo.jsonl:1: bad", details={"problems": ["demo.jsonl:1: bad"], "format": "chatml", "kind": "sft"}
     )
@@ -236,11 +244,13 @@ def test_run_time_text_of_the_datasets_runs_and_deploy_tabs_is_chinese_in_chines
             for st in ("exporting", "export_failed", "deploying", "running", "failed", "stopped", "removed")
         ),
         deployment_status(dep, "zh"),
+        deployment_status(waiting, "zh"),
+        deployment_status(taken, "zh"),
         localize_frame(deployment_rows([dep], "zh"), "zh").to_csv(),
         *(label for label, _ in deployment_choices([dep], "zh")),
         *(text(key, "zh") for key in ("ds.msg.all_valid", "dep.msg.stopped_stream", "ds.span.trained")),
     ]
-    data = ["demo", "demo.jsonl", "lr", "tiny", "paddle", "bfloat16", "d2-e4-k1"]
+    data = ["demo", "demo.jsonl", "lr", "tiny", "paddle", "bfloat16", "d2-e4-k1", "serve@n1"]
     for piece in shown:
         assert untranslated_words(piece, data) == [], piece
     # The same pieces in English do carry English words: the check above is not vacuous.

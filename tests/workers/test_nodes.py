@@ -54,8 +54,12 @@ def test_a_failed_doctor_keeps_a_worker_from_taking_runs(studio_factory):
             return run.status != RunStatus.QUEUED and run.worker
 
     assert wait_for(taken, 180, "the healthy worker to take the shared run") == "train@testnode"
-    healthy = node("train@testnode")
-    assert healthy.state == "ready" and "train" in healthy.accepting and healthy.busy
+    # Ready once its consumer answered the request to open the queues, which can come just after the run
+    # was taken from them.
+    healthy = wait_for(
+        lambda: (n := node("train@testnode")) and n.state == "ready" and n, 30, "the healthy node to be ready"
+    )
+    assert "train" in healthy.accepting and healthy.busy
     assert healthy.holds == [{"kind": "run", "id": shared, "name": healthy.holds[0]["name"]}]
     # The degraded worker, the only one serving GPU 0's queue, has had as long as the healthy one took.
     with factory() as session:
@@ -75,3 +79,27 @@ def test_work_queues_are_held_until_the_doctor_passed(tmp_path):
     assert list(app.amqp.queues.consume_from) == ["cpu"]
     # Still declared, so the consumer can be told to take them later.
     assert {"train", "gpu.n1.0"} <= set(app.amqp.queues)
+
+
+def test_a_worker_whose_remote_control_binding_was_lost_gets_it_back(tmp_path):
+    """A serve worker whose `celery.pidbox` binding the embedded broker lost never hears the request to open
+    its queues. When no reply comes, the node agent declares the worker's remote-control queue again, which
+    writes the binding back, so the next heartbeat's request reaches it. (No worker runs here: the request
+    goes unanswered, as it did for the worker that lost its binding.)"""
+    from kombu import Connection
+
+    from studio.config import Settings
+    from studio.queue import embedded_transport, make_celery
+    from workers.nodes import NodeAgent
+
+    settings = Settings(home=tmp_path)
+    app = make_celery(settings)
+    agent = NodeAgent(settings, app, "serve@testnode", ["serve", "export"])
+    with Connection(
+        "filesystem://", transport=embedded_transport(), transport_options=app.conf.broker_transport_options
+    ) as conn:
+        assert conn.default_channel.get_table("celery.pidbox") == []  # lost (here: never written)
+        agent.open_work_queues()
+        assert not agent.opened
+        bound = [b.queue for b in conn.default_channel.get_table("celery.pidbox")]
+    assert bound == ["serve@testnode.celery.pidbox"]

@@ -242,6 +242,11 @@ RUNTIME_STRINGS: dict[str, tuple[str, str]] = {
         " · `{url}`（兼容 OpenAI，模型名 `default`）",
     ),
     "dep.msg.starting": ("Deployment #{id} is starting.", "部署 #{id} 正在启动。"),
+    "dep.msg.no_worker": (
+        " · waiting for a serve worker to take it (the Nodes tab shows which are ready)",
+        " · 等待服务节点接手（“节点”页显示哪些节点已就绪）",
+    ),
+    "dep.msg.taken": (" · {worker} is starting its server", " · {worker} 正在启动服务"),
     "dep.msg.stopped_stream": ("⏹️ stopped", "⏹️ 已停止"),
     "dep.msg.empty_reply": (
         "_(The model ended its reply at once, with no text. A briefly trained model can; ignore_eos makes it "
