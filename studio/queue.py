@@ -114,11 +114,12 @@ def embedded_transport() -> type:
     a whole message or none.
 
     kombu's `_queue_bind` loses bindings: two workers starting at once both find no exchange table, both
-    open it with "wb" (which empties the file before the lock is taken) and the second one's write replaces
-    the first one's, or leaves the table unreadable. A serve worker whose remote-control queue lost its binding to `celery.pidbox` never
-    hears a broadcast, so its work queues were never opened (a fresh clone's e2e run, 2026-11-29). Here the
-    table is opened without truncation, read, extended and rewritten under one exclusive lock, and a table
-    read while it is being created empty counts as no bindings.
+    open it with "wb" (which empties the file before the lock is taken), and the second one's write
+    replaces the first one's or leaves the table unreadable. A serve worker whose remote-control queue lost
+    its binding to `celery.pidbox` never hears a broadcast, so its work queues were never opened (a fresh
+    clone's e2e run, 2026-11-29). Here the table is opened without truncation, then read, extended and
+    rewritten under one exclusive lock, and a table read while it is being created (empty) counts as no
+    bindings.
     """
     from kombu.transport import filesystem
     from kombu.utils.encoding import str_to_bytes
