@@ -125,6 +125,10 @@ def embedded_transport() -> type:
     from kombu.utils.encoding import str_to_bytes
     from kombu.utils.json import dumps, loads
 
+    def _bindings(raw: bytes) -> list:
+        """An exchange table's bindings; a table still being created (empty) has none."""
+        return [filesystem.exchange_queue_t(*q) for q in loads(raw)] if raw.strip() else []
+
     class Channel(filesystem.Channel):
         def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
             name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
@@ -145,8 +149,7 @@ def embedded_transport() -> type:
                 with open(os.open(file, os.O_RDWR | os.O_CREAT, 0o644), "r+b", buffering=0) as f:
                     filesystem.lock(f, filesystem.LOCK_EX)
                     try:
-                        raw = f.read()
-                        table = [filesystem.exchange_queue_t(*q) for q in loads(raw)] if raw.strip() else []
+                        table = _bindings(f.read())
                         if binding not in table:
                             f.seek(0)
                             f.write(str_to_bytes(dumps([binding, *table])))
@@ -169,7 +172,7 @@ def embedded_transport() -> type:
                 return []
             except OSError as exc:
                 raise filesystem.ChannelError(f"Cannot open {file}") from exc
-            return [filesystem.exchange_queue_t(*q) for q in loads(raw)] if raw.strip() else []
+            return _bindings(raw)
 
     class Transport(filesystem.Transport):
         pass

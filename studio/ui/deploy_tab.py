@@ -89,8 +89,9 @@ def deployment_status(dep: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     icon = STATUS_ICONS.get(dep.status, "")
     shown = f"**{icon} #{dep.id} {dep.name} — {status_text(dep.status, lang)}**"
     if dep.status == "starting":  # not yet answering: say whether a serve worker has it
-        worker = getattr(dep, "worker", None)
-        shown += text("dep.msg.taken", lang, worker=worker) if worker else text("dep.msg.no_worker", lang)
+        shown += (
+            text("dep.msg.taken", lang, worker=dep.worker) if dep.worker else text("dep.msg.no_worker", lang)
+        )
     if dep.backend and dep.backend != "auto":  # the engine the worker chose (its reason is an event)
         shown += f" · {dep.backend}"
     if dep.url:
