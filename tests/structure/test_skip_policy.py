@@ -113,7 +113,8 @@ def test_xdist_processes_run_the_controllers_order(pytester, monkeypatch):
         + "        f.write(request.node.nodeid + '\\n')\n"
     )
     pytester.makepyfile(**ORDER_TESTS)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2")
+    # -p no:langsmith_plugin as the suite's own addopts (pyproject.toml): 1.3 s of CPU per xdist process
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:langsmith_plugin", "-n", "2")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*test order: --order-seed *", "*32 passed*"])
     seed = (
