@@ -164,7 +164,7 @@ def pytest_xdist_make_scheduler(config, log):
 # After collection they are frozen (never walked again), and collections start 20,000 allocations apart
 # instead of 700. FastAPI's callable caches (4,096 entries each, fastapi.dependencies.models) kept the routes
 # of the last ~16 apps a test built alive, ~32k objects per studio app; they are emptied after each test.
-# Measured on tests/studio, -n 2, one order seed (2026-11-29, Zen 4): 77.8 CPU-s -> 66.1 CPU-s, 57 s -> 49 s.
+# Measured on tests/studio, -n 2, one order seed (2026-11-29, Zen 4): 77.8 CPU-s -> 66-70 CPU-s, 57 s -> 49-51 s.
 GC_THRESHOLD = (20_000, 10, 10)
 FASTAPI_CALL_CACHES = (
     "_is_gen_callable_cached",
