@@ -52,6 +52,13 @@ log = logging.getLogger(__name__)
 
 # A rank that died of a Python error says so in its log; one that did not was lost (a kill, a dead node).
 TRACEBACK = "Traceback (most recent call last)"
+# ...except when its last traceback is Paddle's collective store failing to start: the launcher on node rank 0
+# probes a free port (paddle/distributed/launch/controllers/collective.py, the `candidate` it makes
+# PADDLE_MASTER) and rank 0 binds it seconds later, after importing Paddle, so another connection on the
+# machine can take it between the two. Rank 0 then aborts in C++ (`TCPServer::create`, a libuv assertion in
+# `LibUVMasterDaemon`'s destructor, SIGABRT). Nothing of the run is wrong: the rank is lost, and the attempt
+# is requeued on new ports like any lost rank's. Seen once in ~20 full suites (2026-11-29).
+STORE_START = ("TCPStore::TCPStore", "TCPServer::create")
 
 
 class PartBeat(Heartbeat):
@@ -293,12 +300,26 @@ def _requeue_lost(
 
 
 def _rank_error(node_logs: Path, nproc: int) -> str | None:
-    """The end of the first local rank's log that shows a Python error; None when none does."""
+    """The end of the first local rank's log that shows a Python error; None when none does, or when a rank's
+    collective store could not start (`STORE_START`: its peers' errors follow from it)."""
+    if _store_failed(node_logs, nproc):
+        return None
     for rank in range(nproc):
         text = tail(node_logs / f"workerlog.{rank}", 2000)
         if TRACEBACK in text:
             return text
     return None
+
+
+def _store_failed(node_logs: Path, nproc: int) -> bool:
+    return any(store_start_failed(tail(node_logs / f"workerlog.{rank}", 2000)) for rank in range(nproc))
+
+
+def store_start_failed(text: str) -> bool:
+    """Does a rank's log end with Paddle's collective store failing to start? Its last traceback is read, as
+    the log of a rank holds its earlier attempts' too."""
+    last = text.rfind(TRACEBACK)
+    return last >= 0 and all(marker in text[last:] for marker in STORE_START)
 
 
 def _peers_lost(
@@ -349,6 +370,8 @@ def _ended(
     attempt = claim.attempt
     node_logs = runs_svc.run_dir(settings, attempt.run_id) / DIST_LOGS / f"node{claim.node_rank}"
     error = None if code == 0 or cancelled else _rank_error(node_logs, claim.nproc)
+    if code != 0 and not cancelled and error is None and _store_failed(node_logs, claim.nproc):
+        log_line(log_file, f"node rank {claim.node_rank}: a rank could not start Paddle's collective store")
     if code == 0 or cancelled:
         set_part(session, claim, ENDED, exit_code=code)
     else:

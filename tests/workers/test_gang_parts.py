@@ -17,7 +17,7 @@ from studio.db import session_factory
 from studio.migrate import upgrade
 from studio.models import Run, RunPart, RunStatus, utcnow
 from studio.services.run_parts import LAUNCHED, Gang, claim_part, killed, set_part
-from workers.gang import PartBeat, _follow, _peers_lost
+from workers.gang import PartBeat, _follow, _peers_lost, _rank_error, store_start_failed
 
 
 @pytest.fixture
@@ -116,3 +116,56 @@ def test_ranks_stopped_without_a_kill_count_as_lost_only_when_nobody_else_is():
     assert _peers_lost(stopped_only, 0, since - 6.0, 5.0)[0] == [2]
     assert _peers_lost(Gang([], None, stopped=[0]), 0, None, 5.0) == ([], None)  # its own part is not a peer
     assert [killed(c) for c in (247, -9, 241, 250, 1, 0)] == [True, True, True, False, False, False]
+
+
+# The end of rank 0's log in a two-node run whose resumed attempt failed (2026-11-29, a fresh clone's suite):
+# attempt 2's rank lost its peer (a Python error), then attempt 3's rank could not start Paddle's collective
+# store on the port its launcher had probed (exit code 250).
+EARLIER_ATTEMPT = """Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/paddle/distributed/communication/all_reduce.py", line 51, in _all_reduce_in_dygraph
+    task = group.process_group.all_reduce(tensor, op_type, sync_op)
+RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:576] Read error [127.0.0.1]:56706: Connection reset by peer
+"""
+STORE_ABORT = """I1129 20:16:04.592231  4796 tcp_store.cc:336] create libuv server at port: 58878
+python: /paddle/third_party/libuv/src/unix/core.c:314: uv__finish_close: Assertion `handle->flags & UV_HANDLE_CLOSING' failed.
+
+
+--------------------------------------
+C++ Traceback (most recent call last):
+--------------------------------------
+0   phi::distributed::CreateOrGetGlobalTCPStore()
+1   phi::distributed::TCPStore::TCPStore(std::string, unsigned short, bool, unsigned long, int)
+2   phi::distributed::detail::TCPServer::create(unsigned short, int, int, bool)
+3   phi::distributed::detail::LibUVMasterDaemon::~LibUVMasterDaemon()
+4   phi::distributed::detail::LibUVMasterDaemon::~LibUVMasterDaemon()
+5   uv_run
+
+----------------------
+Error Message Summary:
+----------------------
+FatalError: `Process abort signal` is detected by the operating system.
+"""
+
+
+def test_a_rank_whose_collective_store_could_not_start_is_lost_not_the_runs_error(tmp_path):
+    """Such a rank is counted lost (the attempt is requeued on new ports) although its log holds tracebacks:
+    the C++ one of the store and, above it, an earlier attempt's Python one. A Python error after an earlier
+    store failure is the run's error again, and so is a C++ abort elsewhere."""
+    logs = tmp_path / "node0"
+    logs.mkdir()
+    rank0 = logs / "workerlog.0"
+    rank0.write_text(EARLIER_ATTEMPT + STORE_ABORT)
+    assert store_start_failed(rank0.read_text())
+    assert _rank_error(logs, 1) is None
+    # a second local rank's error (it could not reach the store) follows from rank 0's
+    (logs / "workerlog.1").write_text(EARLIER_ATTEMPT)
+    assert _rank_error(logs, 2) is None
+
+    rank0.write_text(STORE_ABORT + EARLIER_ATTEMPT)  # the next attempt failed in Python
+    assert not store_start_failed(rank0.read_text())
+    assert "Connection reset by peer" in _rank_error(logs, 1)
+    other_abort = STORE_ABORT.replace("TCPServer::create", "MatmulKernel").replace(
+        "TCPStore::TCPStore", "Run"
+    )
+    rank0.write_text(other_abort)
+    assert "C++ Traceback" in _rank_error(logs, 1)
