@@ -10,7 +10,8 @@ How a run spends memory (docs/training.md, Precision; ``engine/train/precision.p
 
 - fp32 and fp8 QAT: fp32 weights; what trains has an fp32 gradient and two fp32 AdamW moments.
 - bf16 on a CPU (emulated): decoder linears, embedding and untied head held in bf16, the rest fp32; what
-  trains also has an fp32 master copy with an fp32 gradient (the bf16 gradient is moved onto it).
+  trains also has an fp32 master copy with an fp32 gradient (the linears' GEMMs write it there; the
+  embedding lookup's bf16 gradient is added at the step).
 - bf16 / fp16 on a GPU (AMP O2): everything but the MoE routers held in 16 bits, fp32 masters and moments.
 - wint8 / wint4/8: the frozen base's decoder linears as int8 values (int4 values sit in int8 memory) plus
   fp32 per-channel scales; embedding, norms and the vision tower stay fp32. Always LoRA.

@@ -76,12 +76,17 @@ def _held_bytes(counts: ParameterCounts, compute_type: str, mode: str, gpu: bool
     return 4 * counts.total
 
 
-def _training_state_bytes(trainable: float, mode: str, lora: bool) -> dict[str, float]:
-    """Gradients, master weights and AdamW moments of what trains."""
+def _training_state_bytes(
+    trainable: float, mode: str, lora: bool, embedding: float = 0.0
+) -> dict[str, float]:
+    """Gradients, master weights and AdamW moments of what trains (``embedding``: the trained embedding
+    table's share of it)."""
     low = not lora and (mode.endswith("-emulated") or mode.endswith("-amp"))
     if low and mode.endswith("-emulated"):
-        # bf16 gradient, then an fp32 one on the master (the bf16 one freed as it moves)
-        return {"masters": 4 * trainable, "gradients": 6 * trainable, "moments": 8 * trainable}
+        # the GEMMs' gradients in fp32 on the masters (engine.models.master_grads); the embedding lookup's
+        # in bf16 on the table until the step adds it to its master
+        gradients = 4 * trainable + 2 * embedding
+        return {"masters": 4 * trainable, "gradients": gradients, "moments": 8 * trainable}
     if low:
         return {"masters": 4 * trainable, "gradients": 2 * trainable, "moments": 8 * trainable}
     return {"masters": 0.0, "gradients": 4 * trainable, "moments": 8 * trainable}
@@ -216,7 +221,7 @@ def device_memory(
     local = local_counts(counts, layout)
     local_trainable = local.lora if lora else max(trainable - (counts.total - local.total), 0)
     held = _held_bytes(local, cfg.compute_type, mode, gpu)
-    state = _training_state_bytes(local_trainable, mode, lora)
+    state = _training_state_bytes(local_trainable, mode, lora, 0.0 if lora else local.embedding)
     s = layout.sharding_degree
     masters, moments = state["masters"] / s, state["moments"] / s
     gradients = state["gradients"] / (s if layout.sharding_stage >= 2 else 1)

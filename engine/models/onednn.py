@@ -28,6 +28,8 @@ from pathlib import Path
 import paddle
 from paddle.autograd import PyLayer
 
+from engine.models import master_grads
+
 LIBRARY = "libdnnl.so.3"
 _GEMM_ARGS = [
     ctypes.c_char,  # transa
@@ -305,7 +307,7 @@ class OneDnnMatmul(PyLayer):
     ``compute`` is the GEMMs' input dtype. For ``bfloat16`` the activations and the output's gradient are
     rounded to bf16 as a GPU's bf16 matmul takes them, products accumulate in fp32, and only the bf16 copy
     of ``x`` is kept for backward (half the fp32 activation). The weight's gradient comes back in the
-    weight's dtype. ``cast(t, dtype)`` does the conversions (``astype``, or ``kernels.cast``).
+    weight's dtype, or in fp32 onto its master where ``master_grads`` has one. ``cast(t, dtype)`` does the conversions (``astype``, or ``kernels.cast``).
     """
 
     @staticmethod
@@ -316,6 +318,7 @@ class OneDnnMatmul(PyLayer):
         # decided here: under non-reentrant recompute the saved ``w`` comes back as a copy that has
         # stop_gradient set, and reading the flag off it in backward dropped every weight's gradient
         ctx.x_dtype, ctx.weight_trains = dtype_name(x), not w.stop_gradient
+        ctx.master = master_grads.master_of(w) if ctx.weight_trains else None
         ctx.save_for_backward(x2, w)
         return y.reshape([*x.shape[:-1], y.shape[-1]])
 
@@ -331,6 +334,9 @@ class OneDnnMatmul(PyLayer):
         if not ctx.weight_trains:
             return dx, None
         dw = gemm(dy2, x2, trans_a=True) if ctx.transpose_w else gemm(x2, dy2, trans_a=True)
+        if ctx.master is not None:  # fp32, onto the master weight's gradient (engine.models.master_grads)
+            master_grads.accumulate(ctx.master, dw)
+            return dx, None
         return dx, cast(dw, dtype_name(w))
 
 

@@ -18,7 +18,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.autograd import PyLayer
 
-from engine.models import kernels, onednn
+from engine.models import kernels, master_grads, onednn
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 DECODER_LINEARS = ("qkv_proj", "o_proj", "up_gate_proj", "down_proj")
@@ -67,6 +67,7 @@ class UpcastMatmul(PyLayer):
         # decided here: under non-reentrant recompute the saved ``stored`` comes back as a copy with
         # stop_gradient set (see onednn.OneDnnMatmul)
         ctx.weight_trains = not stored.stop_gradient
+        ctx.master = master_grads.master_of(stored) if ctx.weight_trains else None
         ctx.save_for_backward(x, stored)
         outs = [kernels.matmul_nograd(x, upcast(w), transpose_y) for w in _blocks(stored, transpose_y, block)]
         return outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)
@@ -85,8 +86,13 @@ class UpcastMatmul(PyLayer):
             if ctx.weight_trains:
                 g2 = g.reshape([-1, n])
                 dw = kernels.matmul_at_b(g2, x2) if ctx.transpose_y else kernels.matmul_at_b(x2, g2)
-                dws.append(kernels.cast(dw, onednn.dtype_name(stored)))
+                dws.append(dw if ctx.master is not None else kernels.cast(dw, onednn.dtype_name(stored)))
         if not ctx.weight_trains:
+            return dx, None
+        if ctx.master is not None:  # fp32, onto the master weight's gradient (engine.models.master_grads)
+            master_grads.accumulate(
+                ctx.master, dws[0] if len(dws) == 1 else paddle.concat(dws, axis=0 if ctx.transpose_y else 1)
+            )
             return dx, None
         return dx, dws[0] if len(dws) == 1 else paddle.concat(dws, axis=0 if ctx.transpose_y else 1)
 

@@ -11,8 +11,9 @@
 - **emulated** bf16 (no bf16 kernels, e.g. Paddle's CPU build, which has bf16 cast, multiply and
   embedding but no matmul, add or softmax): the weights are held in bf16
   (``engine.models.quantized.hold_in_low_precision``), every linear upcasts its weight to fp32 and rounds
-  its output to bf16, gradients come back in bf16, and ``MasterWeights`` keeps the fp32 copies AdamW
-  updates (Paddle's ``multi_precision`` AdamW has no bf16 CPU kernel). On a CPU with ``avx512_bf16`` /
+  its output to bf16, and ``MasterWeights`` keeps the fp32 copies AdamW updates (Paddle's
+  ``multi_precision`` AdamW has no bf16 CPU kernel). The linears' weight gradients go in fp32 straight onto
+  those copies (``engine.models.master_grads``); other weights' come back in bf16. On a CPU with ``avx512_bf16`` /
   ``amx_bf16`` the linears and the head skip the upcast: they run oneDNN's bf16 GEMM (fp32 accumulation,
   the ``onednn_bf16_matmul`` fast path of ``engine.models.kernels``), so ``matmuls`` says bfloat16.
 - fp16 without fp16 kernels is refused: the loss scaling fp16 gradients need (``GradScaler``) works on
@@ -28,7 +29,7 @@ import paddle
 from paddle import nn
 from paddle.amp.auto_cast import amp_global_state
 
-from engine.models import kernels
+from engine.models import kernels, master_grads
 
 LOW_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # compute types that keep fp32 arithmetic: (what the linears hold, how)
@@ -170,19 +171,24 @@ class MasterWeights:
     def __init__(self, params: dict[str, paddle.Tensor]):
         self.low = {n: p for n, p in params.items() if p.dtype != paddle.float32}
         self.master = {n: _fp32_copy(p) for n, p in self.low.items()}
+        for n, p in self.low.items():  # the GEMMs' fp32 weight gradients go straight to the masters
+            master_grads.register(p, self.master[n])
 
     def trainable(self, params: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
         """``params`` with each low-precision weight replaced by its fp32 master (what the optimizer steps)."""
         return {n: self.master.get(n, p) for n, p in params.items()}
 
     def gather_grads(self) -> None:
-        """Move each low-precision gradient, upcast, onto its master (zero for a weight that got none)."""
+        """Add what the low-precision weights' own gradients hold (ops other than the linears' GEMMs, which
+        accumulate onto the masters in fp32 already: ``engine.models.master_grads``), upcast, to the masters'
+        gradients; zero for a master that got none."""
         for n, p in self.low.items():
             m = self.master[n]
-            m._copy_gradient_from(
-                kernels.cast(p.grad, "float32") if p.grad is not None else paddle.zeros_like(m)
-            )
-            p.clear_gradient(False)
+            if p.grad is not None:
+                master_grads.accumulate(m, kernels.cast(p.grad, "float32"))
+                p.clear_gradient(False)
+            elif m.grad is None:
+                m._copy_gradient_from(paddle.zeros_like(m))
 
     @paddle.no_grad()
     def write_back(self) -> None:

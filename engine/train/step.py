@@ -27,7 +27,7 @@ from engine.train.run_state import TrainRun
 
 def optimizer_step(cfg: TrainConfig, run: TrainRun, dp: DataParallel) -> float:
     """All-reduce, clip and apply the accumulated gradients; returns the gradient norm before clipping."""
-    if run.masters is not None:  # emulated bf16: the bf16 gradients, upcast, onto the fp32 masters
+    if run.masters is not None:  # emulated bf16: the bf16 gradients left, upcast, onto the fp32 masters
         run.masters.gather_grads()
     # Every trainable weight gets a gradient (zero when unused, e.g. an idle expert) so that ranks
     # all-reduce the same tensors and AdamW treats them the same with 1 or N ranks.
