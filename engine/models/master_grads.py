@@ -4,8 +4,8 @@ An emulated bf16 run (``engine.train.precision.MasterWeights``) holds each train
 AdamW update an fp32 copy. The linears' and the head's weight gradients come out of an fp32-accumulating
 GEMM (``onednn.OneDnnMatmul``, ``quantized.UpcastMatmul``). Rounding each to bf16 for the weight's ``.grad``,
 only to upcast it again for the master before the step, cost two conversions of every trained value per
-step (about 0.5 s of a 7.5 s step of the 0.3B shape on an Intel Xeon with AMX; docs/benchmarks.md) and
-threw away precision: micro-batches then summed in bf16. With a weight registered here, those GEMMs add
+step (about 0.2 s of a 6 s bf16 step of the 0.3B shape on an Intel Xeon with AMX, by the profile's
+``onednn_convert``; docs/benchmarks.md) and threw away precision: micro-batches then summed in bf16. With a weight registered here, those GEMMs add
 their fp32 result to the master's gradient instead and give the bf16 weight none, as Megatron-LM's
 ``main_grad`` and Paddle's ``amp_master_grad`` keep fp32 gradients beside bf16 weights. Gradients that other
 ops give the weight (the tied embedding's lookup) still land on its ``.grad`` and ``MasterWeights`` adds them.
