@@ -9,6 +9,9 @@ same run, reads its bytecode from an empty ``PYTHONPYCACHEPREFIX`` with ``PYTHON
 module compiled at every start, as in a venv without bytecode where writing it is disabled. Rounds alternate
 the two, and the table shows medians.
 
+``--collection`` prints only the CPU seconds of ``import paddle`` with the garbage collector paused around it
+(``engine.startup``, what every entry point installs) against a plain import.
+
 ``--against DIR`` adds a second table: what a worker's start costs in this tree and in another checkout
 ``DIR`` (say ``git worktree add /tmp/before <commit>``), CPU seconds (user + system) and peak memory of
 ``import workers.tasks``, rounds alternating, medians.
@@ -76,6 +79,29 @@ def compare_trees(other: Path, rounds: int) -> None:
         print(f"{name:40} {cpu:>7.2f} {mib:>9.0f}")
 
 
+GUARDED = "from engine.startup import around_paddle_import, collection_paused\n"
+GUARDED += "around_paddle_import(collection_paused)\n"
+
+
+def compare_collection(rounds: int) -> None:
+    """``import paddle`` as every entry point now imports it (``engine.startup``: no garbage collection while
+    it runs, its objects frozen after) against a plain import, CPU seconds, rounds alternating."""
+    variants = {
+        "plain import paddle": "import paddle",
+        "collection paused (engine.startup)": GUARDED + "import paddle",
+    }
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    cost("import paddle", ROOT)  # page cache warm
+    for _ in range(rounds):
+        for name, code in variants.items():
+            runs[name].append(cost(code, ROOT)[0])
+    base = statistics.median(runs["plain import paddle"])
+    print(f"\n{'import paddle':40} {'CPU s':>7} {'fastest':>8} {'vs plain':>9}")
+    for name, rows in runs.items():
+        cpu = statistics.median(rows)
+        print(f"{name:40} {cpu:>7.3f} {min(rows):>8.3f} {base / cpu:>8.2f}x")
+
+
 def pyc_share(package: str) -> str:
     """How many of the package's modules have bytecode beside them (what the venv was installed with)."""
     spec = importlib.util.find_spec(package)
@@ -91,7 +117,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--against", type=Path, help="another checkout: compare a worker's start with it")
+    parser.add_argument(
+        "--collection", action="store_true", help="only: import paddle with collection paused against plain"
+    )
     args = parser.parse_args()
+    if args.collection:
+        compare_collection(args.rounds)
+        return
     print(f"bytecode present: paddle {pyc_share('paddle')}, engine {pyc_share('engine')} modules")
     with tempfile.TemporaryDirectory(prefix="ernie-bench-pycache-") as empty:
         cached = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

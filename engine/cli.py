@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from engine.models.download import SOURCES
 from engine.models.presets import HUB_IDS
 from engine.priority import nice_own_session
+from engine.startup import around_paddle_import, collection_paused
 
 log = logging.getLogger("ernie_studio")
 
@@ -102,6 +103,8 @@ ENGINE_COMMANDS: list[str] = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Every command that needs Paddle imports it lazily: without collecting while it arrives (engine.startup)
+    around_paddle_import(collection_paused)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

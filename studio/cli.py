@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from engine.startup import collection_paused
 from studio.config import LOOPBACK_HOSTS, Settings, get_settings
 from studio.queue import CPU_QUEUE, EXPORT_QUEUE, SERVE_QUEUE, training_queues
 
@@ -126,16 +127,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    import uvicorn
+    # Gradio, FastAPI and the studio: ~2 s of imports whose objects live as long as the process; no
+    # collection walks them while they arrive, nor after (engine.startup)
+    with collection_paused():
+        import uvicorn
 
-    from studio.app import create_app
-    from studio.migrate import upgrade
-    from studio.processes import (
-        die_with_parent,
-        freeze_startup_heap,
-        keep_signal_handlers_when_paddle_is_imported,
-    )
-    from studio.services.datasets import clean_incoming
+        from studio.app import create_app
+        from studio.migrate import upgrade
+        from studio.processes import (
+            die_with_parent,
+            freeze_startup_heap,
+            keep_signal_handlers_when_paddle_is_imported,
+        )
+        from studio.services.datasets import clean_incoming
 
     # The API imports engine helpers (and so Paddle) lazily, most requests none; whenever Paddle comes, its
     # abort-on-SIGTERM handler must not replace the graceful one below.

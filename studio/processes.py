@@ -4,14 +4,13 @@ Paddle only if a request or a task needs it, their handlers kept by an import gu
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import signal
-import sys
-from types import ModuleType
+from collections.abc import Iterator
+
+from engine.startup import around_paddle_import, collection_paused
 
 PR_SET_PDEATHSIG = 1
 
@@ -55,44 +54,26 @@ def _restore_sigactions(saved: dict[int, bytes]) -> None:
         libc.sigaction(sig, ctypes.create_string_buffer(raw, _SIGACTION_BYTES), None)
 
 
-class _PaddleImportGuard(importlib.abc.MetaPathFinder):
-    """Finds `paddle` once, and wraps its module's execution: the signal dispositions in place before (the
-    graceful handlers uvicorn installed, whatever thread the import runs in) are put back after, and the
-    hundreds of thousands of objects Paddle brings are frozen out of the collector's reach like the
-    start-up heap (`freeze_startup_heap`)."""
-
-    def find_spec(
-        self, fullname: str, path: object = None, target: object = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "paddle":
-            return None
-        sys.meta_path.remove(self)  # the first import only; the returned spec ends the finders' loop
-        spec = importlib.util.find_spec("paddle")
-        if spec is None or spec.loader is None:
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            saved = _sigactions()
-            try:
-                execute(module)
-            finally:
-                _restore_sigactions(saved)
-                gc.freeze()
-
-        spec.loader.exec_module = exec_module
-        return spec
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """The watched signals' dispositions in place before (the graceful handlers uvicorn or Celery installed)
+    are put back after."""
+    saved = _sigactions()
+    try:
+        yield
+    finally:
+        _restore_sigactions(saved)
 
 
 def keep_signal_handlers_when_paddle_is_imported() -> None:
     """For a process that may never need Paddle (the API and the workers: their requests and tasks import
     engine helpers lazily, and most import none): instead of importing Paddle at start to remove its handlers
     (`quiet_paddle_signal_handlers`, 1.3-2 s of CPU), the first import of Paddle, whenever and in whatever
-    thread it comes, leaves the signal handlers as they were."""
-    if "paddle" in sys.modules:
+    thread it comes, leaves the signal handlers as they were (and, as in every process, runs without the
+    garbage collector and freezes what it made: `engine.startup`)."""
+    if not around_paddle_import(_signal_handlers_kept):
         quiet_paddle_signal_handlers()
-    elif not any(isinstance(f, _PaddleImportGuard) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PaddleImportGuard())
+    around_paddle_import(collection_paused)
 
 
 def die_with_parent() -> None:
