@@ -20,7 +20,7 @@ BYTECODE   := $(PY) -m compileall -q -j 0 studio engine workers migrations
 # ~/.cache/ernie-studio/native (ERNIE_STUDIO_NATIVE_HOME); a no-op when that build is there.
 NATIVE     := $(PY) -m engine.models.native >/dev/null
 
-.PHONY: run test lint format bench install install-dev lock lock-check clean llamacpp reference
+.PHONY: run test deps lint format bench install install-dev lock lock-check clean llamacpp reference
 
 # llama.cpp (GGUF serving on CPU nodes, `serve --backend llamacpp`): llama-server, llama-quantize and
 # llama-perplexity built once from the llama.cpp source the pinned llama-cpp-python sdist vendors, cached
@@ -63,7 +63,11 @@ run: $(VENV)/.base
 	$(NATIVE)
 	$(VENV)/bin/ernie-studio up --host $(HOST) --port $(PORT)
 
-test: lock-check $(VENV)/.dev llamacpp reference
+# What `make test` needs. `.ci/run` builds it with `make -j3 deps`: llama.cpp's build keeps both cores busy for
+# minutes while the two virtualenvs mostly wait on downloads, so they go side by side.
+deps: lock-check $(VENV)/.dev llamacpp reference
+
+test: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports

@@ -4,6 +4,8 @@
 # later runs reuse. Usage: tools/build_llamacpp.sh [VERSION] [PREFIX]
 # Prints the bin directory on its last line. Skips everything when the three binaries are already there.
 set -euo pipefail
+# Not the calling make's flags: under `make -j3 deps` they name a jobserver cmake's own make is not given.
+unset MAKEFLAGS MFLAGS MAKELEVEL
 VERSION="${1:-${LLAMACPP_PY_VERSION:-0.3.36}}"
 PREFIX="${2:-${ERNIE_STUDIO_LLAMACPP_HOME:-$HOME/.cache/ernie-studio/llama.cpp}}"
 DEST="$PREFIX/llama-cpp-python-$VERSION"
