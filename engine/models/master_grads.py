@@ -44,12 +44,22 @@ def master_of(weight: paddle.Tensor) -> paddle.Tensor | None:
 
 
 @paddle.no_grad()
-def accumulate(master: paddle.Tensor, grad: paddle.Tensor) -> None:
-    """Add an fp32 ``grad`` to ``master``'s gradient (set it when there is none yet)."""
+def accumulate(master: paddle.Tensor, grad: paddle.Tensor, axis: int | None = None, start: int = 0) -> None:
+    """Add an fp32 ``grad`` to ``master``'s gradient (set it when there is none yet). With ``axis``, ``grad``
+    is the block of it from ``start`` along that axis (a large weight's gradient made block by block, so
+    that no whole fp32 copy sits beside the gradient)."""
     if grad.dtype != paddle.float32:
         grad = grad.astype("float32")
-    grad = grad.reshape(master.shape)
+    if axis is None:
+        grad = grad.reshape(master.shape)
+        if master.grad is None:
+            master._copy_gradient_from(grad)
+        else:
+            master.grad.add_(grad)
+        return
     if master.grad is None:
-        master._copy_gradient_from(grad)
-    else:
-        master.grad.add_(grad)
+        master._copy_gradient_from(paddle.zeros_like(master))
+    held = master.grad
+    index = [slice(None)] * held.ndim
+    index[axis] = slice(start, start + grad.shape[axis])
+    held[tuple(index)] += grad

@@ -307,7 +307,8 @@ class OneDnnMatmul(PyLayer):
     ``compute`` is the GEMMs' input dtype. For ``bfloat16`` the activations and the output's gradient are
     rounded to bf16 as a GPU's bf16 matmul takes them, products accumulate in fp32, and only the bf16 copy
     of ``x`` is kept for backward (half the fp32 activation). The weight's gradient comes back in the
-    weight's dtype, or in fp32 onto its master where ``master_grads`` has one. ``cast(t, dtype)`` does the conversions (``astype``, or ``kernels.cast``).
+    weight's dtype, or in fp32 onto its master where ``master_grads`` has one. ``cast(t, dtype)`` does the
+    conversions (``astype``, or ``kernels.cast``).
     """
 
     @staticmethod

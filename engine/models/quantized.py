@@ -86,13 +86,12 @@ class UpcastMatmul(PyLayer):
             if ctx.weight_trains:
                 g2 = g.reshape([-1, n])
                 dw = kernels.matmul_at_b(g2, x2) if ctx.transpose_y else kernels.matmul_at_b(x2, g2)
-                dws.append(dw if ctx.master is not None else kernels.cast(dw, onednn.dtype_name(stored)))
-        if not ctx.weight_trains:
-            return dx, None
-        if ctx.master is not None:  # fp32, onto the master weight's gradient (engine.models.master_grads)
-            master_grads.accumulate(
-                ctx.master, dws[0] if len(dws) == 1 else paddle.concat(dws, axis=0 if ctx.transpose_y else 1)
-            )
+                if ctx.master is not None:  # fp32, onto the master's gradient (engine.models.master_grads)
+                    axis = (0 if ctx.transpose_y else 1) if ctx.block else None
+                    master_grads.accumulate(ctx.master, dw, axis, start - n)
+                else:
+                    dws.append(kernels.cast(dw, onednn.dtype_name(stored)))
+        if not ctx.weight_trains or ctx.master is not None:
             return dx, None
         return dx, dws[0] if len(dws) == 1 else paddle.concat(dws, axis=0 if ctx.transpose_y else 1)
 

@@ -13,9 +13,10 @@
   (``engine.models.quantized.hold_in_low_precision``), every linear upcasts its weight to fp32 and rounds
   its output to bf16, and ``MasterWeights`` keeps the fp32 copies AdamW updates (Paddle's
   ``multi_precision`` AdamW has no bf16 CPU kernel). The linears' weight gradients go in fp32 straight onto
-  those copies (``engine.models.master_grads``); other weights' come back in bf16. On a CPU with ``avx512_bf16`` /
-  ``amx_bf16`` the linears and the head skip the upcast: they run oneDNN's bf16 GEMM (fp32 accumulation,
-  the ``onednn_bf16_matmul`` fast path of ``engine.models.kernels``), so ``matmuls`` says bfloat16.
+  those copies (``engine.models.master_grads``); other weights' come back in bf16. On a CPU with
+  ``avx512_bf16`` / ``amx_bf16`` the linears and the head skip the upcast: they run oneDNN's bf16 GEMM (fp32
+  accumulation, the ``onednn_bf16_matmul`` fast path of ``engine.models.kernels``), so ``matmuls`` says
+  bfloat16.
 - fp16 without fp16 kernels is refused: the loss scaling fp16 gradients need (``GradScaler``) works on
   GPUs only, and training unscaled fp16 gradients would silently lose the small ones.
 """

@@ -17,7 +17,7 @@ import pytest
 from paddle.amp.auto_cast import amp_global_state
 
 from engine.doctor.gpu_checks import rotary_fp32_check
-from engine.models import kernels, quantized
+from engine.models import kernels, master_grads, quantized
 from engine.models.checkpoint import cast_model
 from engine.models.loading import load_plain_model
 from engine.models.quantized import LowPrecisionEmbedding, LowPrecisionLinear
@@ -196,6 +196,32 @@ def test_bf16_linears_send_fp32_weight_gradients_to_their_masters(bf16_gemm, tin
     # ...and carry what bf16 cannot hold (the values are not all on its grid)
     qkv = masters.master["ernie.layers.0.self_attn.qkv_proj.weight"].grad
     assert (qkv.astype("bfloat16").astype("float32") != qkv).any()
+
+
+@pytest.mark.parametrize("transpose_y", [False, True])
+def test_a_blocked_upcast_adds_each_blocks_fp32_gradient_into_its_part_of_the_master(transpose_y):
+    """A large weight's upcast product goes block by block (``UPCAST_BLOCK_ELEMENTS``); each block's fp32
+    weight gradient is added into its rows or columns of the master's gradient, never concatenated beside
+    it. Two steps' accumulation equals the whole weight's gradient, in fp32, to rounding."""
+    rng = np.random.default_rng(3)
+    shape = [48, 40] if transpose_y else [40, 48]  # [out, in] transposed, else [in, out]
+    values = rng.standard_normal(shape).astype("float32")
+    x = paddle.to_tensor(rng.standard_normal([6, 40]).astype("float32"), stop_gradient=False)
+    grads = {}
+    for block in (None, 16):
+        weight = paddle.create_parameter(
+            shape, "bfloat16", default_initializer=paddle.nn.initializer.Assign(values.astype("float32"))
+        )
+        weight.set_value(paddle.to_tensor(values).astype("bfloat16"))
+        master = paddle.create_parameter(shape, "float32")
+        master_grads.register(weight, master)
+        upcast = lambda w: w.astype("float32")  # noqa: E731
+        for _ in range(2):
+            y = quantized.UpcastMatmul.apply(x, weight, upcast, transpose_y, block)
+            (y * y).sum().backward()
+        assert weight.grad is None and master.grad.dtype == paddle.float32
+        grads[block] = master.grad.numpy()
+    np.testing.assert_allclose(grads[16], grads[None], rtol=1e-6, atol=1e-5)
 
 
 @cpu_only
