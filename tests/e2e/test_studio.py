@@ -150,7 +150,11 @@ def test_upload_train_compare_deploy_chat(page, studio, artifacts, browser):
 
     # 6. While it trains: deploy the first run (LoRA, merged by the worker) and chat; the reply streams in.
     ui.tab("runs")
+    # The launch selects its run in the Runs tab (an event chain without a progress overlay, which `idle`
+    # cannot see): on a slow host it landed after the choice below and the second run was deployed.
+    ui.expect_text("runs-status", f"#{run2['id']} lr-1e-4")
     ui.choose("runs-select", "lr-1e-3")
+    ui.expect_text("runs-status", f"#{run1['id']} lr-1e-3")
     ui.click("runs-deploy")
     deploy_tab = page.locator("button[role=tab][data-tab-id=deploy]")
     expect(deploy_tab).to_have_attribute("aria-selected", "true", timeout=30_000)
