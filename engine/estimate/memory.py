@@ -221,7 +221,7 @@ def device_memory(
     local = local_counts(counts, layout)
     local_trainable = local.lora if lora else max(trainable - (counts.total - local.total), 0)
     held = _held_bytes(local, cfg.compute_type, mode, gpu)
-    state = _training_state_bytes(local_trainable, mode, lora, 0.0 if lora else local.embedding)
+    state = _training_state_bytes(local_trainable, mode, lora, local.embedding)
     s = layout.sharding_degree
     masters, moments = state["masters"] / s, state["moments"] / s
     gradients = state["gradients"] / (s if layout.sharding_stage >= 2 else 1)

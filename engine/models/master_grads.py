@@ -5,10 +5,11 @@ AdamW update an fp32 copy. The linears' and the head's weight gradients come out
 GEMM (``onednn.OneDnnMatmul``, ``quantized.UpcastMatmul``). Rounding each to bf16 for the weight's ``.grad``,
 only to upcast it again for the master before the step, cost two conversions of every trained value per
 step (about 0.2 s of a 6 s bf16 step of the 0.3B shape on an Intel Xeon with AMX, by the profile's
-``onednn_convert``; docs/benchmarks.md) and threw away precision: micro-batches then summed in bf16. With a weight registered here, those GEMMs add
-their fp32 result to the master's gradient instead and give the bf16 weight none, as Megatron-LM's
-``main_grad`` and Paddle's ``amp_master_grad`` keep fp32 gradients beside bf16 weights. Gradients that other
-ops give the weight (the tied embedding's lookup) still land on its ``.grad`` and ``MasterWeights`` adds them.
+``onednn_convert``; docs/benchmarks.md) and threw away precision: micro-batches then summed in bf16. With a
+weight registered here, those GEMMs add their fp32 result to the master's gradient instead and give the bf16
+weight none, as Megatron-LM's ``main_grad`` and Paddle's ``amp_master_grad`` keep fp32 gradients beside bf16
+weights. Gradients that other ops give the weight (the tied embedding's lookup) still land on its ``.grad``
+and ``MasterWeights`` adds them.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ import weakref
 
 import paddle
 
-# id(weight) -> weak references to (the weight, its fp32 master): the weight's to tell a reused id from the
-# registered weight, and neither kept alive by this table once the run that made them is gone
+# id(weight) -> weak references to (the weight, its fp32 master): neither kept alive by this table once the
+# run that made them is gone; a weight's entry leaves with the weight (its reference's callback)
 _SINKS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    if _SINKS.get(key, (None,))[0] is ref:
+        del _SINKS[key]
 
 
 def register(weight: paddle.Tensor, master: paddle.Tensor) -> None:
@@ -29,9 +35,8 @@ def register(weight: paddle.Tensor, master: paddle.Tensor) -> None:
             f"a master gradient needs an fp32 tensor of the weight's shape {list(weight.shape)}, "
             f"got {master.dtype} {list(master.shape)}"
         )
-    for key in [k for k, (w, m) in _SINKS.items() if w() is None or m() is None]:
-        del _SINKS[key]
-    _SINKS[id(weight)] = (weakref.ref(weight), weakref.ref(master))
+    key = id(weight)
+    _SINKS[key] = (weakref.ref(weight, lambda ref: _forget(key, ref)), weakref.ref(master))
 
 
 def master_of(weight: paddle.Tensor) -> paddle.Tensor | None:
