@@ -141,12 +141,13 @@ SHARD_RANKS = 2
 # each rank's runner: run the trainer, then write this rank's own peak RSS (the trainer's metrics are rank 0's)
 RANK_RUNNER = """import json, os, sys
 from engine.cli import main
+from engine.startup import end_rank
 from engine.train.step import peak_rss_mib
 code = main(sys.argv[2:])
 rank = os.environ.get("PADDLE_TRAINER_ID", "0")
 with open(os.path.join(sys.argv[1], "peak_rss_rank" + rank + ".json"), "w") as f:
     json.dump({"rank": int(rank), "peak_rss_mib": peak_rss_mib()}, f)
-sys.exit(code)
+end_rank(code)
 """
 
 

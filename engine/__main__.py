@@ -1,5 +1,3 @@
-import sys
+from engine.cli import run
 
-from engine.cli import main
-
-sys.exit(main())
+run()

@@ -10,11 +10,12 @@ import argparse
 import logging
 import sys
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 from engine.models.download import SOURCES
 from engine.models.presets import HUB_IDS
 from engine.priority import nice_own_session
-from engine.startup import around_paddle_import, collection_paused
+from engine.startup import around_paddle_import, collection_paused, end_rank, launched_rank
 
 log = logging.getLogger("ernie_studio")
 
@@ -118,13 +119,23 @@ def main(argv: list[str] | None = None) -> int:
     # the launcher, and this gives its new autogroup the same (engine/priority.py).
     nice_own_session()
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    return code
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The program: ``main``, then the process's exit. A rank of a multi-rank job leaves without the C++
+    teardown, which rank 0's TCP store thread can abort (engine.startup.end_rank)."""
+    code = main(argv)
+    if launched_rank():
+        end_rank(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -19,6 +19,7 @@ import paddle
 
 from engine.models.checkpoint import cast_model
 from engine.models.loading import load_plain_model
+from engine.startup import end_rank
 from engine.train.parallel import DataParallel
 
 
@@ -52,4 +53,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    end_rank(main(sys.argv[1:]))  # no native teardown racing rank 0's TCP store thread

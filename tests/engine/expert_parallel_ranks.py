@@ -28,6 +28,7 @@ from engine.models.expert_parallel import (  # noqa: E402
     unsplit_experts,
 )
 from engine.models.moe import MoELayer  # noqa: E402
+from engine.startup import end_rank  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.train import run_training  # noqa: E402
 from engine.train.build import build_data, build_model  # noqa: E402
@@ -244,3 +245,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_rank(0)  # no native teardown racing rank 0's TCP store thread

@@ -36,7 +36,7 @@ def test_two_ranks_match_one_process_with_double_batch(tiny_model_dir, tmp_path)
         "seed=5",
     ]
     runner = tmp_path / "run_engine.py"
-    runner.write_text("import sys\nfrom engine.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    runner.write_text("import sys\nfrom engine.cli import run\nrun(sys.argv[1:])\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = launch_command(
         [
@@ -138,7 +138,7 @@ def test_two_launchers_as_two_nodes_match_one_process(tiny_model_dir, tmp_path):
         "seed=5",
     ]
     runner = tmp_path / "run_engine.py"
-    runner.write_text("import sys\nfrom engine.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    runner.write_text("import sys\nfrom engine.cli import run\nrun(sys.argv[1:])\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     entry = [str(runner), "train", str(ROOT / "examples/sft_full.yaml"), *common, "batch_size=2",
              f"output_dir={tmp_path / 'nodes2'}"]  # fmt: skip

@@ -45,8 +45,9 @@ def _launch(tmp_path: Path, runs: dict[str, list[str]]) -> None:
     one start-up of Paddle per rank."""
     runner = tmp_path / "run_engine.py"
     runner.write_text(
-        "import json, sys\nfrom engine.cli import main\n"
-        "for args in json.loads(sys.argv[1]):\n    if main(args):\n        sys.exit(1)\n"
+        "import json, sys\nfrom engine.cli import main\nfrom engine.startup import end_rank\n"
+        "code = 0\nfor args in json.loads(sys.argv[1]):\n    code = main(args)\n    if code:\n        break\n"
+        "end_rank(1 if code else 0)\n"
     )
     config = str(ROOT / "examples/sft_full.yaml")
     todo = [["train", config, *args, f"output_dir={tmp_path / name}"] for name, args in runs.items()]
