@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     # wait for each other once one was claimed before they release their claims and the run is requeued.
     node_address: str = Field(default="", max_length=255)
     gang_timeout_s: float = Field(default=300.0, gt=0)
+    # A run over several nodes is requeued when a node loses its ranks (a kill, a dead node); after this many
+    # such requeues in a row with no new checkpoint between them (the same rank killed for lack of memory,
+    # say), the next loss fails the run instead, with the reason. A person's resume starts a new count.
+    lost_rank_retries: int = Field(default=3, ge=0)
     # Runs not heartbeating for this long are considered orphaned by the reconciler.
     stale_after_s: float = 30.0
     # Grace between SIGTERM and SIGKILL when cancelling a child process.

@@ -21,7 +21,7 @@ from studio.db import session_factory
 from studio.models import Run, RunStatus
 from studio.services import runs as runs_svc
 from studio.services.models import BUILDABLE_PRESETS, build_preset
-from studio.services.run_lifecycle import requeue_run
+from studio.services.run_lifecycle import lost_streak, requeue_run
 from studio.services.run_parts import (
     ENDED,
     FAILED,
@@ -291,12 +291,38 @@ class _Part(Training):
 def _requeue_lost(
     session: Session, settings: Settings, claim: PartClaim, lost: list[int], log_file: Path
 ) -> None:
+    """Requeue the attempt whose node ranks `lost` lost their ranks; or, when the attempts before it lost
+    ranks `settings.lost_rank_retries` times in a row without a new checkpoint, fail the run: a rank killed
+    every time (a node out of memory) would otherwise start again for ever."""
+    from engine.train.run_dir import latest_checkpoint
+
+    attempt, ranks = claim.attempt, ", ".join(map(str, lost))
+    run = session.get(Run, attempt.run_id)
+    if run is None:
+        return
+    session.refresh(run)
+    if run.status != RunStatus.RUNNING or run.attempt != attempt.number:
+        return  # another node's worker requeued or ended this attempt first
+    newest = latest_checkpoint(attempt.output_dir)
+    checkpoint = newest.name if newest else None
+    streak = lost_streak(session, attempt.run_id, checkpoint)
+    if streak >= settings.lost_rank_retries:
+        error = (
+            f"node rank(s) {ranks} lost their ranks in {streak + 1} attempts in a row with no new checkpoint "
+            f"({checkpoint or 'none yet'}), so the run stops instead of starting again. A rank killed each "
+            f"time is often a node out of memory: see the nodes' logs ({DIST_LOGS}/node<rank>/workerlog.*) "
+            "and the kernel's, then resume the run."
+        )
+        log_line(log_file, f"failed: {error}")
+        attempt.finish(session, RunStatus.FAILED, error=error)
+        return
     reason = (
-        f"node rank(s) {', '.join(map(str, lost))} of attempt {claim.attempt.number} lost their ranks; "
+        f"node rank(s) {ranks} of attempt {attempt.number} lost their ranks; "
         "every node stops and the run resumes from the checkpoint they share"
     )
     log_line(log_file, f"requeued: {reason}")
-    requeue_run(session, settings, claim.attempt.run_id, reason, attempt=claim.attempt.number)
+    data = {"lost": lost, "checkpoint": checkpoint}
+    requeue_run(session, settings, attempt.run_id, reason, attempt=attempt.number, data=data)
 
 
 def _rank_error(node_logs: Path, nproc: int) -> str | None:

@@ -226,11 +226,13 @@ def requeue_run(
     *,
     attempt: int | None = None,
     only_if: tuple[Any, ...] = (),
+    data: dict[str, Any] | None = None,
 ) -> bool:
     """Put a running run back to queued (its worker died or is stopping, or a node of a run over several
     lost its rank: then only while it is in `attempt` and not being cancelled) and publish it again; it
     resumes from its newest checkpoint. False when the run was not running (in that attempt, or meeting
-    `only_if`: the claim a reconciler found dead, checked again as `jobs.requeue` does)."""
+    `only_if`: the claim a reconciler found dead, checked again as `jobs.requeue` does). `data` goes on the
+    `run.requeued` event (`lost_streak` reads a lost rank's)."""
     where = [Run.id == run_id, Run.status == RunStatus.RUNNING, *only_if]
     if attempt is not None:
         where += [Run.attempt == attempt, Run.cancel_requested.is_(False)]
@@ -240,7 +242,7 @@ def requeue_run(
         .values(status=RunStatus.QUEUED, pid=None, worker=None, queued_at=utcnow(), dispatched_at=None)
     ).rowcount
     if n:
-        add_event(session, "run.requeued", reason, run_id=run_id)
+        add_event(session, "run.requeued", reason, run_id=run_id, data=data)
     session.commit()
     if not n:
         return False
@@ -321,3 +323,20 @@ def undispatched_runs(session: Session, older_than: datetime | None = None) -> l
     if older_than is not None:
         q = q.where(Run.queued_at < older_than)
     return list(session.scalars(q).all())
+
+
+def lost_streak(session: Session, run_id: int, checkpoint: str | None) -> int:
+    """How many of the run's latest requeues, one after the other, were for lost ranks while `checkpoint`
+    (a name, or None before the first) was already the newest: attempts that lost a rank and saved nothing.
+    A requeue for another reason, a new checkpoint, or a person's resume (`run.resumed`) ends the streak."""
+    events = session.scalars(
+        select(Event.data)
+        .where(Event.run_id == run_id, Event.kind.in_(("run.requeued", "run.resumed")))
+        .order_by(Event.id.desc())
+    )
+    n = 0
+    for data in events:
+        if not data or "lost" not in data or data.get("checkpoint") != checkpoint:
+            break
+        n += 1
+    return n

@@ -17,7 +17,8 @@ from studio.db import session_factory
 from studio.migrate import upgrade
 from studio.models import Run, RunPart, RunStatus, utcnow
 from studio.services.run_parts import LAUNCHED, Gang, claim_part, killed, set_part
-from workers.gang import PartBeat, _follow, _peers_lost, _rank_error, store_start_failed
+from studio.services.runs import resume_run
+from workers.gang import PartBeat, _follow, _peers_lost, _rank_error, _requeue_lost, store_start_failed
 
 
 @pytest.fixture
@@ -169,3 +170,43 @@ def test_a_rank_whose_collective_store_could_not_start_is_lost_not_the_runs_erro
     )
     rank0.write_text(other_abort)
     assert "C++ Traceback" in _rank_error(logs, 1)
+
+
+def test_ranks_lost_again_and_again_without_a_new_checkpoint_fail_the_run(settings, tmp_path):
+    """Each lost rank requeues the attempt, but after `lost_rank_retries` (here 2) such requeues in a row with
+    no new checkpoint between them the next loss fails the run with the reason (a rank OOM-killed every time
+    would start again for ever). A new checkpoint, or a person's resume, starts the count again."""
+    settings = settings.model_copy(update={"lost_rank_retries": 2})
+    out = tmp_path / "out"
+    with session_factory(settings)() as s:
+        run = Run(name="r", stage="SFT", fine_tuning="Full", base_model="tiny", queue="train", num_nodes=2,
+                  output_dir=str(out))  # fmt: skip
+        s.add(run)
+        s.commit()
+        run_id = run.id
+
+    def lose_rank_1() -> RunStatus:
+        with session_factory(settings)() as s:
+            first = claim_part(s, run_id, "train@a", "a", "127.0.0.1:6170")
+            claim_part(s, run_id, "train@b", "b", "127.0.0.1:6170")
+            _requeue_lost(s, settings, first, [1], tmp_path / "train.log")
+            run = s.get(Run, run_id)
+            s.refresh(run)
+            return run.status
+
+    def checkpoint(step: int) -> None:
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+
+    assert [lose_rank_1() for _ in range(2)] == [RunStatus.QUEUED] * 2
+    checkpoint(5)  # progress: the count starts again
+    assert [lose_rank_1() for _ in range(3)] == [RunStatus.QUEUED, RunStatus.QUEUED, RunStatus.FAILED]
+    with session_factory(settings)() as s:
+        error = s.get(Run, run_id).error
+        assert error.startswith(
+            "node rank(s) 1 lost their ranks in 3 attempts in a row with no new checkpoint"
+        )
+        assert "(checkpoint-5)" in error and "out of memory" in error
+        resume_run(s, settings, run_id)  # a person's resume: the count starts again
+    assert lose_rank_1() == RunStatus.QUEUED
+    assert "failed: node rank(s) 1 lost their ranks in 3 attempts" in (tmp_path / "train.log").read_text()
