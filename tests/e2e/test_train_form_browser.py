@@ -20,7 +20,6 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "data" / "sft_demo.jsonl"
-SCREENSHOT = REPO / "docs" / "screenshots" / "train_form.png"
 
 
 def _open_group(ui: StudioPage, group: str) -> None:
@@ -69,7 +68,7 @@ def test_the_form_opens_with_every_group_checks_live_and_starts_elastic_and_gpas
     ui.fill("tr-search", "")
     expect(ui.el("tr-lora-rank")).to_be_visible()
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=SCREENSHOT)  # the form at 1280x800, as docs/ shows it
+    ui.shot("form")  # under test-artifacts/, as every browser test's: a test run leaves the tree as it was
 
     # An elastic run on the tiny MoE model, from the form alone.
     ui.choose("tr-base-model", "tiny-moe")
