@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.cpuinfo import this_cpu
+
 SOURCE = r"""
 #include <immintrin.h>
 #include <stdio.h>
@@ -56,16 +58,11 @@ int main(int argc, char **argv) {
 """
 
 
-def cpu_flags() -> set[str]:
-    text = Path("/proc/cpuinfo").read_text()
-    return set(next(line for line in text.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100_000_000)
     args = ap.parse_args()
-    flags = cpu_flags()
+    flags = this_cpu()[1]
     if "avx512f" not in flags:
         sys.exit("this CPU has no AVX-512: the bf16 dot product (AVX512_BF16) does not exist here")
     bf16 = "avx512_bf16" in flags

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from engine.cpuinfo import read_cpuinfo, this_cpu
+
 # The llama-cpp-python sdist whose vendored llama.cpp the Makefile builds (LLAMACPP_PY_VERSION there; a
 # test holds the two equal).
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -34,19 +36,13 @@ AMX_FLAG = "amx_int8"
 NO_REPACK = "--no-repack"
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
-    """The CPU's feature flags as the kernel lists them (empty where /proc/cpuinfo cannot be read)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+def cpu_flags(cpuinfo: str | Path | None = None) -> frozenset[str]:
+    """The CPU's feature flags as the kernel lists them (empty where /proc/cpuinfo cannot be read);
+    ``cpuinfo``: another machine's file."""
+    return (this_cpu() if cpuinfo is None else read_cpuinfo(cpuinfo))[1]
 
 
-def repack_args(flags: set[str] | None = None) -> list[str]:
+def repack_args(flags: frozenset[str] | None = None) -> list[str]:
     """Extra arguments for llama-server / llama-perplexity on this CPU: `--no-repack` where AMX would crash."""
     return [NO_REPACK] if AMX_FLAG in (cpu_flags() if flags is None else flags) else []
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import paddle
 from paddle.autograd import PyLayer
 
+from engine.cpuinfo import this_cpu
 from engine.models import onednn
 
 log = logging.getLogger(__name__)
@@ -55,18 +56,15 @@ def _openmp_link() -> list[str]:
     return []
 
 
-def _cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    return next((line for line in text.splitlines() if line.startswith("flags")), "")
-
-
 def library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), version.encode(), _cpu_flags().encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        " ".join(CFLAGS).encode(),
+        version.encode(),
+        " ".join(sorted(this_cpu()[1])).encode(),
+    ):
         key.update(part)
         key.update(b"\0")
     key.update(" ".join(_openmp_link()).encode())
