@@ -290,7 +290,9 @@ def _wire_language(
             redraw = partial(visibility, shown, len(texts.uploads))
             chained = chained.then(redraw, language, texts.uploads, show_progress="hidden")
     for follower in ctx.language_followers:
-        chained = chained.then(follower.fn, follower.inputs, follower.outputs, show_progress="hidden")
+        chained = chained.then(
+            follower.fn, follower.inputs, follower.outputs, show_progress="hidden", **follower.options
+        )
 
 
 def _wire_across_tabs(built: _Tabs, states: _BrowserStates) -> None:

@@ -55,6 +55,7 @@ class LanguageFollower:
     fn: Callable[..., Any]
     inputs: Any
     outputs: Any
+    options: dict[str, Any] = field(default_factory=dict)  # the event's own (a queue it shares)
 
 
 @dataclass
@@ -65,11 +66,18 @@ class UIContext:
     language_followers: list[LanguageFollower] = field(default_factory=list)
 
     def on_language(
-        self, fn: Callable[..., Any], inputs: Any, outputs: Any, *, needs_selection: bool = True
+        self,
+        fn: Callable[..., Any],
+        inputs: Any,
+        outputs: Any,
+        *,
+        needs_selection: bool = True,
+        **options: Any,
     ) -> None:
         """Run ``fn(inputs) -> outputs`` after every language switch (and after the language is restored
         when the page loads). With ``needs_selection``, ``inputs`` start with a selection (an id) and with
-        none it changes nothing (on load it may run before the selection is restored)."""
+        none it changes nothing (on load it may run before the selection is restored). ``options`` go to the
+        event (``concurrency_id``...)."""
         count = len(outputs) if isinstance(outputs, list | tuple) else 1
 
         def follow(selection: Any, *rest: Any) -> Any:
@@ -79,7 +87,7 @@ class UIContext:
             # A generator handler (one that says it is busy first) is run to its last value.
             return deque(result, maxlen=1)[0] if isinstance(result, Iterator) else result
 
-        self.language_followers.append(LanguageFollower(follow, inputs, outputs))
+        self.language_followers.append(LanguageFollower(follow, inputs, outputs, options))
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a service function in its own session; its error message becomes a visible Gradio error (in the

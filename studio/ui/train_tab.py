@@ -503,6 +503,13 @@ def build_train_tab(ctx: UIContext) -> TrainTab:
     )
 
 
+# Every event that writes the form's review (the YAML, the problems, Launch's state) waits in one queue, so
+# they finish in the order they were sent, each with the values of its moment: the last shows the form as it
+# is. Apart, a clone's review (or the tab's opening, which the clone causes) could finish after the review of
+# an edit made right after it and show the YAML of the values before the edit (seen in test_studio's flow).
+REVIEW_QUEUE = {"concurrency_id": "train-review", "concurrency_limit": 1}
+
+
 def _wire_open(
     ctx: UIContext,
     tab: gr.Tab,
@@ -522,8 +529,8 @@ def _wire_open(
     def opened(*args: Any) -> list[Any]:
         return [*loaded(*args[:-1]), starts.verdict(args[-1])]
 
-    tab.select(opened, [*inputs, box.recipe], [*outputs, box.verdict], show_progress="hidden")
-    ctx.demo.load(loaded, inputs, outputs, show_progress="hidden")
+    tab.select(opened, [*inputs, box.recipe], [*outputs, box.verdict], show_progress="hidden", **REVIEW_QUEUE)
+    ctx.demo.load(loaded, inputs, outputs, show_progress="hidden", **REVIEW_QUEUE)
 
 
 def search_options(query: str) -> list[Any]:
@@ -571,6 +578,7 @@ def _wire_actions(
         "inputs": [*inputs, marks],
         "outputs": review_outputs,
         "show_progress": "hidden",
+        **REVIEW_QUEUE,
     }
     # The person's own edits; a value set by a handler (a clone fills ~100 fields at once) is checked once,
     # after that handler (change events would check the form once per field it set).
@@ -581,7 +589,7 @@ def _wire_actions(
             None, [*(fields[k] for k in CHOICE_KEYS), *dependent], dependent, js=choice_changed_js()
         ).then(**review)
     # After a language switch the option tooltips are the help texts again: put the problems back.
-    ctx.on_language(handlers.review, [*inputs, marks], review_outputs, needs_selection=False)
+    ctx.on_language(handlers.review, [*inputs, marks], review_outputs, needs_selection=False, **REVIEW_QUEUE)
     side.estimate_btn.click(handlers.show_estimate, inputs, side.estimate)
     side.launch.click(handlers.launch, inputs, [side.launch_status, launched_run], concurrency_limit=1)
     importer = ImportHandlers(ctx, handlers.keys)

@@ -107,3 +107,20 @@ def test_the_page_carries_no_api_description_and_its_events_stay_callable(tmp_pa
         assert len(page.content) < 700_000, len(page.content)  # measured: 513 KB (1.89 MB before)
         posted = client.post("/gradio_api/call/upload_dataset", json={"data": [None, "x", "auto"]})
         assert posted.status_code == 200, posted.text
+
+
+def test_every_event_that_writes_the_forms_review_waits_in_one_queue(settings):
+    """The YAML, the problems and Launch's state are written by the review after an edit, after a clone,
+    recipe, template or import, on the tab's opening, on the page's load and after a language switch. Apart,
+    a clone's review could finish after the review of an edit typed right after it and leave the YAML of the
+    values before the edit (a fresh clone's test_studio flow showed `learning_rate: 0.001` for 30 s after
+    0.0001 was typed; with the clone's review slowed by 3 s it does every time, and with this queue never).
+    In one queue (limit 1) they finish in the order they were sent, each with the values of its moment."""
+    demo = build_ui(settings)
+    writers = [fn for fn in demo.fns.values() if any(o.elem_id == "tr-yaml" for o in fn.outputs)]
+    # the language switch itself only relabels the page (its follower re-runs the review, in the queue)
+    reviews = [fn for fn in writers if fn.name != "set_language"]
+    assert len(reviews) >= 10, [fn.name for fn in writers]
+    assert {(fn.concurrency_id, fn.concurrency_limit) for fn in reviews} == {("train-review", 1)}, [
+        (fn.name, fn.concurrency_id) for fn in reviews
+    ]
