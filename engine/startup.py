@@ -102,7 +102,8 @@ def end_rank(code: int) -> NoReturn:
     When another rank's connection closes in that window, the thread's read callback
     (``LibUVClient::readCallback``, which logs through glog on EOF) aborts the process: rank 0 of a job that
     had finished and saved everything exited with SIGABRT or SIGSEGV (launcher exit code 250 or 245), in 3 of
-    41 two-node runs on an AMD EPYC (2026-11-30; cores in /tmp with gdb showed both threads) and once in CI.
+    41 two-node runs on an AMD EPYC (2026-11-30; cores in /tmp with gdb showed both threads) and once in CI;
+    in none of 80 such runs through this.
 
     So: wait for the threads Python would wait for, run every ``atexit`` function (Paddle's process-group
     teardown, logging's flush and close...) as the interpreter would, flush the standard streams, and

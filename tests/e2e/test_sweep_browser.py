@@ -41,6 +41,9 @@ def test_sweep_from_the_train_tab_to_a_chat(page, studio, artifacts, tmp_path):
     ui.fill("tr-max-steps", str(STEPS))
     ui.expect_text("tr-yaml", f"max_steps: {STEPS}")
     page.get_by_text("Sweep: search hyperparameters with Optuna").click()
+    # The box's fields mount when it opens and then show their starting values: a range typed before that
+    # was put back to the starting one, and a valid sweep was queued (two fresh clones of 100s of runs).
+    expect(ui.el("sw-high-0").locator("input")).to_have_value("0.001")
 
     # An empty range is refused beside the box, naming the key; nothing is queued.
     before = len(api(studio, "/sweeps"))
