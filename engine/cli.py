@@ -119,13 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     # the launcher, and this gives its new autogroup the same (engine/priority.py).
     nice_own_session()
     try:
-        code = int(args.func(args) or 0)
+        return int(args.func(args) or 0)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        code = 2
+        return 2
     except KeyboardInterrupt:
-        code = 130
-    return code
+        return 130
 
 
 def run(argv: list[str] | None = None) -> NoReturn:
