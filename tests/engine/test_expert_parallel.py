@@ -110,12 +110,17 @@ def test_checkpoints_are_written_un_split_and_resume_in_one_process(
         a = engine.load_model(out / f"one-{kind}")(ids).logits.numpy()
         b = engine.load_model(out / f"ep-{kind}")(ids).logits.numpy()
     print(f"{kind}: final models' logits, split against one process: max |diff| {np.abs(b - a).max():.2e}")
-    np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)  # measured 1.9e-6 (moe), 3.5e-6 (vl): 5.7x
+    np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)  # measured 1.9e-6 / 3.5e-6, AVX2 1.7e-6 / 7.2e-6
     # checkpoint-10 holds the same tensors (weights and AdamW state) as one process's, each expert's under
     # its own name: its values are the one-process run's but for 10 steps of float32 rounding (AdamW's
-    # normalised step amplifies it on the experts' small gradients). Measured 3.2e-5 (moe) and 8.1e-6 (vl)
-    # on the weights, 3.8e-8 and 5.6e-8 on the AdamW moments; an expert in another's place is ~0.1 away.
-    bounds = {"model.pdparams": 1e-4 if kind == "moe" else 2e-5, "optimizer.pdopt": 2e-7}
+    # normalised step amplifies it on the experts' small gradients), and that rounding differs by CPU kind.
+    # Measured (moe / vl) on the weights: 3.2e-5 / 8.1e-6 with AVX-512, 5.3e-5 / 1.2e-5 on an AVX2-only Zen 3;
+    # on the AdamW moments: 3.8e-8 / 5.6e-8 and 2.5e-8 / 2.8e-7. Each bound is 5-8x the larger figure; an
+    # expert in another's place is ~0.1 away.
+    bounds = {
+        "model.pdparams": 3e-4 if kind == "moe" else 1e-4,
+        "optimizer.pdopt": 3e-7 if kind == "moe" else 1.5e-6,
+    }
     for name, bound in bounds.items():
         split = paddle.load(str(out / f"ep-{kind}/checkpoint-10" / name))
         one = paddle.load(str(out / f"one-{kind}/checkpoint-10" / name))
