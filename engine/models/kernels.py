@@ -286,6 +286,24 @@ def bf16_gemm_refusal() -> str | None:
     return None
 
 
+# oneDNN's float32 <-> bfloat16 conversion is JIT code for AVX-512 only (its x64 reorder converts with
+# jit_avx512_core_bf16cvt); elsewhere the reorder falls back to its scalar reference loop. On an AVX2-only
+# AMD EPYC (Zen 3) that took 1,234 ms for 16M values against Paddle's cast's 66 ms, and a bf16 step of the
+# 0.3B shape 67 s against 11 s in fp32 (docs/benchmarks.md).
+AVX512_CORE = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+
+
+def bf16_reorder_refusal() -> str | None:
+    """Why oneDNN's float32 <-> bfloat16 reorder is slower than Paddle's cast on this CPU, or None."""
+    missing = [f for f in AVX512_CORE if f not in _cpuinfo()[1]]
+    if not missing:
+        return None
+    return (
+        f"oneDNN converts float32 <-> bfloat16 with vector code only on AVX-512 (this CPU lacks "
+        f"{', '.join(missing)}); its fallback is a scalar loop ~19x slower than Paddle's cast"
+    )
+
+
 def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
     if gpu:
         return FastPath(name, False, CPU_ONLY[name])
@@ -295,6 +313,8 @@ def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
         why = native.available()
         return FastPath(name, False, f"the native CPU ops are not available: {why}") if why else _probe(name)
     if name == "onednn_bf16_matmul" and (refusal := bf16_gemm_refusal()):
+        return FastPath(name, False, refusal)
+    if name == "onednn_cast" and (refusal := bf16_reorder_refusal()):
         return FastPath(name, False, refusal)
     why = onednn.available()
     return FastPath(name, False, why) if why else _probe(name)

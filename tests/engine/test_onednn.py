@@ -153,6 +153,33 @@ def test_the_bf16_gemm_is_taken_where_the_cpus_bf16_instructions_outrun_its_fp32
         assert ("no bf16 instructions" in refusal) is ("avx512_bf16" not in flags), refusal
 
 
+@pytest.mark.parametrize(
+    "flags,fast",
+    [
+        ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}, True),  # Zen 4 / 5, Intel
+        ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, True),  # AVX-512, no bf16: emulated
+        ({"avx2", "fma"}, False),  # Zen 3: the reorder's scalar loop, 19x Paddle's cast
+        ({"avx2", "avx512f"}, False),  # Xeon Phi's AVX-512 subset
+    ],
+)
+@pytest.mark.skipif(HAS_GPU, reason="the CPU paths' decision (a GPU process keeps them off)")
+def test_the_bf16_reorder_is_taken_only_where_onednn_vectorises_it(
+    monkeypatch, flags: set[str], fast: bool
+) -> None:
+    monkeypatch.setattr(kernels, "_cpuinfo", lambda: ("AuthenticAMD", frozenset(flags)))
+    kernels.capabilities.cache_clear()
+    try:
+        refusal = kernels.bf16_reorder_refusal()
+        cast = kernels.capabilities()["onednn_cast"]
+        if fast:
+            assert refusal is None and cast.on, cast
+        else:
+            assert not cast.on and cast.reason == refusal and "avx512bw" in refusal, cast
+    finally:
+        monkeypatch.undo()
+        kernels.capabilities.cache_clear()
+
+
 def test_this_machines_cpuinfo_is_read() -> None:
     vendor, flags = kernels._cpuinfo()
     assert vendor in ("GenuineIntel", "AuthenticAMD") and "sse2" in flags, (vendor, sorted(flags)[:10])
