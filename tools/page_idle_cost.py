@@ -4,7 +4,9 @@ Run with ``.venv/bin/python tools/page_idle_cost.py [--seconds 20] [OTHER_TREE .
 of an earlier commit unpacked in /tmp. Each tree gets its own ``ernie-studio up`` (tools/time_train_tab.py's
 ``start_studio``: own home, free port); one headless Chromium opens it, shows each tab, waits until it is
 idle, then reads the renderer's busy time (CDP ``Performance.getMetrics``: TaskDuration, ScriptDuration)
-over ``--seconds`` and counts the events the page sent (``/queue/join``). The Runs and Deploy tabs poll every
+over ``--seconds``, the CPU of every Chromium process (renderer threads, GPU process, browser: /proc), the
+animation frames the page asked for per second and by which script, and counts the events the page sent
+(``/queue/join``). A page that nobody touches should ask for no frame: each one makes Chromium draw. The Runs and Deploy tabs poll every
 2 s; the others send nothing while idle. (A tool, not a `bench/` script: it needs the dev extra's Playwright.)
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -21,8 +24,38 @@ from time_train_tab import CHROMIUM, IDLE_JS, ROOT, start_studio
 TABS = ("datasets", "train", "runs", "deploy")
 
 
-def idle_cost(page, url: str, seconds: float) -> dict[str, tuple[float, float, int]]:
-    """Per tab: (busy share of the renderer, script seconds, events sent) over ``seconds`` of idling."""
+# Counts requestAnimationFrame calls by the script line that made them (installed before the page's scripts).
+COUNT_FRAMES_JS = """(() => {
+  const raf = window.requestAnimationFrame.bind(window);
+  window.__frames = {};
+  window.requestAnimationFrame = cb => {
+    const at = ((new Error().stack || '').split('\\n')[2] || '').trim().replace(/https?:[/][/][^/]+/, '');
+    window.__frames[at] = (window.__frames[at] || 0) + 1;
+    return raf(cb);
+  };
+})()"""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def chromium_cpu() -> float:
+    """CPU seconds used so far by every live Chromium process on the machine."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv0 = (proc / "cmdline").read_bytes().split(b"\0", 1)[0]
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if b"chrom" in argv0:
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+def idle_cost(page, url: str, seconds: float) -> dict[str, tuple[float, float, int, float, float, str]]:
+    """Per tab, over ``seconds`` of idling: (busy share of the renderer, script seconds, events sent, share of
+    a core all of Chromium used, animation frames asked for per second, the script asking for most)."""
     joins: list[str] = []
     page.on("request", lambda r: joins.append(r.url) if "/queue/join" in r.url else None)
     cdp = page.context.new_cdp_session(page)
@@ -37,10 +70,23 @@ def idle_cost(page, url: str, seconds: float) -> dict[str, tuple[float, float, i
         time.sleep(3)
         before = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         joins.clear()
+        page.evaluate("() => { window.__frames = {} }")
+        cpu = chromium_cpu()
         time.sleep(seconds)
+        cpu = chromium_cpu() - cpu
+        frames = page.evaluate("() => window.__frames")
         after = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         busy = (after["TaskDuration"] - before["TaskDuration"]) / seconds
-        out[tab] = (busy, after["ScriptDuration"] - before["ScriptDuration"], len(joins))
+        top = max(frames, key=frames.get) if frames else ""
+        top = re.sub(r"^at ", "", top)
+        out[tab] = (
+            busy,
+            after["ScriptDuration"] - before["ScriptDuration"],
+            len(joins),
+            cpu / seconds,
+            sum(frames.values()) / seconds,
+            top,
+        )
     return out
 
 
@@ -61,17 +107,23 @@ def main() -> None:
             proc, url = start_studio(tree)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.add_init_script(COUNT_FRAMES_JS)
                 results[tree] = idle_cost(page, url, args.seconds)
                 page.close()
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=30)
         browser.close()
-    print(f"| tree | tab | renderer busy | script s | events | over {args.seconds:g} s |")
-    print("|---|---|---:|---:|---:|---|")
+    print(
+        f"| tree | tab | renderer busy | script s | events | all of Chromium, share of a core | frames / s "
+        f"| most frames asked by | over {args.seconds:g} s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---|---|")
     for tree in trees:
-        for tab, (busy, script, events) in results[tree].items():
-            print(f"| {tree} | {tab} | {busy:.0%} | {script:.2f} | {events} | |")
+        for tab, (busy, script, events, cpu, fps, top) in results[tree].items():
+            print(
+                f"| {tree} | {tab} | {busy:.0%} | {script:.2f} | {events} | {cpu:.0%} | {fps:.0f} | {top} | |"
+            )
 
 
 if __name__ == "__main__":
