@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from studio.api.auth import TokenAuthMiddleware
 from studio.api.body_limits import GradioUploadLimit, JSONBodyGuard
 from studio.api.errors import install_error_handlers
+from studio.api.page_script import HeadScript
 from studio.api.routes import (
     compare,
     datasets,
@@ -96,7 +97,7 @@ def _mount_ui(app: FastAPI, settings: Settings) -> None:
     try:
         import gradio as gr
 
-        from studio.ui import build_ui
+        from studio.ui import STATUS_TIMER_JS, build_ui
     except ImportError as e:
         log.warning("UI not available (%s); serving the API only", e)
         return
@@ -109,6 +110,8 @@ def _mount_ui(app: FastAPI, settings: Settings) -> None:
         allowed_paths=[str(settings.datasets_dir)],
         max_file_size=settings.max_upload_bytes,  # each file, as the REST API counts it
     )
+    # First in the page's <head>, before Gradio's scripts: see studio.ui.STATUS_TIMER_JS.
+    app.add_middleware(HeadScript, script=STATUS_TIMER_JS)
     # Gradio checks that a file named in a request was uploaded through it (and that files it returns lie in
     # allowed paths) only for Blocks marked launched; `launch()` and Gradio's reload set this flag,
     # `mount_gradio_app` does not. Without it, `{"path": "/any/file", "meta": {"_type": "gradio.FileData"}}`

@@ -43,6 +43,28 @@ CSS = """
 #studio-tabs [data-testid=status-tracker]:has(> .error) { display: none !important; }
 """
 
+# Gradio 6.31's StatusTracker (statustracker-*.js, `ze`) advances its elapsed-time counter by re-arming
+# requestAnimationFrame while a status is pending, and stops only when its own effect sees the status end.
+# The page-level "Loading..." tracker is removed with the {#if} that holds it the moment the app has
+# loaded, before that effect runs, so its loop never stops: an idle page asked for 60 frames a second and
+# Chromium drew them (17-18% of a core on a tab with no event, on session 18's host; docs/benchmarks.md,
+# "a page nobody touches"). The trackers' frames become 10-a-second timeouts instead: the counter shows
+# tenths of a second, and a timeout draws nothing when nothing changed. Every other caller keeps its frames.
+# Gradio's modules keep the requestAnimationFrame they find when they load, and Gradio's `head` option adds
+# its tags only after that: studio.api.page_script.HeadScript puts this first in the served page instead.
+STATUS_TIMER_JS = """(() => {
+  const frame = window.requestAnimationFrame.bind(window);
+  const cancel = window.cancelAnimationFrame.bind(window);
+  const timers = new Set();
+  window.requestAnimationFrame = (callback) => {
+    if (!(new Error().stack || "").includes("/statustracker-")) return frame(callback);
+    const id = setTimeout(() => { timers.delete(id); callback(performance.now()); }, 100);
+    timers.add(id);
+    return id;
+  };
+  window.cancelAnimationFrame = (id) => (timers.delete(id) ? clearTimeout(id) : cancel(id));
+})();"""
+
 # Keeps ?tab=...&run=... in the address bar so a refresh reopens the same view.
 SET_TAB_JS = """(tabId) => {
   const url = new URL(window.location.href);
@@ -362,4 +384,4 @@ def header_markdown(lang: str) -> str:
     return f"# {text('app.title', lang)}\n{text('app.subtitle', lang)}"
 
 
-__all__ = ["CSS", "build_ui"]
+__all__ = ["CSS", "STATUS_TIMER_JS", "build_ui"]
