@@ -55,14 +55,12 @@ CSS = """
 STATUS_TIMER_JS = """(() => {
   const frame = window.requestAnimationFrame.bind(window);
   const cancel = window.cancelAnimationFrame.bind(window);
-  const timers = new Set();
+  // A timeout's handle is returned negated: frames' handles are positive, so the two never meet in a cancel.
   window.requestAnimationFrame = (callback) => {
     if (!(new Error().stack || "").includes("/statustracker-")) return frame(callback);
-    const id = setTimeout(() => { timers.delete(id); callback(performance.now()); }, 100);
-    timers.add(id);
-    return id;
+    return -setTimeout(() => callback(performance.now()), 100);
   };
-  window.cancelAnimationFrame = (id) => (timers.delete(id) ? clearTimeout(id) : cancel(id));
+  window.cancelAnimationFrame = (handle) => (handle < 0 ? clearTimeout(-handle) : cancel(handle));
 })();"""
 
 # Keeps ?tab=...&run=... in the address bar so a refresh reopens the same view.

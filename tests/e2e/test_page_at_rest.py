@@ -53,14 +53,23 @@ def test_an_idle_page_comes_to_rest_and_status_timers_run_on_timeouts(page, stud
           window.__frames = 0;
           const probe = new Function("done", `
             const stamps = [];
-            const step = (t) => { stamps.push(t); if (stamps.length < 5) requestAnimationFrame(step); else done(stamps); };
+            let cancelled = "not run";
+            const dropped = requestAnimationFrame(() => { cancelled = "ran"; });
+            cancelAnimationFrame(dropped);
+            const step = (t) => {
+              stamps.push(t);
+              if (stamps.length < 5) requestAnimationFrame(step);
+              else setTimeout(() => done({stamps, handle: dropped, cancelled}), 300);
+            };
             requestAnimationFrame(step);
             //# sourceURL=${location.origin}/assets/statustracker-probe.js`);
-          probe((stamps) => done({stamps, frames: window.__frames}));
+          probe((out) => done({...out, frames: window.__frames}));
         })"""
     )
     assert len(ran["stamps"]) == 5 and all(isinstance(t, (int, float)) for t in ran["stamps"]), ran
     assert ran["frames"] == 0, ran
+    # A tracker's handle is negative, so cancelling it never cancels someone else's frame, and it holds.
+    assert ran["handle"] < 0 and ran["cancelled"] == "not run", ran
     # Every other caller still gets real frames.
     assert (
         page.evaluate("() => new Promise((done) => requestAnimationFrame((t) => done(window.__frames)))") >= 1
