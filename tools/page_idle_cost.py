@@ -6,19 +6,19 @@ of an earlier commit unpacked in /tmp. Each tree gets its own ``ernie-studio up`
 idle, then reads the renderer's busy time (CDP ``Performance.getMetrics``: TaskDuration, ScriptDuration)
 over ``--seconds``, the CPU of every Chromium process (renderer threads, GPU process, browser: /proc), the
 animation frames the page asked for per second and by which script, and counts the events the page sent
-(``/queue/join``). A page that nobody touches should ask for no frame: each one makes Chromium draw. The Runs and Deploy tabs poll every
-2 s; the others send nothing while idle. (A tool, not a `bench/` script: it needs the dev extra's Playwright.)
+(``/queue/join``). A page that nobody touches should ask for no frame: each one makes Chromium draw. The
+Runs and Deploy tabs poll every 2 s; the others send nothing while idle. (A tool, not a `bench/` script: it needs the dev extra's Playwright.)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import time
 from pathlib import Path
 
+from page_load_cost import chromium_cpu_s
 from time_train_tab import CHROMIUM, IDLE_JS, ROOT, start_studio
 
 TABS = ("datasets", "train", "runs", "deploy")
@@ -34,23 +34,6 @@ COUNT_FRAMES_JS = """(() => {
     return raf(cb);
   };
 })()"""
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def chromium_cpu() -> float:
-    """CPU seconds used so far by every live Chromium process on the machine."""
-    total = 0.0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv0 = (proc / "cmdline").read_bytes().split(b"\0", 1)[0]
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if b"chrom" in argv0:
-            total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
 
 
 def idle_cost(page, url: str, seconds: float) -> dict[str, tuple[float, float, int, float, float, str]]:
@@ -71,14 +54,13 @@ def idle_cost(page, url: str, seconds: float) -> dict[str, tuple[float, float, i
         before = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         joins.clear()
         page.evaluate("() => { window.__frames = {} }")
-        cpu = chromium_cpu()
+        cpu = chromium_cpu_s()
         time.sleep(seconds)
-        cpu = chromium_cpu() - cpu
+        cpu = chromium_cpu_s() - cpu
         frames = page.evaluate("() => window.__frames")
         after = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         busy = (after["TaskDuration"] - before["TaskDuration"]) / seconds
-        top = max(frames, key=frames.get) if frames else ""
-        top = re.sub(r"^at ", "", top)
+        top = max(frames, key=frames.get).removeprefix("at ") if frames else ""
         out[tab] = (
             busy,
             after["ScriptDuration"] - before["ScriptDuration"],

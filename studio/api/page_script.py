@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _HEAD = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
@@ -30,22 +29,22 @@ class HeadScript:
         if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
-        start: dict[str, Any] | None = None
+        start: Message | None = None  # an HTML answer's start, held until its body is whole
         chunks: list[bytes] = []
-        passing = False
 
         async def edit(message: Message) -> None:
-            nonlocal start, passing
+            nonlocal start
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(raw=list(message["headers"]))
-                html = headers.get("content-type", "").startswith("text/html")
-                passing = not html or "content-encoding" in headers
-                if passing:
-                    await send(message)
+                headers = Headers(raw=message["headers"])
+                if (
+                    headers.get("content-type", "").startswith("text/html")
+                    and "content-encoding" not in headers
+                ):
+                    start = message
                 else:
-                    start = dict(message)
+                    await send(message)
                 return
-            if passing or message["type"] != "http.response.body" or start is None:
+            if start is None or message["type"] != "http.response.body":
                 await send(message)
                 return
             chunks.append(message.get("body", b""))
