@@ -206,8 +206,8 @@ def _mark_regions(marks: Marks, body, module, attention_name: str) -> None:
 
 
 def _mark_onednn(marks: Marks) -> None:
-    """Time oneDNN's GEMMs and reorders as ops of their own: they are ctypes calls, which Paddle's profiler
-    does not see, so without this they land in "framework overhead"."""
+    """Time oneDNN's GEMMs and reorders, and the native attention, as ops of their own: they are ctypes calls,
+    which Paddle's profiler does not see, so without this they land in "framework overhead"."""
     try:
         from engine.models import onednn
     except ImportError:  # a checkout from before the oneDNN paths
@@ -223,6 +223,26 @@ def _mark_onednn(marks: Marks) -> None:
                 marks.end(handle)
 
         setattr(onednn, attr, timed)
+    try:
+        from engine.models import native
+    except ImportError:
+        return
+    for attr, op in (
+        ("attention_forward", "op:native_attention"),
+        ("attention_backward", "op:native_attention_grad"),
+    ):
+        if not hasattr(native, attr):  # a checkout from before the native attention
+            continue
+        original = getattr(native, attr)
+
+        def timed_native(*a, _original=original, _op=op, **kw):
+            handle = marks.begin(_op)
+            try:
+                return _original(*a, **kw)
+            finally:
+                marks.end(handle)
+
+        setattr(native, attr, timed_native)
 
 
 def _instant(marks: Marks, name: str):

@@ -75,6 +75,9 @@ SELF_TESTS = {
     # every gradient's square sum (relative) and its clipped values (absolute) against Paddle's ops
     "cpu_grad_clip": _Case(("cpu_grad_clip",), "tiny-moe", "float32", "packed", clip=True, tolerance=1e-6),
     "cpu_rope": _Case(("cpu_rope",), "tiny", "float32", "packed", held_off=("rope_backward",)),
+    # packed rows (mask and key starts), and plain causal rows (no mask)
+    "cpu_attention": _Case(("cpu_attention",), "tiny", "float32", "packed"),
+    "cpu_attention_causal": _Case(("cpu_attention",), "tiny", "float32", "causal"),
     "weight_only_linear": _Case(("weight_only_linear",), "tiny", "bfloat16", "causal", weight_only=True),
     "onednn_matmul": _Case(("onednn_matmul",), "tiny", "float32", "causal"),
     "onednn_matmul_moe": _Case(("onednn_matmul",), "tiny-moe", "float32", "packed", full_only=True),

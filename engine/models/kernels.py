@@ -53,6 +53,9 @@ FAST_PATHS = {
     "cpu_rope": "fp32 rotary embedding forward and backward as one threaded C loop each (engine/models/cpu_ops.c)",
     "cpu_grad_clip": "the gradients' global norm (sum of squares in float64) and their clipping (in-place scaling) "
     "as threaded C loops (engine/models/cpu_ops.c) instead of one-thread squared_l2_norm and scale",
+    "cpu_attention": "fp32 causal attention forward and backward as one threaded C pass each (engine/models/cpu_ops.c: "
+    "oneDNN sgemm per block of queries, the softmax in place, only the log-sum-exp kept) instead of Paddle's batched "
+    "matmuls, transposes and softmax",
     "onednn_matmul": "fp32 linears and LM head as oneDNN sgemm (Paddle's bundled libdnnl) instead of paddle.matmul",
     "onednn_cast": "float32 <-> bfloat16 conversions of the bf16 path as oneDNN reorders (threaded, vectorised) "
     "instead of Paddle's scalar cast",
@@ -74,6 +77,7 @@ CPU_ONLY = {
     "cpu_rms_norm": "a CPU path (a GPU takes fused_rms_norm)",
     "cpu_rope": "a CPU path (a GPU takes fused_rope)",
     "cpu_grad_clip": "a CPU path (a GPU's squared_l2_norm and scale are already parallel)",
+    "cpu_attention": "a CPU path (a GPU takes FlashAttention, or its batched matmuls)",
     "onednn_matmul": "a CPU path (a GPU's paddle.matmul runs cuBLAS)",
     "onednn_bf16_matmul": "a CPU path (a GPU trains bf16 through paddle.amp)",
     "onednn_cast": "a CPU path (a GPU's cast kernel is already parallel)",
@@ -312,6 +316,13 @@ def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
     if name in ("cpu_rms_norm", "cpu_rope", "cpu_grad_clip"):
         why = native.available()
         return FastPath(name, False, f"the native CPU ops are not available: {why}") if why else _probe(name)
+    if name == "cpu_attention":
+        why = native.attention_available()
+        return (
+            FastPath(name, False, f"the native CPU attention is not available: {why}")
+            if why
+            else _probe(name)
+        )
     if name == "onednn_bf16_matmul" and (refusal := bf16_gemm_refusal()):
         return FastPath(name, False, refusal)
     if name == "onednn_cast" and (refusal := bf16_reorder_refusal()):
@@ -446,6 +457,24 @@ def _probe_flash_varlen() -> tuple[float, float]:
     ), 3e-2
 
 
+def _probe_cpu_attention() -> tuple[float, float]:
+    """Causal rows (no mask) and packed rows (mask and key starts), GQA, over two blocks of queries."""
+    qkv = [paddle.randn([2, 150, n, 16]) for n in (4, 2, 2)]
+    seg = np.full((2, 150), -1)
+    seg[0, :40], seg[0, 40:146], seg[1, :90], seg[1, 90:149] = 0, 1, 0, 1
+    mask = packed_causal_mask(paddle.to_tensor(seg))
+    starts = (0, 40)  # per ATTENTION_BLOCK (128) queries: row 0's second sample starts at 40, row 1's at 90
+    plain = _agreement(
+        lambda q, k, v: native.attention(q, k, v, None), lambda q, k, v: attention_plain(q, k, v, None), *qkv
+    )
+    packed = _agreement(
+        lambda q, k, v: native.attention(q, k, v, mask, starts),
+        lambda q, k, v: attention_plain(q, k, v, mask, True),
+        *qkv,
+    )
+    return max(plain, packed), 1e-5
+
+
 def _probe_weight_only() -> tuple[float, float]:
     """Forward only: serving needs no backward, and Paddle has ``weight_only_linear_grad`` on a few
     architectures only; where a call needs gradients, ``weight_only_refusal`` decides per call."""
@@ -505,6 +534,7 @@ _PROBES: dict[str, Callable[[], tuple[float, float]]] = {
     "cpu_rms_norm": _probe_cpu_rms_norm,
     "cpu_rope": lambda: _probe_rotation(rope_native, 1e-6),
     "cpu_grad_clip": _probe_grad_clip,
+    "cpu_attention": _probe_cpu_attention,
     "onednn_matmul": functools.partial(_probe_onednn, "float32"),
     "onednn_bf16_matmul": functools.partial(_probe_onednn, "bfloat16"),
     "onednn_cast": _probe_onednn_cast,

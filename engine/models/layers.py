@@ -188,14 +188,21 @@ def attention(
     """Softmax attention; see ``attention_plain`` for the arguments.
 
     FlashAttention (fp16 / bf16 on a GPU that has it) takes the square causal case without a mask and
-    packed rows (``causal`` a ``PackedKeyStarts``); padding masks, decoding against a cache and fp32 take
-    the plain path.
+    packed rows (``causal`` a ``PackedKeyStarts``); on the CPU, fp32's square causal case (masked or not) takes
+    cpu_ops.c's attention (``cpu_attention``); decoding against a cache and the rest take the plain path.
     """
     if q.dtype in kernels.HALF_DTYPES and q.shape[1] == k.shape[1] and q.place.is_gpu_place():
         if isinstance(causal, PackedKeyStarts) and kernels.enabled("flash_attention_varlen"):
             return kernels.flash_varlen(q, k, v, causal.cu_seqlens_tensor(), causal.max_seqlen)
         if mask is None and kernels.enabled("flash_attention"):
             return kernels.flash_causal(q, k, v)
+    if (
+        (mask is None or causal)
+        and not q.place.is_gpu_place()
+        and native.fits_attention(q, k, mask)
+        and kernels.enabled("cpu_attention")
+    ):
+        return native.attention(q, k, v, mask, causal if isinstance(causal, tuple) else None)
     return attention_plain(q, k, v, mask, causal)
 
 

@@ -20,24 +20,27 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
 from engine.cpuinfo import this_cpu
 from engine.models import onednn
+from engine.models.plain_ops import ATTENTION_BLOCK
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_ops.c")
 HOME_ENV = "ERNIE_STUDIO_NATIVE_HOME"
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
-VERSION = 1  # ernie_cpu_ops_version() of the source this module speaks to
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
+VERSION = 2  # ernie_cpu_ops_version() of the source this module speaks to
 
 
 def home() -> Path:
@@ -106,6 +109,27 @@ def _lib() -> ctypes.CDLL:
     lib.ernie_scale.argtypes = [ptr, i64, f32]
     for fn in (lib.ernie_rms_norm_forward, lib.ernie_rms_norm_backward, lib.ernie_rope, lib.ernie_scale):
         fn.restype = None
+    dims = [i64, i64, i64, i64, i64, f32, ptr]  # batch, time, heads, kv heads, head dim, scale, sgemm
+    # q, k, v, mask, mask batch stride, key starts, their block, out, lse
+    lib.ernie_attention_forward.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ptr, *dims]
+    # q, k, v, mask, mask batch stride, key starts, their block, out, lse, dout, dq, dk, dv
+    lib.ernie_attention_backward.argtypes = [
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        ptr,
+        i64,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        *dims,
+    ]
+    lib.ernie_attention_forward.restype = lib.ernie_attention_backward.restype = ctypes.c_int
     return lib
 
 
@@ -228,6 +252,106 @@ def scale_(t: paddle.Tensor, factor: float) -> None:
     t = _fp32_flat(t)
     onednn._set_team()
     _lib().ernie_scale(t.data_ptr(), int(t.numel()), factor)
+
+
+def attention_available() -> str | None:
+    """None when the causal attention can run here (it needs oneDNN's sgemm too), else why not."""
+    return available() or onednn.available()
+
+
+def fits_attention(q: paddle.Tensor, k: paddle.Tensor, mask: paddle.Tensor | None) -> bool:
+    """Whether ``attention`` takes these: fp32 q [B, T, H, D] and k [B, T, Hkv, D] (the square causal case) and a
+    mask of [B or 1, 1, T, T] or none."""
+    b, t, nq, _ = q.shape
+    if q.dtype != paddle.float32 or k.shape[1] != t or k.shape[0] != b or nq % k.shape[2]:
+        return False
+    return mask is None or (
+        len(mask.shape) == 4 and mask.shape[0] in (1, b) and list(mask.shape[1:]) == [1, t, t]
+    )
+
+
+def _contiguous(t: paddle.Tensor) -> paddle.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _attention_args(q, k, v, mask, key_starts):
+    """The shared leading arguments of both calls, and what must stay alive until the call returns."""
+    if mask is not None:
+        mask = _contiguous(mask.astype("float32"))
+    starts = None
+    if key_starts:
+        starts = np.ascontiguousarray(np.asarray(key_starts, dtype=np.int64))
+    args = [
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        _ptr(mask),
+        0 if mask is None or mask.shape[0] == 1 else int(mask.shape[2] * mask.shape[3]),
+        None if starts is None else starts.ctypes.data,
+        ATTENTION_BLOCK,
+    ]
+    return args, (mask, starts)
+
+
+def _attention_dims(q, k):
+    b, t, nq, hd = q.shape
+    sgemm = ctypes.cast(onednn._functions()["float32"], ctypes.c_void_p).value
+    return [b, t, nq, k.shape[2], hd, 1.0 / math.sqrt(hd), sgemm]
+
+
+def attention_forward(q, k, v, mask, key_starts) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """(out [B, T, H, D], log-sum-exp [B, H, T]) of ``AttentionNative`` for contiguous q, k, v."""
+    b, t, nq, _ = q.shape
+    out = paddle.empty(q.shape, dtype="float32")
+    lse = paddle.empty([b, nq, t], dtype="float32")
+    args, alive = _attention_args(q, k, v, mask, key_starts)
+    onednn._set_team()
+    if _lib().ernie_attention_forward(*args, out.data_ptr(), lse.data_ptr(), *_attention_dims(q, k)):
+        raise RuntimeError("cpu_ops.c attention forward failed (out of memory, or an sgemm error)")
+    del alive
+    return out, lse
+
+
+def attention_backward(q, k, v, mask, key_starts, out, lse, dout) -> list[paddle.Tensor]:
+    """[dq, dk, dv] of ``AttentionNative`` from the kept out and lse."""
+    grads = [paddle.empty(t.shape, dtype="float32") for t in (q, k, v)]
+    args, alive = _attention_args(q, k, v, mask, key_starts)
+    onednn._set_team()
+    ptrs = [out.data_ptr(), lse.data_ptr(), dout.data_ptr(), *(g.data_ptr() for g in grads)]
+    if _lib().ernie_attention_backward(*args, *ptrs, *_attention_dims(q, k)):
+        raise RuntimeError("cpu_ops.c attention backward failed (out of memory, or an sgemm error)")
+    del alive
+    return grads
+
+
+class AttentionNative(PyLayer):
+    """Causal softmax attention (``plain_ops.attention_plain`` with ``causal``) forward and backward through
+    ``cpu_ops.c``; keeps q, k, v, the output and one log-sum-exp per query and head, not the probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, key_starts):
+        q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
+        out, lse = attention_forward(q, k, v, mask, key_starts)
+        ctx.key_starts, ctx.mask = key_starts, mask
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensor()
+        grads = attention_backward(q, k, v, ctx.mask, ctx.key_starts, out, lse, _contiguous(dout))
+        return tuple(grads) if ctx.mask is None else (*grads, None)
+
+
+def attention(
+    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor | None, key_starts=None
+) -> paddle.Tensor:
+    """Causal attention of fp32 q [B, T, H, D] over k / v [B, T, Hkv, D] (``fits_attention``), with an
+    additive mask [B or 1, 1, T, T] or none, and ``key_starts`` (the first visible key per block of
+    ``ATTENTION_BLOCK`` queries) or None."""
+    if mask is not None:
+        mask = mask.detach()
+    return AttentionNative.apply(q, k, v, mask, tuple(key_starts) if key_starts else None)
 
 
 if __name__ == "__main__":  # `make` builds the library ahead of the tests and the studio
