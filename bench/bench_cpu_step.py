@@ -7,7 +7,8 @@ AdamW, fp32 weights. Both sides start from the same random weights (ours saved i
 - ours: the trainer's own step (``build_model`` / ``build_optimizer`` / ``accumulate_gradients`` /
   ``optimizer_step``), also with ``compute_type: bf16``;
 - theirs: transformers 5 ``Ernie4_5ForCausalLM`` (sdpa attention) + ``torch.optim.AdamW(fused=True)``
-  (what ``Trainer`` picks on CPU), in a separate virtualenv that is never a project dependency:
+  (what ``Trainer`` picks on CPU); bf16 is ``torch.autocast("cpu", bfloat16)`` over fp32 weights (PyTorch's
+  CPU mixed precision); in a separate virtualenv that is never a project dependency:
 
       python3.11 -m venv .venv-torch
       .venv-torch/bin/pip install torch==2.13.0 'transformers>=5,<6' safetensors
@@ -290,8 +291,12 @@ def torch_step(args):
     model.model.register_forward_hook(lambda m, i, o: _torch_post(marks, m, o))
     _mark_torch_attention(marks, sdpa_attention)
 
+    # bf16: PyTorch's CPU mixed precision (fp32 weights and optimizer, autocast's bf16 GEMMs through oneDNN)
+    bf16 = args.precision == "bf16"
+
     def fwd_bwd() -> float:
-        out = model(input_ids=ids, labels=ids)  # transformers shifts the labels itself
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(input_ids=ids, labels=ids)  # transformers shifts the labels itself
         out.loss.backward()
         return float(out.loss)
 
