@@ -206,44 +206,32 @@ def _mark_regions(marks: Marks, body, module, attention_name: str) -> None:
     setattr(module, attention_name, attention)
 
 
+def _time_as_op(marks: Marks, module, attr: str, op: str) -> None:
+    """Replace ``module.attr`` by a call that marks its time as op ``op``."""
+    original = getattr(module, attr)
+
+    def timed(*a, **kw):
+        handle = marks.begin(op)
+        try:
+            return original(*a, **kw)
+        finally:
+            marks.end(handle)
+
+    setattr(module, attr, timed)
+
+
 def _mark_onednn(marks: Marks) -> None:
     """Time oneDNN's GEMMs and reorders, and the native attention, as ops of their own: they are ctypes calls,
     which Paddle's profiler does not see, so without this they land in "framework overhead"."""
     try:
-        from engine.models import onednn
+        from engine.models import native, onednn
     except ImportError:  # a checkout from before the oneDNN paths
         return
-    for attr, op in (("gemm", "op:onednn_gemm"), ("convert", "op:onednn_convert")):
-        original = getattr(onednn, attr)
-
-        def timed(*a, _original=original, _op=op, **kw):
-            handle = marks.begin(_op)
-            try:
-                return _original(*a, **kw)
-            finally:
-                marks.end(handle)
-
-        setattr(onednn, attr, timed)
-    try:
-        from engine.models import native
-    except ImportError:
-        return
-    for attr, op in (
-        ("attention_forward", "op:native_attention"),
-        ("attention_backward", "op:native_attention_grad"),
-    ):
-        if not hasattr(native, attr):  # a checkout from before the native attention
-            continue
-        original = getattr(native, attr)
-
-        def timed_native(*a, _original=original, _op=op, **kw):
-            handle = marks.begin(_op)
-            try:
-                return _original(*a, **kw)
-            finally:
-                marks.end(handle)
-
-        setattr(native, attr, timed_native)
+    _time_as_op(marks, onednn, "gemm", "op:onednn_gemm")
+    _time_as_op(marks, onednn, "convert", "op:onednn_convert")
+    if hasattr(native, "attention_forward"):  # not in a checkout from before the native attention
+        _time_as_op(marks, native, "attention_forward", "op:native_attention")
+        _time_as_op(marks, native, "attention_backward", "op:native_attention_grad")
 
 
 def _instant(marks: Marks, name: str):

@@ -198,15 +198,17 @@ static inline float ernie_exp_neg(float x) {
 
 /* One block of queries r0 .. r1 of (batch b, head h) against keys k0 .. r1, and where its rows sit. */
 typedef struct {
-    int64_t b, h, r0, rows, k0, n, qoff, koff, loff;
+    int64_t r0, rows, k0, n, qoff, koff, loff;
     const float *mask;
 } ernie_block;
 
-static ernie_block ernie_block_at(int64_t b, int64_t h, int64_t qb, int64_t t, int64_t heads, int64_t kv_heads,
-                                  int64_t dim, const float *mask, int64_t mask_bstride, const int64_t *key_starts,
+/* Block i of the (batch, head, query block) walk, in that order. */
+static ernie_block ernie_block_at(int64_t i, int64_t t, int64_t heads, int64_t kv_heads, int64_t dim,
+                                  const float *mask, int64_t mask_bstride, const int64_t *key_starts,
                                   int64_t starts_block) {
+    int64_t blocks = (t + QBLOCK - 1) / QBLOCK, qb = i % blocks, h = (i / blocks) % heads, b = i / (blocks * heads);
     ernie_block blk;
-    blk.b = b, blk.h = h, blk.r0 = qb * QBLOCK;
+    blk.r0 = qb * QBLOCK;
     int64_t r1 = blk.r0 + QBLOCK < t ? blk.r0 + QBLOCK : t;
     blk.rows = r1 - blk.r0;
     blk.k0 = 0;
@@ -246,38 +248,35 @@ int ernie_attention_forward(const float *q, const float *k, const float *v, cons
     float *s = malloc((size_t)QBLOCK * (size_t)t * sizeof(float));
     if (!s) return 1;
     int failed = 0;
-    for (int64_t b = 0; b < batch && !failed; b++)
-        for (int64_t h = 0; h < heads && !failed; h++)
-            for (int64_t qb = 0; qb < blocks && !failed; qb++) {
-                ernie_block blk =
-                    ernie_block_at(b, h, qb, t, heads, kv_heads, dim, mask, mask_bstride, key_starts, starts_block);
-                int64_t n = blk.n;
-                failed |= sgemm('N', 'T', blk.rows, n, dim, scale, q + blk.qoff, qs, k + blk.koff, ks, 0.0f, s, n);
+    for (int64_t w = 0; w < batch * heads * blocks && !failed; w++) {
+        ernie_block blk = ernie_block_at(w, t, heads, kv_heads, dim, mask, mask_bstride, key_starts, starts_block);
+        int64_t n = blk.n;
+        failed |= sgemm('N', 'T', blk.rows, n, dim, scale, q + blk.qoff, qs, k + blk.koff, ks, 0.0f, s, n);
 #pragma omp parallel for schedule(static)
-                for (int64_t i = 0; i < blk.rows; i++) {
-                    float *sr = s + i * n;
-                    int64_t nv = ernie_visible(&blk, sr, i, t);
-                    float mx = -INFINITY;
-                    for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;
-                    if (mx == -INFINITY) { /* every key masked (our masks never do): no output */
-                        for (int64_t j = 0; j < nv; j++) sr[j] = 0.0f;
-                        lse[blk.loff + i] = -INFINITY;
-                        continue;
-                    }
-                    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                    for (int64_t j = 0; j < nv; j++) {
-                        float e = ernie_exp_neg(sr[j] - mx);
-                        sr[j] = e;
-                        sum += e;
-                    }
-                    float inv = 1.0f / sum;
-#pragma omp simd
-                    for (int64_t j = 0; j < nv; j++) sr[j] *= inv;
-                    lse[blk.loff + i] = mx + logf(sum);
-                }
-                failed |= sgemm('N', 'N', blk.rows, dim, n, 1.0f, s, n, v + blk.koff, ks, 0.0f, out + blk.qoff, qs);
+        for (int64_t i = 0; i < blk.rows; i++) {
+            float *sr = s + i * n;
+            int64_t nv = ernie_visible(&blk, sr, i, t);
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;
+            if (mx == -INFINITY) { /* every key masked (our masks never do): no output */
+                for (int64_t j = 0; j < nv; j++) sr[j] = 0.0f;
+                lse[blk.loff + i] = -INFINITY;
+                continue;
             }
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < nv; j++) {
+                float e = ernie_exp_neg(sr[j] - mx);
+                sr[j] = e;
+                sum += e;
+            }
+            float inv = 1.0f / sum;
+#pragma omp simd
+            for (int64_t j = 0; j < nv; j++) sr[j] *= inv;
+            lse[blk.loff + i] = mx + logf(sum);
+        }
+        failed |= sgemm('N', 'N', blk.rows, dim, n, 1.0f, s, n, v + blk.koff, ks, 0.0f, out + blk.qoff, qs);
+    }
     free(s);
     return failed;
 }
@@ -300,36 +299,33 @@ int ernie_attention_backward(const float *q, const float *k, const float *v, con
     memset(dk, 0, (size_t)(batch * t * ks) * sizeof(float));
     memset(dv, 0, (size_t)(batch * t * ks) * sizeof(float));
     int failed = 0;
-    for (int64_t b = 0; b < batch && !failed; b++)
-        for (int64_t h = 0; h < heads && !failed; h++)
-            for (int64_t qb = 0; qb < blocks && !failed; qb++) {
-                ernie_block blk =
-                    ernie_block_at(b, h, qb, t, heads, kv_heads, dim, mask, mask_bstride, key_starts, starts_block);
-                int64_t n = blk.n, qoff = blk.qoff, koff = blk.koff;
-                failed |= sgemm('N', 'T', blk.rows, n, dim, scale, q + qoff, qs, k + koff, ks, 0.0f, p, n);
-                failed |= sgemm('N', 'T', blk.rows, n, dim, 1.0f, dout + qoff, qs, v + koff, ks, 0.0f, ds, n);
+    for (int64_t w = 0; w < batch * heads * blocks && !failed; w++) {
+        ernie_block blk = ernie_block_at(w, t, heads, kv_heads, dim, mask, mask_bstride, key_starts, starts_block);
+        int64_t n = blk.n, qoff = blk.qoff, koff = blk.koff;
+        failed |= sgemm('N', 'T', blk.rows, n, dim, scale, q + qoff, qs, k + koff, ks, 0.0f, p, n);
+        failed |= sgemm('N', 'T', blk.rows, n, dim, 1.0f, dout + qoff, qs, v + koff, ks, 0.0f, ds, n);
 #pragma omp parallel for schedule(static)
-                for (int64_t i = 0; i < blk.rows; i++) {
-                    float *pr = p + i * n, *dr = ds + i * n;
-                    int64_t nv = ernie_visible(&blk, pr, i, t);
-                    float l = lse[blk.loff + i];
-                    const float *o = out + qoff + i * qs, *g = dout + qoff + i * qs;
-                    float d = 0.0f;
+        for (int64_t i = 0; i < blk.rows; i++) {
+            float *pr = p + i * n, *dr = ds + i * n;
+            int64_t nv = ernie_visible(&blk, pr, i, t);
+            float l = lse[blk.loff + i];
+            const float *o = out + qoff + i * qs, *g = dout + qoff + i * qs;
+            float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-                    for (int64_t c = 0; c < dim; c++) d += o[c] * g[c];
-                    if (l == -INFINITY) nv = 0;
+            for (int64_t c = 0; c < dim; c++) d += o[c] * g[c];
+            if (l == -INFINITY) nv = 0;
 #pragma omp simd
-                    for (int64_t j = 0; j < nv; j++) {
-                        float pj = ernie_exp_neg(pr[j] - l);
-                        pr[j] = pj;
-                        dr[j] = pj * (dr[j] - d);
-                    }
-                    for (int64_t j = nv; j < n; j++) pr[j] = dr[j] = 0.0f;
-                }
-                failed |= sgemm('N', 'N', blk.rows, dim, n, scale, ds, n, k + koff, ks, 0.0f, dq + qoff, qs);
-                failed |= sgemm('T', 'N', n, dim, blk.rows, scale, ds, n, q + qoff, qs, 1.0f, dk + koff, ks);
-                failed |= sgemm('T', 'N', n, dim, blk.rows, 1.0f, p, n, dout + qoff, qs, 1.0f, dv + koff, ks);
+            for (int64_t j = 0; j < nv; j++) {
+                float pj = ernie_exp_neg(pr[j] - l);
+                pr[j] = pj;
+                dr[j] = pj * (dr[j] - d);
             }
+            for (int64_t j = nv; j < n; j++) pr[j] = dr[j] = 0.0f;
+        }
+        failed |= sgemm('N', 'N', blk.rows, dim, n, scale, ds, n, k + koff, ks, 0.0f, dq + qoff, qs);
+        failed |= sgemm('T', 'N', n, dim, blk.rows, scale, ds, n, q + qoff, qs, 1.0f, dk + koff, ks);
+        failed |= sgemm('T', 'N', n, dim, blk.rows, 1.0f, p, n, dout + qoff, qs, 1.0f, dv + koff, ks);
+    }
     free(p);
     free(ds);
     return failed;
