@@ -7,7 +7,8 @@ idle, then reads the renderer's busy time (CDP ``Performance.getMetrics``: TaskD
 over ``--seconds``, the CPU of every Chromium process (renderer threads, GPU process, browser: /proc), the
 animation frames the page asked for per second and by which script, and counts the events the page sent
 (``/queue/join``). A page that nobody touches should ask for no frame: each one makes Chromium draw. The
-Runs and Deploy tabs poll every 2 s; the others send nothing while idle. (A tool, not a `bench/` script: it needs the dev extra's Playwright.)
+Runs and Deploy tabs poll every 2 s; the others send nothing while idle. (A tool, not a `bench/` script: it
+needs the dev extra's Playwright.)
 """
 
 from __future__ import annotations

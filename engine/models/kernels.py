@@ -313,16 +313,11 @@ def _decide_cpu_path(name: str, gpu: bool) -> FastPath:
         return FastPath(name, False, CPU_ONLY[name])
     if name in ("rms_norm_backward", "rope_backward"):
         return _probe(name)
-    if name in ("cpu_rms_norm", "cpu_rope", "cpu_grad_clip"):
-        why = native.available()
-        return FastPath(name, False, f"the native CPU ops are not available: {why}") if why else _probe(name)
-    if name == "cpu_attention":
-        why = native.attention_available()
-        return (
-            FastPath(name, False, f"the native CPU attention is not available: {why}")
-            if why
-            else _probe(name)
-        )
+    if name in ("cpu_rms_norm", "cpu_rope", "cpu_grad_clip", "cpu_attention"):
+        if why := native.available():
+            return FastPath(name, False, f"the native CPU ops are not available: {why}")
+        if name != "cpu_attention":  # the attention's products are oneDNN's sgemm: checked below
+            return _probe(name)
     if name == "onednn_bf16_matmul" and (refusal := bf16_gemm_refusal()):
         return FastPath(name, False, refusal)
     if name == "onednn_cast" and (refusal := bf16_reorder_refusal()):

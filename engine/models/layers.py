@@ -196,12 +196,7 @@ def attention(
             return kernels.flash_varlen(q, k, v, causal.cu_seqlens_tensor(), causal.max_seqlen)
         if mask is None and kernels.enabled("flash_attention"):
             return kernels.flash_causal(q, k, v)
-    if (
-        (mask is None or causal)
-        and not q.place.is_gpu_place()
-        and native.fits_attention(q, k, mask)
-        and kernels.enabled("cpu_attention")
-    ):
+    if (mask is None or causal) and kernels.enabled("cpu_attention") and native.fits_attention(q, k, mask):
         return native.attention(q, k, v, mask, causal if isinstance(causal, tuple) else None)
     return attention_plain(q, k, v, mask, causal)
 

@@ -109,26 +109,11 @@ def _lib() -> ctypes.CDLL:
     lib.ernie_scale.argtypes = [ptr, i64, f32]
     for fn in (lib.ernie_rms_norm_forward, lib.ernie_rms_norm_backward, lib.ernie_rope, lib.ernie_scale):
         fn.restype = None
+    # q, k, v, mask, mask batch stride, key starts, their block (``_attention_args``)
+    lead = [ptr, ptr, ptr, ptr, i64, ptr, i64]
     dims = [i64, i64, i64, i64, i64, f32, ptr]  # batch, time, heads, kv heads, head dim, scale, sgemm
-    # q, k, v, mask, mask batch stride, key starts, their block, out, lse
-    lib.ernie_attention_forward.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ptr, *dims]
-    # q, k, v, mask, mask batch stride, key starts, their block, out, lse, dout, dq, dk, dv
-    lib.ernie_attention_backward.argtypes = [
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        i64,
-        ptr,
-        i64,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        *dims,
-    ]
+    lib.ernie_attention_forward.argtypes = [*lead, ptr, ptr, *dims]  # out, lse
+    lib.ernie_attention_backward.argtypes = [*lead, *[ptr] * 6, *dims]  # out, lse, dout, dq, dk, dv
     lib.ernie_attention_forward.restype = lib.ernie_attention_backward.restype = ctypes.c_int
     return lib
 
@@ -151,8 +136,7 @@ def _ptr(t: paddle.Tensor | None) -> int | None:
 def _fp32_rows(t: paddle.Tensor) -> paddle.Tensor:
     if t.dtype != paddle.float32:
         raise TypeError(f"native CPU ops take float32 tensors, got {t.dtype}")
-    t = t.reshape([-1, t.shape[-1]])
-    return t if t.is_contiguous() else t.contiguous()
+    return onednn._contiguous(t.reshape([-1, t.shape[-1]]))
 
 
 def rms_norm_forward(x: paddle.Tensor, w: paddle.Tensor, eps: float) -> tuple[paddle.Tensor, paddle.Tensor]:
@@ -254,11 +238,6 @@ def scale_(t: paddle.Tensor, factor: float) -> None:
     _lib().ernie_scale(t.data_ptr(), int(t.numel()), factor)
 
 
-def attention_available() -> str | None:
-    """None when the causal attention can run here (it needs oneDNN's sgemm too), else why not."""
-    return available() or onednn.available()
-
-
 def fits_attention(q: paddle.Tensor, k: paddle.Tensor, mask: paddle.Tensor | None) -> bool:
     """Whether ``attention`` takes these: fp32 q [B, T, H, D] and k [B, T, Hkv, D] (the square causal case) and a
     mask of [B or 1, 1, T, T] or none."""
@@ -270,18 +249,10 @@ def fits_attention(q: paddle.Tensor, k: paddle.Tensor, mask: paddle.Tensor | Non
     )
 
 
-def _contiguous(t: paddle.Tensor) -> paddle.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _attention_args(q, k, v, mask, key_starts):
-    """The shared leading arguments of both calls, and what must stay alive until the call returns."""
-    if mask is not None:
-        mask = _contiguous(mask.astype("float32"))
-    starts = None
-    if key_starts:
-        starts = np.ascontiguousarray(np.asarray(key_starts, dtype=np.int64))
-    args = [
+def _attention_args(q, k, v, mask, starts) -> list:
+    """The leading arguments of both calls: q, k, v, the fp32 contiguous mask (or none) and its batch stride,
+    the int64 key starts (or none) and the queries each covers."""
+    return [
         q.data_ptr(),
         k.data_ptr(),
         v.data_ptr(),
@@ -290,7 +261,6 @@ def _attention_args(q, k, v, mask, key_starts):
         None if starts is None else starts.ctypes.data,
         ATTENTION_BLOCK,
     ]
-    return args, (mask, starts)
 
 
 def _attention_dims(q, k):
@@ -299,28 +269,26 @@ def _attention_dims(q, k):
     return [b, t, nq, k.shape[2], hd, 1.0 / math.sqrt(hd), sgemm]
 
 
-def attention_forward(q, k, v, mask, key_starts) -> tuple[paddle.Tensor, paddle.Tensor]:
+def attention_forward(q, k, v, mask, starts) -> tuple[paddle.Tensor, paddle.Tensor]:
     """(out [B, T, H, D], log-sum-exp [B, H, T]) of ``AttentionNative`` for contiguous q, k, v."""
     b, t, nq, _ = q.shape
     out = paddle.empty(q.shape, dtype="float32")
     lse = paddle.empty([b, nq, t], dtype="float32")
-    args, alive = _attention_args(q, k, v, mask, key_starts)
     onednn._set_team()
+    args = _attention_args(q, k, v, mask, starts)
     if _lib().ernie_attention_forward(*args, out.data_ptr(), lse.data_ptr(), *_attention_dims(q, k)):
         raise RuntimeError("cpu_ops.c attention forward failed (out of memory, or an sgemm error)")
-    del alive
     return out, lse
 
 
-def attention_backward(q, k, v, mask, key_starts, out, lse, dout) -> list[paddle.Tensor]:
+def attention_backward(q, k, v, mask, starts, out, lse, dout) -> list[paddle.Tensor]:
     """[dq, dk, dv] of ``AttentionNative`` from the kept out and lse."""
     grads = [paddle.empty(t.shape, dtype="float32") for t in (q, k, v)]
-    args, alive = _attention_args(q, k, v, mask, key_starts)
     onednn._set_team()
+    args = _attention_args(q, k, v, mask, starts)
     ptrs = [out.data_ptr(), lse.data_ptr(), dout.data_ptr(), *(g.data_ptr() for g in grads)]
     if _lib().ernie_attention_backward(*args, *ptrs, *_attention_dims(q, k)):
         raise RuntimeError("cpu_ops.c attention backward failed (out of memory, or an sgemm error)")
-    del alive
     return grads
 
 
@@ -329,17 +297,17 @@ class AttentionNative(PyLayer):
     ``cpu_ops.c``; keeps q, k, v, the output and one log-sum-exp per query and head, not the probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, key_starts):
-        q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
-        out, lse = attention_forward(q, k, v, mask, key_starts)
-        ctx.key_starts, ctx.mask = key_starts, mask
+    def forward(ctx, q, k, v, mask, starts):
+        q, k, v = (onednn._contiguous(t) for t in (q, k, v))
+        out, lse = attention_forward(q, k, v, mask, starts)
+        ctx.starts, ctx.mask = starts, mask
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensor()
-        grads = attention_backward(q, k, v, ctx.mask, ctx.key_starts, out, lse, _contiguous(dout))
+        grads = attention_backward(q, k, v, ctx.mask, ctx.starts, out, lse, onednn._contiguous(dout))
         return tuple(grads) if ctx.mask is None else (*grads, None)
 
 
@@ -349,9 +317,10 @@ def attention(
     """Causal attention of fp32 q [B, T, H, D] over k / v [B, T, Hkv, D] (``fits_attention``), with an
     additive mask [B or 1, 1, T, T] or none, and ``key_starts`` (the first visible key per block of
     ``ATTENTION_BLOCK`` queries) or None."""
-    if mask is not None:
-        mask = mask.detach()
-    return AttentionNative.apply(q, k, v, mask, tuple(key_starts) if key_starts else None)
+    if mask is not None:  # converted once, for forward and backward
+        mask = onednn._contiguous(mask.detach().astype("float32"))
+    starts = np.ascontiguousarray(key_starts, dtype=np.int64) if key_starts else None
+    return AttentionNative.apply(q, k, v, mask, starts)
 
 
 if __name__ == "__main__":  # `make` builds the library ahead of the tests and the studio

@@ -44,7 +44,7 @@ def test_without_a_working_compiler_the_paths_are_off_and_say_why(tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("cpu_")]
     assert len(lines) == 3, out
     for line in lines:
-        assert " False the native CPU " in line and "not available: building cpu_ops.c failed" in line, line
+        assert " False the native CPU ops are not available: building cpu_ops.c failed" in line, line
     assert not (tmp_path / "empty").exists() or not any((tmp_path / "empty").glob("*.so"))
 
 
