@@ -320,6 +320,11 @@ def attention(
     if mask is not None:  # converted once, for forward and backward
         mask = onednn._contiguous(mask.detach().astype("float32"))
     starts = np.ascontiguousarray(key_starts, dtype=np.int64) if key_starts else None
+    blocks = -(-q.shape[1] // ATTENTION_BLOCK)
+    if starts is not None and starts.shape != (blocks,):  # C reads one per block of queries, no more
+        raise ValueError(
+            f"key_starts needs one entry per {ATTENTION_BLOCK} queries ({blocks}), got {starts.shape}"
+        )
     return AttentionNative.apply(q, k, v, mask, starts)
 
 

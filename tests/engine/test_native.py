@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import paddle
+import pytest
 
 from engine.models import kernels, native, onednn
 from engine.models.ernie import packed_key_starts
@@ -164,8 +165,10 @@ def test_attention_gradients_repeat_bit_for_bit():
 
 
 def test_attention_refuses_what_it_does_not_take():
-    q, k, _ = _qkv(1, 8)
+    q, k, v = _qkv(1, 8)
     assert native.fits_attention(q, k, None)
     assert not native.fits_attention(q, paddle.concat([k, k], axis=1), None)  # decoding against a cache
     assert not native.fits_attention(q.astype("bfloat16"), k.astype("bfloat16"), None)
     assert not native.fits_attention(q, k, paddle.zeros([1, 1, 8, 16]))
+    with pytest.raises(ValueError, match="one entry per 128 queries"):  # C would read past the starts
+        native.attention(q, k, v, paddle.zeros([1, 1, 8, 8]), (0, 0))
