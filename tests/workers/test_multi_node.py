@@ -107,7 +107,11 @@ def test_two_nodes_train_resume_after_a_lost_rank_and_cancel(studio_factory, pg_
     shared = int(Path(resumed).name.split("-")[1])
     assert Path(resumed).parent == Path(run["output_dir"]) and shared >= recorded
     wait_for(lambda: _both_launched(placement()), 120, "both nodes to launch again")
-    before = len(api.get(f"/runs/{rid}/metrics").json())
+    # The killed attempt's last logged step, read from metrics.jsonl (rank 0 fsyncs each row) and not from
+    # the store, whose worker may still be reading that attempt's last rows: the resumed attempt trains the
+    # steps after the shared checkpoint again (their rows are not stored again), and only steps past this
+    # one show it training on.
+    before = max(json.loads(line)["step"] for line in (Path(run["output_dir"]) / "metrics.jsonl").open())
     wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= before + 2, 240, "steps after the resume")
 
     # Cancel mid-run: both nodes' ranks stop, after rank 0 saved the step they agreed on.
