@@ -153,7 +153,12 @@ def test_extracted_member_equals_the_masked_full_model(sharp_moe, member):
     small = extract_submodel(model, member)
     assert small.config.num_hidden_layers == member.depth
     assert np.abs(masked - full).max() > 1e-2  # the member is a different network, not the full one
-    np.testing.assert_allclose(small(ids).logits.numpy(), masked, rtol=0, atol=1e-5)
+    print(
+        f"{member}: extracted vs masked, max |logits diff| {np.abs(small(ids).logits.numpy() - masked).max():.1e}"
+    )
+    # measured 0.0 for every member here (the same weights, the same ops); 2e-6 is a few float32 ulps of the
+    # logits, room for a CPU whose GEMM kernel changes with the smaller expert count
+    np.testing.assert_allclose(small(ids).logits.numpy(), masked, rtol=0, atol=2e-6)
 
 
 def test_export_writes_a_loadable_servable_member_in_both_layouts(sharp_moe, tmp_path):
@@ -177,7 +182,10 @@ def test_export_writes_a_loadable_servable_member_in_both_layouts(sharp_moe, tmp
         assert sum(int(np.prod(p.shape)) for p in loaded.parameters()) < 0.6 * sum(
             int(np.prod(p.shape)) for p in model.parameters()
         )
-        np.testing.assert_allclose(loaded(ids).logits.numpy(), masked, rtol=0, atol=1e-5)
+        print(
+            f"{layout} export of the member: max |logits diff| {np.abs(loaded(ids).logits.numpy() - masked).max():.1e}"
+        )
+        np.testing.assert_allclose(loaded(ids).logits.numpy(), masked, rtol=0, atol=2e-6)  # measured 0.0
     assert complete_in_process(tmp_path / "paddle")["usage"]["completion_tokens"] >= 1
     # FastDeploy's loader conventions: its serving export of the member needs nothing but the dtype
     assert all("dtype" in p or "weights stored" in p for p in serving_problems(tmp_path / "paddle"))

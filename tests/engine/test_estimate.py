@@ -48,6 +48,8 @@ def close(value: float, expected: float, tolerance: float) -> bool:
 # exact); bytes held within 0.96 % (21B wint4/8 LoRA, +0.962 %; the rest <= 0.41 %). Bounds about 2x those.
 COUNTS = 0.005
 BYTES = 0.02
+# the saved files' and the DPO reference's bytes, against the same hand counts: measured at most +0.02%
+SAVED = 0.002
 
 
 # ---- hand computations (REFERENCE.md shapes) ------------------------------------------------------------
@@ -237,7 +239,7 @@ def test_saves_and_disk(tmp_path):
     n = hand_03b()["total"]
     est = estimate_run(model, train(fine_tuning="Full", max_steps=1000, save_steps=300), DATA, node=CPU)
     assert est.time["checkpoints"] == 4  # 300, 600, 900 and the last step
-    assert close(est.disk["checkpoint_bytes"], 12 * n, BYTES) and close(est.disk["final_bytes"], 4 * n, BYTES)
+    assert close(est.disk["checkpoint_bytes"], 12 * n, SAVED) and close(est.disk["final_bytes"], 4 * n, SAVED)
     assert est.time["final_save_s"] > est.time["checkpoint_s"] > 0
     assert est.memory["save_peak"] > est.memory["training"]
     # the load streams into the storage precision: a bf16 run never holds the fp32 weights (4 bytes each)
@@ -353,8 +355,8 @@ def test_full_dpo_counts_its_reference_as_dpo_reference_dtype_holds_it(tmp_path)
         for ref in ("run", "fp32", "wint8")
     }
     # a bf16 run's reference in bf16 is half of the fp32 one; wint8 holds its linears in int8
-    assert close(est["fp32"], 4 * n, BYTES) and close(est["run"], 2 * n, BYTES)
-    assert close(est["run"] - est["wint8"], hand_03b()["linears"] * (2 - 1.01), BYTES)
+    assert close(est["fp32"], 4 * n, SAVED) and close(est["run"], 2 * n, SAVED)
+    assert close(est["run"] - est["wint8"], hand_03b()["linears"] * (2 - 1.01), SAVED)
 
 
 # ---- against the runs recorded in docs/benchmarks.md ("Pre-flight estimate ... 2026-11-26 evening") -----
@@ -367,33 +369,40 @@ def test_bf16_lora_03b_peak_holds_the_measured_run(tmp_path):
     # measured: a bf16 LoRA r8 run of the 0.3B shape, max_seq_len 1024, 8 steps: whole-run peak 2.51 GiB
     model = official("ernie-4.5-0.3b", tmp_path)
     est = estimate_run(model, train(compute_type="bf16", max_seq_len=1024, max_steps=8), BENCH_DATA, node=CPU)
-    assert close(est.memory["peak"], 2.51 * GIB, 0.10)
+    assert close(est.memory["peak"], 2.51 * GIB, 0.01)  # the estimate: 2.50 GiB, -0.3% (docs: within 1%)
 
 
 # Every one-process run of the 0.3B shape recorded in docs/benchmarks.md ("Pre-flight estimate against a real
 # run", 2026-11-24 runs A-C, 2026-11-26 runs D-E and the evening's bf16 / wint8 runs): (variant, steps, whole-run
 # peak RSS in GiB). The runs at 4 steps of LoRA stop before the data's long rows (their longest is 299 tokens,
-# the estimate sizes the p95 row, 387), so they are not held here.
-MEASURED_PEAKS = [
-    ("LoRA fp32", 8, 3.00), ("LoRA fp32", 8, 3.02), ("LoRA fp32", 8, 2.97), ("LoRA fp32", 8, 3.52),
-    ("LoRA fp32", 8, 3.52), ("Full fp32", 4, 10.39), ("Full fp32", 4, 10.38), ("Full fp32", 4, 10.32),
-    ("Full fp32", 4, 10.27), ("Full fp32", 4, 10.22), ("LoRA bf16", 8, 2.51), ("LoRA bf16", 8, 2.50),
-    ("LoRA wint8", 8, 2.41), ("LoRA wint8", 8, 2.26),
-]  # fmt: skip
+# the estimate sizes the p95 row, 387), so they are not held here. Each group is held to the figure the docs
+# give for it: runs A-C "within 7%" (est. / meas. 1.04-1.07), the later runs "within 10%".
+MEASURED_PEAKS = {
+    0.07: [
+        ("LoRA fp32", 8, 3.00), ("LoRA fp32", 8, 3.02), ("LoRA fp32", 8, 2.97),
+        ("Full fp32", 4, 10.39), ("Full fp32", 4, 10.38), ("Full fp32", 4, 10.32),
+    ],
+    0.10: [
+        ("LoRA fp32", 8, 3.52), ("LoRA fp32", 8, 3.52), ("Full fp32", 4, 10.27), ("Full fp32", 4, 10.22),
+        ("LoRA bf16", 8, 2.51), ("LoRA bf16", 8, 2.50), ("LoRA wint8", 8, 2.41), ("LoRA wint8", 8, 2.26),
+    ],
+}  # fmt: skip
 
 
 def test_every_measured_one_process_peak_is_within_its_bound_of_the_estimate(tmp_path):
-    """Issue 26: the per-device memory prediction within 15% of every case this machine measured. Measured:
-    the widest gaps are LoRA fp32 at 3.52 GiB (estimate 3.17, -9.8%) and wint8 LoRA at 2.26 (2.47, +9.1%);
-    the bound is 11%."""
+    """Issue 26: the per-device memory prediction within 15% of every case this machine measured; each group
+    within the figure docs/benchmarks.md gives for it. Measured: runs A-C 4.0-6.7% (LoRA fp32 at 2.97 GiB
+    against 3.17); the later runs' widest gaps are LoRA fp32 at 3.52 GiB (estimate 3.17, -9.8%) and wint8
+    LoRA at 2.26 (2.47, +9.1%). The estimate is deterministic, so the bounds sit at the docs' figures."""
     model = official("ernie-4.5-0.3b", tmp_path)
-    gaps = []
-    for variant, steps, measured in MEASURED_PEAKS:
-        method, dtype = variant.split()
-        cfg = train(fine_tuning=method, compute_type=dtype, max_seq_len=1024, max_steps=steps)
-        peak = estimate_run(model, cfg, BENCH_DATA, node=CPU).memory["peak"] / GIB
-        gaps.append((variant, measured, round(peak / measured - 1, 3)))
-    assert max(abs(gap) for *_, gap in gaps) <= 0.11, gaps
+    for bound, peaks in MEASURED_PEAKS.items():
+        gaps = []
+        for variant, steps, measured in peaks:
+            method, dtype = variant.split()
+            cfg = train(fine_tuning=method, compute_type=dtype, max_seq_len=1024, max_steps=steps)
+            peak = estimate_run(model, cfg, BENCH_DATA, node=CPU).memory["peak"] / GIB
+            gaps.append((variant, measured, round(peak / measured - 1, 3)))
+        assert max(abs(gap) for *_, gap in gaps) <= bound, gaps
 
 
 # The runs with a throughput probe docs/benchmarks.md records (AMD EPYC 2026-11-26 runs D-E at loads 7-16 and
@@ -433,8 +442,8 @@ def test_stage1_save_peak_counts_the_optimizer_state_rank0_gathers(tmp_path):
     n = hand_03b()["total"]
     assert close(est.memory["optimizer"], 8 * n / 2, 0.01)  # this rank's half of the moments
     assert est.memory["save_peak"] - est.memory["training"] >= 0.9 * est.disk["checkpoint_bytes"] + 4 * n
-    assert close(est.memory["peak"], 10.30 * GIB, 0.10)
-    assert close(est.memory["training"], 5.44 * GIB, 0.10)
+    assert close(est.memory["peak"], 10.30 * GIB, 0.06)  # estimate +4.6%
+    assert close(est.memory["training"], 5.44 * GIB, 0.08)  # estimate +6.6%
 
 
 # bench/bench_estimate.py's MOE_SHAPE: the ERNIE-4.5-21B-A3B layout at 4 layers, hidden 1024, experts of width 256
@@ -458,9 +467,9 @@ def test_expert_parallel_save_peak_is_the_writers_and_stays_under_one_process():
     assert close(
         ep2.memory["save_peak"] - ep2.memory["training"], 0.9 * ep2.disk["checkpoint_bytes"] + received, 1e-6
     )
-    assert close(ep2.memory["peak"], 8.13 * GIB, 0.10)
-    assert close(ep2.memory["training"], 4.77 * GIB, 0.10)
-    assert close(one.memory["peak"], 8.22 * GIB, 0.10)
+    assert close(ep2.memory["peak"], 8.13 * GIB, 0.02)  # estimate -0.8%
+    assert close(ep2.memory["training"], 4.77 * GIB, 0.11)  # estimate -9.8%
+    assert close(one.memory["peak"], 8.22 * GIB, 0.03)  # estimate +1.5%
     assert ep2.memory["peak"] < one.memory["peak"]
 
 
@@ -473,7 +482,7 @@ def test_expert_parallel_lora_gathers_only_the_adapters_and_peaks_in_training():
     one = estimate_run(model, train(max_seq_len=1024, max_steps=3), BENCH_DATA, node=CPU)
     cfg = train(max_seq_len=1024, max_steps=3, expert_parallel_degree=2)
     ep2 = estimate_run(model, cfg, BENCH_DATA, node=CPU, num_devices=2)
-    assert close(ep2.memory["peak"], 1.96 * GIB, 0.10)
-    assert close(ep2.memory["training"], 1.96 * GIB, 0.10)
-    assert close(one.memory["peak"], 2.08 * GIB, 0.12)  # measured 1.11 of the estimate
+    assert close(ep2.memory["peak"], 1.96 * GIB, 0.04)  # estimate +2.6%
+    assert close(ep2.memory["training"], 1.96 * GIB, 0.02)  # estimate -1.0%
+    assert close(one.memory["peak"], 2.08 * GIB, 0.12)  # estimate +10.6%
     assert ep2.memory["peak"] < one.memory["peak"]

@@ -28,6 +28,9 @@ from tests.engine.test_models_parity import PARITY_ATOL, assert_logits_match_tra
 from tests.engine.test_vl_parity import CASES as VL_CASES
 from tests.engine.test_vl_parity import _case as vl_case
 
+# a split step against one process holding every expert: logits, gradients and loss (measured up to 7.2e-7)
+SPLIT_ATOL = 5e-6
+
 
 @pytest.fixture(scope="module")
 def ranks(tiny_moe_model_dir, tiny_vl_model_dir, tmp_path_factory):
@@ -64,9 +67,11 @@ def test_split_experts_give_one_process_logits_and_gradients(ranks, kind):
         print(
             f"{kind} rank {r['rank']}: |logits diff| {step['logits_diff']:.1e}, |grad diff| {step['grad_diff']:.1e}"
         )
-        assert step["logits_diff"] <= 1e-5 and step["grad_diff"] <= 1e-5
+        print(f"{kind} rank {r['rank']}: |loss diff| {abs(step['loss'] - step['one_process_loss']):.1e}")
+        # measured (AMD Zen 5): logits 3.0e-7 (moe) / 7.2e-7 (vl), gradients 3.3e-7 / 9.7e-8, loss 4.8e-7
+        assert step["logits_diff"] <= SPLIT_ATOL and step["grad_diff"] <= SPLIT_ATOL
         assert step["grads_compared"] > 20 and step["missing_grads"] == []
-        assert abs(step["loss"] - step["one_process_loss"]) <= 1e-5
+        assert abs(step["loss"] - step["one_process_loss"]) <= SPLIT_ATOL
         # half the routed experts of every layer (both modality groups of the VL model), counted in bytes
         assert 2 * step["expert_bytes"] == step["full_expert_bytes"]
         assert step["held_experts"] == ([4, 4] if kind == "moe" else [8, 8])
@@ -79,9 +84,9 @@ def test_recompute_with_split_experts_replays_the_experts_and_changes_no_number(
     _, results = ranks
     for r in results:
         plain, again = r[kind], r[f"{kind}_recompute"]
-        assert again["logits_diff"] <= 1e-5 and again["grad_diff"] <= 1e-5
+        assert again["logits_diff"] <= SPLIT_ATOL and again["grad_diff"] <= SPLIT_ATOL
         assert again["grads_compared"] == plain["grads_compared"] and again["missing_grads"] == []
-        assert abs(again["loss"] - again["one_process_loss"]) <= 1e-5
+        assert abs(again["loss"] - again["one_process_loss"]) <= SPLIT_ATOL
         assert plain["expert_calls"] > 0 and again["expert_calls"] == 2 * plain["expert_calls"]
 
 
@@ -95,7 +100,7 @@ def test_twenty_steps_follow_the_one_process_losses(ranks, kind):
     assert any(n["key"] == "recompute" and "exchange" in n["message"] for n in notices) == (kind == "vl")
     assert len(split) == len(one) == 20
     print(f"{kind}: 20 steps, max |loss diff| = {np.abs(np.subtract(split, one)).max():.1e}")
-    np.testing.assert_allclose(split, one, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(split, one, atol=1e-5, rtol=0)  # measured 9.5e-7 (moe) / 1.2e-6 (vl), Zen 5
     assert one[-1] < one[0]
 
 
@@ -114,9 +119,9 @@ def test_checkpoints_are_written_un_split_and_resume_in_one_process(
     # checkpoint-10 holds the same tensors (weights and AdamW state) as one process's, each expert's under
     # its own name: its values are the one-process run's but for 10 steps of float32 rounding (AdamW's
     # normalised step amplifies it on the experts' small gradients), and that rounding differs by CPU kind.
-    # Measured (moe / vl) on the weights: 3.2e-5 / 8.1e-6 with AVX-512, 5.3e-5 / 1.2e-5 on an AVX2-only Zen 3;
-    # on the AdamW moments: 3.8e-8 / 5.6e-8 and 2.5e-8 / 2.8e-7. Each bound is 5-8x the larger figure; an
-    # expert in another's place is ~0.1 away.
+    # Measured (moe / vl) on the weights: 3.2e-5 / 8.1e-6 with AVX-512 (6.7e-5 / 6.3e-6 on a Zen 5), 5.3e-5 /
+    # 1.2e-5 on an AVX2-only Zen 3; on the AdamW moments: 3.8e-8 / 5.6e-8 and 2.5e-8 / 2.8e-7. Each bound is
+    # 4.5-8x the larger figure; an expert in another's place is ~0.1 away.
     bounds = {
         "model.pdparams": 3e-4 if kind == "moe" else 1e-4,
         "optimizer.pdopt": 3e-7 if kind == "moe" else 1.5e-6,
@@ -140,7 +145,7 @@ def test_checkpoints_are_written_un_split_and_resume_in_one_process(
     assert run_training(load_config(yaml, over)).status == "succeeded"
     gap = abs(losses(resumed)[-1] - losses(out / f"ep-{kind}")[10])
     print(f"{kind}: step 11 resumed by one process from the split run's checkpoint-10: |loss diff| {gap:.1e}")
-    assert gap <= 1e-5
+    assert gap <= 3e-6  # measured 3.0e-7 (moe) / 2.4e-7 (vl), AMD Zen 5
 
 
 def test_a_lora_runs_final_adapter_holds_every_experts_adapter_as_one_process_trains_it(ranks):

@@ -202,3 +202,9 @@ def test_transformers_reads_our_pt_export(models, tmp_path):
     )
     sys.stdout.write(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
+    # one line per golden case: its name and the largest logit difference (measured 6.0e-7 to 1.7e-6)
+    cases = {"text", "image", "two_images", "image_video"}
+    rows = [line.split() for line in done.stdout.splitlines()]
+    gaps = {row[0]: float(row[1]) for row in rows if len(row) == 2 and row[0] in cases}
+    assert set(gaps) == cases, done.stdout
+    assert max(gaps.values()) <= PARITY_ATOL, gaps
