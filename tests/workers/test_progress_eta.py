@@ -4,6 +4,7 @@ records its measured peak memory beside the estimate it was queued with."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -46,38 +47,45 @@ def test_an_epoch_run_reports_progress_and_eta_through_rest(tmp_path, tiny_model
     done = threading.Event()
 
     held: list[int] = []  # the trainer's pid while it is held
+    shown = threading.Event()  # a poll has seen it training
 
     def hold_after_first_step() -> None:
-        """Hold the trainer (SIGSTOP) as soon as it has written its first step, until GET /runs/{id} shows
-        it training: a tiny 12-step run can end between two polls, and the check must not depend on a poll
-        landing inside it."""
-        with session_factory(settings)() as s:
-            row = s.get(Run, run.id)
-            pid, metrics = row.pid, Path(row.output_dir) / "metrics.jsonl"
-        if pid:
-            hold_after_steps(pid, metrics, 1)
-            held.append(pid)
+        """Hold the trainer (SIGSTOP) as soon as it has written its first step, until GET /runs/{id} shows it
+        training. It is watched for from the start, not from a poll's answer: a warm trainer ends its 12
+        steps within a second, before a poll that saw it start could look for it (a fresh clone's run)."""
+        while not done.is_set():
+            with session_factory(settings)() as s:
+                row = s.get(Run, run.id)
+                pid, metrics = row.pid, Path(row.output_dir) / "metrics.jsonl"
+            if pid:
+                hold_after_steps(pid, metrics, 1)
+                held.append(pid)
+                shown.wait(120)
+                with contextlib.suppress(ProcessLookupError):  # it had ended before the hold
+                    os.kill(held.pop(), signal.SIGCONT)
+                return
+            time.sleep(0.005)
 
     def poll(client: TestClient) -> None:
         while not done.is_set():
             out = client.get(f"/api/v1/runs/{run.id}").json()
             seen.append({"status": out["status"], **(out["progress"] or {}), "eta": out["eta_seconds"]})
-            if seen[-1]["status"] == "running" and not seen[-1].get("step") and not held:
-                hold_after_first_step()
-            elif held and seen[-1].get("step"):
-                os.kill(held.pop(), signal.SIGCONT)
+            if held and seen[-1]["status"] == "running" and seen[-1].get("step"):
+                shown.set()
             time.sleep(0.05)
 
     with TestClient(create_app(settings, with_ui=False), base_url="http://127.0.0.1") as client:
+        holder = threading.Thread(target=hold_after_first_step, daemon=True)
         watcher = threading.Thread(target=poll, args=(client,), daemon=True)
+        holder.start()
         watcher.start()
         try:
             assert execute_run(settings, run.id, "me@n") == "succeeded"
         finally:
             done.set()
+            shown.set()
+            holder.join(5)
             watcher.join(5)
-            for pid in held:
-                os.kill(pid, signal.SIGCONT)
         final = client.get(f"/api/v1/runs/{run.id}").json()
     training = [o for o in seen if o["status"] == "running" and o.get("step")]
     assert training, "no poll saw the run training"
