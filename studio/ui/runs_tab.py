@@ -147,9 +147,15 @@ class RunsHandlers:
         return self.refresh_table(parse_id(wanted) or parse_id(saved))
 
     def on_select(self, current: Any, saved: Any, request: gr.Request) -> tuple[Any, pd.DataFrame]:
-        # Selecting the tab (also done programmatically on load, racing the restore) keeps any known run.
+        """Selecting the tab (also done programmatically on load, racing the restore) keeps any known run. As
+        a tick, it never sets the value of a dropdown that has one: it read the dropdown when the click came,
+        and a launch's own selection of its run may land first (the Runs tab, opened right after Launch,
+        showed the previous run for good); a run that is gone is cleared."""
         self._sent.forget(request)
-        return self.refresh_table(_pick(current, saved, request))
+        update, rows = self.refresh_table(_pick(current, saved, request))
+        if parse_id(current) is not None and update["value"] == parse_id(current):
+            update.pop("value")
+        return update, rows
 
     def run_view(self, run_id: Any, request: gr.Request | None = None) -> tuple[Any, ...]:
         """Everything the run view shows for ``run_id``, in ``VIEW_PARTS`` order."""

@@ -603,6 +603,21 @@ def test_runs_handlers_list_and_show_a_queued_run(ctx):
         handlers.resume(None)
 
 
+def test_opening_the_runs_tab_keeps_a_run_a_launch_selected_meanwhile(ctx):
+    """The tab's select event read the dropdown when the click came; a launch's selection of its new run
+    landing before the event's answer is not put back to the run shown before (a fresh clone's studio flow)."""
+    spec = run_spec(form_defaults("SFT", "LoRA") | {"base_model": "tiny", "dataset_ids": [_upload_demo(ctx)]})
+    first = ctx.call(runs_svc.create_run, ctx.settings, spec)
+    second = ctx.call(runs_svc.create_run, ctx.settings, spec)
+    handlers = RunsHandlers(ctx)
+    dropdown, rows = handlers.on_select(first.id, first.id, None)  # read before the launch's answer landed
+    assert "value" not in dropdown and [c[1] for c in dropdown["choices"]] == [second.id, first.id]
+    assert rows.values.tolist()[0][0] == second.id
+    # an empty dropdown is filled from browser storage; a run deleted meanwhile is cleared
+    assert handlers.on_select(None, second.id, None)[0]["value"] == second.id
+    assert handlers.on_select(second.id + 5, None, None)[0]["value"] is None
+
+
 # ---- plain parts of the other tabs -------------------------------------------------------------------------
 
 
