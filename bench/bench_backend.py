@@ -26,6 +26,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from engine.serve.ports import free_port  # noqa: E402
+
 DEMO = REPO / "examples" / "data" / "sft_demo.jsonl"
 CLI = str(Path(sys.executable).parent / "ernie-studio")
 
@@ -33,12 +36,6 @@ CLI = str(Path(sys.executable).parent / "ernie-studio")
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reachable(port: int) -> bool:

@@ -16,6 +16,7 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from engine.serve.ports import free_port
 from studio.config import Settings
 from studio.db import session_factory
 from studio.models import Run, RunStatus
@@ -78,12 +79,6 @@ def rendezvous_address(settings: Settings) -> str:
     return settings.node_address or socket.gethostbyname(socket.getfqdn(socket.gethostname()))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def execute_training(settings: Settings, run_id: int, worker: str) -> str | None:
     """One attempt of `run_id` on this worker: its node's part when the run spans several nodes, else the
     whole run (`training.execute_run`). Decided here, above both, so the one-node code never imports this."""
@@ -97,7 +92,7 @@ def execute_training(settings: Settings, run_id: int, worker: str) -> str | None
 def execute_part(settings: Settings, run_id: int, worker: str) -> str | None:
     """Take and run one node's part of `run_id`; returns the run's final status when this part recorded
     it (node rank 0), else None."""
-    master = f"{rendezvous_address(settings)}:{_free_port()}"
+    master = f"{rendezvous_address(settings)}:{free_port('')}"
     with session_factory(settings)() as session:
         claim = claim_part(session, run_id, worker, settings.node_name, master)
     if claim is None:

@@ -8,7 +8,6 @@ import hashlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +23,7 @@ from engine.models.paths import is_lora_dir
 from engine.serve import llamacpp
 from engine.serve.fastdeploy import PIDS_FILE, gpu_share, installed_check, model_unsupported
 from engine.serve.fastdeploy_env import fastdeploy_importable
+from engine.serve.ports import free_port
 from engine.serve.process_records import kill_recorded
 from studio.config import Settings
 from studio.db import session_factory
@@ -35,12 +35,6 @@ from workers.process import SupervisedJob, engine_command, spawn, stop_group, su
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def resolve_backend(backend: str) -> str:

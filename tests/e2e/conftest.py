@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import expect
+
+from engine.serve.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # An assertion waits up to 15 s for the page to get there (Playwright's default is 5 s): on a slow host (the
@@ -32,12 +33,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -48,7 +43,7 @@ def artifacts() -> Path:
 def studio(tmp_path_factory, artifacts) -> Iterator[str]:
     """Base URL of a studio started with ``ernie-studio up`` (web + local training and serving workers)."""
     home = tmp_path_factory.mktemp("studio-home")
-    port = _free_port()
+    port = free_port()
     # A sweep's driver looks at its trials every second (5 s by default): the sweep test waits for two.
     env = {
         **os.environ,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from engine.llamacpp import TOOLS, find_tool
+from engine.serve.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # llama.cpp's tools (llama-server, llama-quantize, llama-perplexity), built by `make llamacpp`; a skip here
@@ -41,12 +41,6 @@ def sharp_model(src: Path, dst: Path, std: float = 0.1, seed: int = 0) -> Path:
     copy_tokenizer_files(src, tmp)
     tmp.rename(dst)
     return dst
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_llama(gguf_path: Path, log: Path, parallel: int = 2, threads: int = 2, max_model_len: int = 256):

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from trainer_hold import pid_alive
 
+from engine.serve.ports import free_port
 from studio.cli import worker_command
 from studio.config import Settings
 from studio.db import dispose_engines, session_factory
@@ -27,12 +28,6 @@ from studio.models import Run
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SFT = REPO / "examples" / "data" / "sft_demo.jsonl"
 CLI = str(Path(sys.executable).parent / "ernie-studio")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
