@@ -107,11 +107,16 @@ def test_two_nodes_train_resume_after_a_lost_rank_and_cancel(studio_factory, pg_
     shared = int(Path(resumed).name.split("-")[1])
     assert Path(resumed).parent == Path(run["output_dir"]) and shared >= recorded
     wait_for(lambda: _both_launched(placement()), 120, "both nodes to launch again")
+
+    def logged_steps() -> list[int]:
+        text = (Path(run["output_dir"]) / "metrics.jsonl").read_text()
+        return [json.loads(line)["step"] for line in text.splitlines()]
+
     # The killed attempt's last logged step, read from metrics.jsonl (rank 0 fsyncs each row) and not from
     # the store, whose worker may still be reading that attempt's last rows: the resumed attempt trains the
     # steps after the shared checkpoint again (their rows are not stored again), and only steps past this
     # one show it training on.
-    before = max(json.loads(line)["step"] for line in (Path(run["output_dir"]) / "metrics.jsonl").open())
+    before = max(logged_steps())
     wait_for(lambda: len(api.get(f"/runs/{rid}/metrics").json()) >= before + 2, 240, "steps after the resume")
 
     # Cancel mid-run: both nodes' ranks stop, after rank 0 saved the step they agreed on.
@@ -126,8 +131,7 @@ def test_two_nodes_train_resume_after_a_lost_rank_and_cancel(studio_factory, pg_
     # killed attempt logged after the shared checkpoint were trained again, not stored again).
     stored = api.get(f"/runs/{rid}/metrics").json()
     assert [m["step"] for m in stored] == list(range(1, stopped_at + 1))
-    rows = [json.loads(line) for line in (Path(run["output_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, stopped_at + 1))
+    assert logged_steps() == list(range(1, stopped_at + 1))
     assert stored[-1]["loss"] < stored[0]["loss"]
     log = api.get(f"/runs/{rid}/logs", params={"limit": 1_000_000}).json()["text"]
     assert f"resuming from checkpoint-{shared}: node rank 0 of 2, ranks 0-0, rendezvous 127.0.0.1:" in log
